@@ -1,0 +1,1 @@
+"""hare admin_ui."""

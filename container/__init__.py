@@ -1,0 +1,1 @@
+"""Everything that turns a model folder into a ready appliance: optimizer, runtime, CLI, deployment files."""

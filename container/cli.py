@@ -1,0 +1,68 @@
+"""`hare`: one command line, one subcommand per job. Each subcommand lives beside the code it drives and
+is imported only when used, so `hare serve` never loads torch."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import Protocol
+
+from tasks.errors import HareError, InputError, ValidationFailed
+
+# subcommand -> module with `configure(parser)` and `main(args) -> int`
+COMMANDS = {
+    "optimize": ("container.optimize.cli", "turn a Hugging Face model folder into a checked ONNX bundle"),
+    "serve": ("api.serve", "serve a bundle on /predict (gunicorn + uvicorn workers)"),
+    "bench": ("bench.cli", "benchmark a server end to end against the vanilla baseline"),
+    "console": ("admin_ui.cli", "start the Streamlit admin console"),
+}
+EXIT_CODES: list[tuple[type[HareError], int]] = [(ValidationFailed, 3), (InputError, 2), (HareError, 1)]
+
+
+class Command(Protocol):
+    def configure(self, parser: argparse.ArgumentParser) -> None: ...
+    def main(self, args: argparse.Namespace) -> int: ...
+
+
+def _load(name: str) -> Command | None:
+    try:
+        return importlib.import_module(COMMANDS[name][0])  # type: ignore[return-value]
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith(COMMANDS[name][0].split(".")[0]):
+            return None  # that subcommand is not built yet
+        raise
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Never reach a model hub: every model is a local folder.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="hare", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Configure only the subcommand asked for: its module may import heavy packages.
+    wanted = argv[0] if argv and argv[0] in COMMANDS else None
+    loaded: Command | None = None
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:
+            loaded = _load(name)
+            if loaded is None:
+                parser.error(f"`hare {name}` is not available in this build")
+            loaded.configure(p)
+    args = parser.parse_args(argv)
+    assert loaded is not None
+    try:
+        return loaded.main(args)
+    except HareError as exc:
+        print(f"hare {args.command}: error: {exc.message}", file=sys.stderr)
+        return next(code for cls, code in EXIT_CODES if isinstance(exc, cls))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

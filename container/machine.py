@@ -1,0 +1,62 @@
+"""What machine this is: recorded in bundles and benchmark runs so that figures name their hardware."""
+
+from __future__ import annotations
+
+import os
+import platform
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+# The flags that decide which kernels ONNX Runtime can use for int8 and fp16/bf16 work.
+INTERESTING_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_int8",
+)
+
+
+@cache
+def physical_cores() -> int:
+    """Physical cores (not hyper-threads) this process may use; the serving default is one worker each."""
+    usable = len(os.sched_getaffinity(0))
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        return usable
+    cores: set[tuple[str, str]] = set()
+    phys = core = ""
+    for line in cpuinfo.read_text().splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "physical id":
+            phys = value
+        elif key == "core id":
+            core = value
+            cores.add((phys, core))
+    return max(1, min(usable, len(cores) or usable))
+
+
+@cache
+def describe() -> dict[str, Any]:
+    """CPU model, core counts and the instruction-set flags that matter for inference."""
+    model, flags = platform.processor() or platform.machine(), set[str]()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    return {
+        "cpu": model,
+        "logical_cores": len(os.sched_getaffinity(0)),
+        "physical_cores": physical_cores(),
+        "flags": [f for f in INTERESTING_FLAGS if f in flags],
+        "platform": platform.platform(),
+    }

@@ -1,0 +1,58 @@
+"""Stage 1, export: a Hugging Face folder becomes an fp32 ONNX graph with dynamic batch and sequence axes.
+
+We call torch.onnx's TorchScript exporter directly rather than optimum's: it is one function, needs no
+extra package, and its graphs are the ones ONNX Runtime's transformer optimizer knows how to fuse.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from pathlib import Path
+
+from container.optimize.source import SourceModel
+from tasks.base import TaskSpec
+
+OPSET = 17
+
+
+def graph_inputs(source: SourceModel, forward_params: list[str]) -> list[str]:
+    """The inputs the graph takes: token_type_ids only where the model has more than one segment type."""
+    names = ["input_ids", "attention_mask"]
+    if "token_type_ids" in forward_params and source.config.get("type_vocab_size", 0) > 1:
+        names.append("token_type_ids")
+    return names
+
+
+def load_torch_model(source: SourceModel, task: TaskSpec):  # type: ignore[no-untyped-def]
+    """The PyTorch reference, in eval mode with eager attention (what the exporter traces best)."""
+    import transformers
+
+    auto = getattr(transformers, task.head)
+    return auto.from_pretrained(str(source.path), attn_implementation="eager").eval()
+
+
+def export_onnx(source: SourceModel, task: TaskSpec, out: Path) -> list[str]:
+    """Export `source` for `task` to `out`; returns the graph's input names."""
+    import torch
+
+    model = load_torch_model(source, task)
+    inputs = graph_inputs(source, list(inspect.signature(model.forward).parameters))
+    dummy = {name: torch.ones((2, 8), dtype=torch.long) for name in inputs}
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in [*inputs, task.output]}
+    with warnings.catch_warnings(), torch.no_grad():
+        # Tracing warns about Python control flow on shapes that the dynamic axes make safe.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (),
+            str(out),
+            kwargs=dummy,
+            input_names=inputs,
+            output_names=[task.output],
+            dynamic_axes=dynamic,
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+    return inputs

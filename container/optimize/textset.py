@@ -1,0 +1,125 @@
+"""The validation set: varied English texts from 1 to 512 tokens (pairs for ranking), or the user's file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from tasks.errors import InputError
+
+SENTENCES = [
+    "I like you. I love you.",
+    "The central bank raised interest rates by a quarter point on Wednesday, citing persistent inflation.",
+    "Absolutely terrible service; we waited forty minutes and the soup was cold.",
+    "Marie Curie was the first person to win Nobel Prizes in two different sciences.",
+    "To reset your password, open Settings, choose Security, and follow the link sent to your email.",
+    "The match ended in a 2-2 draw after a stoppage-time equaliser from the visiting side.",
+    "Photosynthesis converts light energy into chemical energy stored in glucose.",
+    "Can you recommend a quiet hotel near the old town in Prague for under 120 euros a night?",
+    "This is the best phone I have owned: the battery lasts two days and the camera is superb.",
+    "Apple opened a new office in Berlin, hiring 300 engineers to work on maps and Siri.",
+    "The committee postponed its decision until further evidence could be reviewed.",
+    "Mix the flour and butter, add cold water a spoonful at a time, then chill the dough for an hour.",
+    "Our flight from New York to Tokyo was delayed because of a snowstorm over Chicago.",
+    "Quantum computers use qubits, which can represent zero and one at the same time.",
+    "I'm not sure this is what I ordered, but honestly it's better than I expected!",
+    "Shares of Tesla fell 4% after the company reported lower deliveries than analysts forecast.",
+    "The Amazon rainforest produces a significant share of the world's oxygen and hosts vast biodiversity.",
+    "Please find attached the invoice for March; payment is due within thirty days.",
+    "He walked along the river at dawn, listening to the birds and the distant traffic.",
+    "Kubernetes schedules containers across a cluster and restarts them when they fail.",
+    "The museum's new exhibition features works by Frida Kahlo and Diego Rivera.",
+    "wow. just wow. never again",
+    "Symptoms include fever, dry cough and fatigue; most patients recover within two weeks.",
+    "The Treaty of Versailles was signed in 1919, formally ending the First World War.",
+    "Turn left at the second traffic light, then the pharmacy is on your right next to the bakery.",
+    "Barack Obama served as the 44th president of the United States from 2009 to 2017.",
+    "The algorithm sorts the list in O(n log n) time and uses constant extra memory.",
+    "Rain is expected across the north tomorrow, with sunny spells in the south by the afternoon.",
+    "My cat knocked the glass off the table again, looked at me, and walked away.",
+    "Renewable energy overtook coal as the largest source of electricity in the EU last year.",
+    "Ok",
+    "Customer support resolved my issue in five minutes. Impressive!",
+]
+
+RANKING = {
+    "how do I reset my password": [4, 19, 17, 0, 11],
+    "what did the central bank do about inflation": [1, 15, 29, 10, 23],
+    "who won two Nobel prizes": [3, 25, 13, 20, 6],
+    "flight delays because of weather": [12, 27, 5, 16, 7],
+    "recipe for pastry dough": [11, 6, 18, 31, 8],
+    "opinions about a new phone": [8, 14, 31, 2, 21],
+}
+LENGTHS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 510, 600]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One validation input: a text, or a (query, document) pair whose query is `group`."""
+
+    text: str
+    pair: str | None = None
+    group: int = 0
+
+
+def _text_of_length(tokenizer: Tokenizer, tokens: int, start: int) -> str:
+    """Running English prose of about `tokens` tokens, cut at a token boundary."""
+    text = ""
+    i = start
+    while len(tokenizer.encode(text, add_special_tokens=False).ids) < tokens:
+        text = f"{text} {SENTENCES[i % len(SENTENCES)]}".strip()
+        i += 1
+    offsets = tokenizer.encode(text, add_special_tokens=False).offsets
+    return text[: offsets[tokens - 1][1]]
+
+
+def builtin_samples(tokenizer: Tokenizer, pairs: bool) -> list[Sample]:
+    """The built-in set: every sentence alone plus prose at each of LENGTHS (cut by the model's tokenizer).
+
+    Prose longer than the model's maximum stays in: the bundle tokenizer truncates it, as serving does.
+    """
+    tokenizer = Tokenizer.from_str(tokenizer.to_str())
+    tokenizer.no_truncation()
+    if pairs:
+        return [
+            Sample(query, SENTENCES[i] if k % 2 else _text_of_length(tokenizer, 40 * (k + 1), i), g)
+            for g, (query, docs) in enumerate(RANKING.items())
+            for k, i in enumerate(docs)
+        ]
+    prose = [_text_of_length(tokenizer, n, start=k) for k, n in enumerate(LENGTHS)]
+    return [Sample(s) for s in SENTENCES] + [Sample(t) for t in prose]
+
+
+def file_samples(path: Path, pairs: bool) -> list[Sample]:
+    """The user's set: one text per line, or JSONL of {"text"} or {"query", "document"|"documents"}."""
+    if not path.is_file():
+        raise InputError(f"validation file {path} does not exist")
+    samples: list[Sample] = []
+    queries: dict[str, int] = {}
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        if not line.lstrip().startswith("{"):
+            if pairs:
+                raise InputError(f"{path}:{n}: ranking needs JSONL lines with query and document(s)")
+            samples.append(Sample(line))
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise InputError(f"{path}:{n}: not valid JSON ({exc})") from exc
+        if pairs and "query" in row:
+            group = queries.setdefault(row["query"], len(queries))
+            docs = row.get("documents") or [row.get("document")]
+            samples += [Sample(row["query"], str(d), group) for d in docs if d]
+        elif not pairs and isinstance(row.get("text"), str):
+            samples.append(Sample(row["text"]))
+        else:
+            want = '"query" and "document" or "documents"' if pairs else '"text"'
+            raise InputError(f"{path}:{n}: expected an object with {want}")
+    if not samples:
+        raise InputError(f"validation file {path} holds no samples")
+    return samples

@@ -1,0 +1,102 @@
+"""Stage 4, validate: every candidate graph against the PyTorch model on the same token ids.
+
+The reference runs once and is stored as an .npz; each variant is then compared with it, metric by metric,
+and checked against the gates. A variant that fails a gate is never shipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+from tokenizers import Encoding, Tokenizer
+
+from container.optimize.source import SourceModel
+from container.optimize.textset import Sample
+from container.runtime import OnnxModel
+from tasks.base import Gate, ParityInput, TaskSpec
+from tasks.ops import pad_batch
+
+FP32_MAX_ABS_DIFF = 1e-4
+
+
+@dataclass
+class VariantReport:
+    """One candidate's validation: metrics, each gate's verdict, and whether it may ship."""
+
+    name: str
+    precision: str
+    metrics: dict[str, float]
+    gates: dict[str, dict[str, float | bool]]
+    passed: bool
+    size_mb: float
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+def encode_samples(tokenizer: Tokenizer, samples: Sequence[Sample]) -> list[Encoding]:
+    return [tokenizer.encode(s.text, s.pair) if s.pair is not None else tokenizer.encode(s.text) for s in samples]
+
+
+def reference_outputs(
+    source: SourceModel, task: TaskSpec, encodings: Sequence[Encoding], inputs: Sequence[str], out: Path
+) -> Path:
+    """Run the PyTorch model on each encoding (batch 1, so no padding is involved) and save to `out`."""
+    import torch
+
+    from container.optimize.export import load_torch_model
+
+    model = load_torch_model(source, task)
+    arrays: dict[str, NDArray[np.float32]] = {}
+    with torch.inference_mode():
+        for i, enc in enumerate(encodings):
+            feeds = {k: torch.from_numpy(v) for k, v in pad_batch([enc], inputs).items()}
+            arrays[str(i)] = getattr(model(**feeds), task.output)[0].float().numpy()
+    np.savez(out, **arrays)  # type: ignore[arg-type]
+    return out
+
+
+def candidate_outputs(model: OnnxModel, encodings: Sequence[Encoding]) -> list[NDArray[np.float32]]:
+    return [model.run(pad_batch([enc], model.input_names))[0] for enc in encodings]
+
+
+def validate(
+    variant: Path,
+    name: str,
+    precision: str,
+    reference: Path,
+    encodings: Sequence[Encoding],
+    samples: Sequence[Sample],
+    task: TaskSpec,
+    pooling: str | None,
+    thresholds: Mapping[str, float],
+    target: str = "cpu",
+) -> VariantReport:
+    """Compare `variant` with the stored reference and apply the gates.
+
+    thresholds: overrides by metric name; `max_abs_diff` gates fp32 variants (default 1e-4).
+    """
+    with np.load(reference) as stored:
+        ref = [stored[str(i)] for i in range(len(encodings))]
+    cand = candidate_outputs(OnnxModel(variant, target=target, output=task.output), encodings)
+    metrics = {"max_abs_diff": float(max(np.abs(r - c).max() for r, c in zip(ref, cand, strict=True)))}
+    metrics |= task.parity(ParityInput(ref, cand, [s.group for s in samples], pooling or "mean"))
+    gates = list(task.gates)
+    if precision == "fp32":
+        gates.append(Gate("max_abs_diff", FP32_MAX_ABS_DIFF, False, "largest |output difference| vs PyTorch"))
+    verdicts: dict[str, dict[str, float | bool]] = {}
+    for gate in gates:
+        threshold = thresholds.get(gate.metric, gate.threshold)
+        checked = Gate(gate.metric, threshold, gate.higher_is_better, gate.help)
+        value = metrics[gate.metric]
+        verdicts[gate.metric] = {"value": value, "threshold": threshold, "passed": checked.passes(value)}
+    return VariantReport(
+        name=name,
+        precision=precision,
+        metrics=metrics,
+        gates=verdicts,
+        passed=all(bool(v["passed"]) for v in verdicts.values()),
+        size_mb=round(variant.stat().st_size / 2**20, 2),
+    )

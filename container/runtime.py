@@ -1,0 +1,62 @@
+"""The ONNX Runtime backend: load a graph once, feed it only the inputs it declares, return one output."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from numpy.typing import NDArray
+
+from tasks.errors import InferenceFailed, InputError
+
+PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "gpu": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+def session_options(threads: int) -> ort.SessionOptions:
+    """Options for one session: `threads` intra-op threads (0 lets ORT use every core), no inter-op pool."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Spinning threads burn the core a sibling worker needs; with one thread per worker it buys nothing.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0" if threads == 1 else "1")
+    options.log_severity_level = 3
+    return options
+
+
+def available_targets() -> list[str]:
+    have = set(ort.get_available_providers())
+    return [t for t, providers in PROVIDERS.items() if providers[0] in have]
+
+
+class OnnxModel:
+    """A loaded graph. `run` takes a superset of feeds and passes on only the declared inputs."""
+
+    def __init__(self, path: Path, target: str = "cpu", threads: int = 0, output: str | None = None) -> None:
+        if target not in available_targets():
+            raise InputError(
+                f"target {target!r} needs {PROVIDERS[target][0]}, but this onnxruntime offers "
+                f"{', '.join(ort.get_available_providers())}"
+            )
+        self.session = ort.InferenceSession(str(path), session_options(threads), providers=PROVIDERS[target])
+        self.input_names: list[str] = [i.name for i in self.session.get_inputs()]
+        self.output = output or self.session.get_outputs()[0].name
+        self.providers: list[str] = self.session.get_providers()
+
+    def run(self, feeds: Mapping[str, NDArray[np.int64]]) -> NDArray[np.float32]:
+        try:
+            (result,) = self.session.run([self.output], {name: feeds[name] for name in self.input_names})
+        except KeyError as exc:
+            raise InferenceFailed(f"the graph needs input {exc} that the caller did not build") from exc
+        except Exception as exc:  # ORT raises its own untyped errors; keep the message for the operator.
+            raise InferenceFailed(f"inference failed: {exc}") from exc
+        return np.asarray(result, dtype=np.float32)
+
+    def input_shapes(self) -> Sequence[Sequence[object]]:
+        return [i.shape for i in self.session.get_inputs()]

@@ -1,0 +1,91 @@
+"""Numeric building blocks shared by the tasks: pure numpy, no state."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from tokenizers import Encoding
+
+Array = NDArray[np.float32]
+Pooling = Literal["mean", "cls", "max", "mean_sqrt_len"]
+POOLINGS: tuple[str, ...] = ("mean", "cls", "max", "mean_sqrt_len")
+
+
+def softmax(x: Array, axis: int = -1) -> Array:
+    """Numerically stable softmax (max subtracted first, so large logits do not overflow)."""
+    z = x - x.max(axis=axis, keepdims=True)
+    e = np.exp(z)
+    return (e / e.sum(axis=axis, keepdims=True)).astype(np.float32)
+
+
+def sigmoid(x: Array) -> Array:
+    return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
+
+
+def l2_normalize(x: Array, axis: int = -1) -> Array:
+    norm = np.linalg.norm(x, axis=axis, keepdims=True)
+    return (x / np.maximum(norm, 1e-12)).astype(np.float32)
+
+
+def pool(hidden: Array, mask: NDArray[np.int64], mode: str) -> Array:
+    """Pool token states [batch, seq, dim] into [batch, dim] over the tokens the mask keeps."""
+    m = mask[..., None].astype(np.float32)
+    if mode == "cls":
+        return hidden[:, 0].astype(np.float32)
+    if mode == "max":
+        return np.where(m > 0, hidden, -np.inf).max(axis=1).astype(np.float32)
+    summed = (hidden * m).sum(axis=1)
+    counts = np.maximum(m.sum(axis=1), 1e-9)
+    if mode == "mean":
+        return (summed / counts).astype(np.float32)
+    if mode == "mean_sqrt_len":
+        return (summed / np.sqrt(counts)).astype(np.float32)
+    raise ValueError(f"unknown pooling {mode!r}; choose one of {', '.join(POOLINGS)}")
+
+
+def pad_batch(encodings: Sequence[Encoding], input_names: Sequence[str]) -> dict[str, NDArray[np.int64]]:
+    """Right-pad encodings to the longest in the batch and build the graph's feeds.
+
+    Only the inputs the graph declares are built: DistilBERT and RoBERTa graphs take no token_type_ids.
+    """
+    length = max(len(e.ids) for e in encodings)
+    n = len(encodings)
+    ids = np.zeros((n, length), dtype=np.int64)
+    mask = np.zeros((n, length), dtype=np.int64)
+    types = np.zeros((n, length), dtype=np.int64) if "token_type_ids" in input_names else None
+    for i, e in enumerate(encodings):
+        k = len(e.ids)
+        ids[i, :k] = e.ids
+        mask[i, :k] = e.attention_mask
+        if types is not None:
+            types[i, :k] = e.type_ids
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if types is not None:
+        feeds["token_type_ids"] = types
+    return {name: feeds[name] for name in input_names}
+
+
+def spearman(a: NDArray[np.floating], b: NDArray[np.floating]) -> float:
+    """Spearman rank correlation with average ranks for ties (1.0 when both are constant)."""
+    ra, rb = _rank(a), _rank(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return 1.0 if ra.std() == rb.std() else 0.0
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _rank(x: NDArray[np.floating]) -> NDArray[np.float64]:
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = np.arange(len(x), dtype=np.float64)
+    # Ties share the mean of their ranks, as scipy.stats.rankdata(method="average") does.
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=ranks)
+    return (sums / counts)[inverse]
+
+
+def cosine(a: Array, b: Array) -> NDArray[np.float32]:
+    """Row-wise cosine similarity of two [n, dim] arrays."""
+    return (l2_normalize(a) * l2_normalize(b)).sum(axis=-1).astype(np.float32)
