@@ -1,0 +1,57 @@
+"""Shared fixtures: tiny random models and their bundles, built once per test session, offline."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+ModelFactory = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ModelFactory:
+    """tiny_model(task, arch="bert") -> a Hugging Face folder with random weights (cached per session)."""
+    from tests.tiny_models import make_model
+
+    cache: dict[tuple[str, str], Path] = {}
+
+    def get(task: str, arch: str = "bert") -> Path:
+        if (task, arch) not in cache:
+            cache[task, arch] = make_model(tmp_path_factory.mktemp(f"{arch}-{task}"), task, arch)
+        return cache[task, arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_model: ModelFactory) -> ModelFactory:
+    """tiny_bundle(task, arch="bert") -> a bundle from the real optimizer (fp32 and int8 candidates, quick tuning)."""
+    from container.optimize.pipeline import OptimizeOptions, optimize
+    from tasks.registry import get_task
+
+    cache: dict[tuple[str, str], Path] = {}
+
+    def get(task: str, arch: str = "bert") -> Path:
+        if (task, arch) not in cache:
+            out = tmp_path_factory.mktemp("bundles") / f"{arch}-{task}"
+            optimize(
+                OptimizeOptions(
+                    model_dir=tiny_model(task, arch),
+                    task=get_task(task),
+                    out=out,
+                    only=["fp32", "int8"],
+                    tune_lengths=[8],
+                    tune_batches=[1],
+                    tune_seconds=0.01,
+                )
+            )
+            cache[task, arch] = out
+        return cache[task, arch]
+
+    return get
