@@ -1,0 +1,180 @@
+"""`hare optimize` as a user runs it: the bundle it writes, the variants it refuses, the inputs it rejects."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from container.bundle import read_manifest
+from container.cli import main
+from container.optimize import pipeline
+from tests.conftest import ModelFactory
+
+QUICK = ["--tune-lengths", "8", "--tune-batches", "1"]
+
+
+def run(*args: object) -> int:
+    return main(["optimize", *map(str, args)])
+
+
+def test_bundle_has_manifest_with_every_variant(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    assert run(tiny_model("text-classification"), "--task", "text-classification", "--out", out, *QUICK) == 0
+    manifest = read_manifest(out)
+    assert manifest.task == "text-classification"
+    assert manifest.labels == {0: "negative", 1: "neutral", 2: "positive"}
+    assert manifest.inputs == ["input_ids", "attention_mask", "token_type_ids"]
+    names = [v["name"] for v in manifest.variants]
+    assert names == [v.name for v in pipeline.variants_for("cpu", "bert")]
+    chosen = [v for v in manifest.variants if v["chosen"]]
+    assert [v["name"] for v in chosen] == [manifest.variant]
+    passed = [v for v in manifest.variants if v["passed"]]
+    # The chosen variant is the fastest of those that passed, on this machine.
+    assert chosen[0]["timings_ms"]["s8xb1"] == min(v["timings_ms"]["s8xb1"] for v in passed)
+    assert manifest.source["weights_sha256"] and manifest.versions["onnxruntime"]
+    assert "avx2" in manifest.machine["flags"] or manifest.machine["cpu"]
+    assert sorted(p.name for p in out.iterdir()) == ["hare.json", "model.onnx", "tokenizer.json"]
+    assert not list(tmp_path.glob(".bundle.partial-*"))
+
+
+def test_bundle_loads_without_torch_or_transformers(tiny_bundle: ModelFactory) -> None:
+    bundle = tiny_bundle("feature-extraction")
+    code = f"""
+import sys
+from pathlib import Path
+from tokenizers import Tokenizer
+from container.bundle import read_manifest
+from container.runtime import OnnxModel
+from tasks.ops import pad_batch
+b = Path({str(bundle)!r})
+m = read_manifest(b)
+model = OnnxModel(b / "model.onnx", output=m.output)
+enc = Tokenizer.from_file(str(b / "tokenizer.json")).encode_batch(["hello world", "a longer text here"])
+out = model.run(pad_batch(enc, model.input_names))
+assert out.shape[0] == 2, out.shape
+assert "torch" not in sys.modules and "transformers" not in sys.modules, "serving must not load torch"
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.stdout.strip() == "ok", result.stderr
+
+
+def _broken(parent: Path, out: Path) -> None:
+    """A variant as fast as its parent and wrong: every weight matrix negated."""
+    model = onnx.load(str(parent))
+    for init in model.graph.initializer:
+        array = numpy_helper.to_array(init)
+        if array.ndim == 2:
+            init.CopyFrom(numpy_helper.from_array(-array, init.name))
+    onnx.save(model, str(out))
+
+
+def test_a_variant_that_fails_the_gate_is_never_chosen(
+    tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = pipeline.variants_for
+    monkeypatch.setattr(
+        pipeline,
+        "variants_for",
+        lambda target, family: [*original(target, family)[:2], pipeline.Variant("broken", "int8", "fp32", _broken)],
+    )
+    out = tmp_path / "bundle"
+    assert run(tiny_model("feature-extraction"), "--task", "feature-extraction", "--out", out, *QUICK) == 0
+    manifest = read_manifest(out)
+    broken = next(v for v in manifest.variants if v["name"] == "broken")
+    assert not broken["passed"] and not broken["chosen"]
+    assert broken["timings_ms"] == {}  # never even timed
+    assert manifest.variant in ("fp32", "fused-fp32")
+
+
+def test_no_variant_passing_leaves_nothing_behind(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    # No int8 can meet a cosine of 1.0 exactly; fp32 is excluded, so nothing may ship.
+    code = run(
+        tiny_model("feature-extraction"), "--task", "feature-extraction", "--out", out,
+        "--variants", "int8,fused-int8", "--min-cosine", "1.0000001", *QUICK,
+    )  # fmt: skip
+    assert code == 3
+    assert not out.exists()
+    assert not list(tmp_path.iterdir())
+
+
+def _copy(model: Path, dst: Path) -> Path:
+    shutil.copytree(model, dst)
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("mutate", "task", "message"),
+    [
+        (lambda d: shutil.rmtree(d), "text-classification", "does not exist"),
+        (lambda d: (d / "model.safetensors").unlink(), "text-classification", "has no weights"),
+        (lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"), "text-classification", "pickle"),
+        (lambda d: None, "token-classification", "has no token-classification head"),
+        (lambda d: _edit_config(d, auto_map={"AutoModel": "x.Y"}), "text-classification", "trust_remote_code"),
+        (lambda d: _edit_config(d, model_type="gpt2"), "text-classification", "supported: bert, distilbert"),
+        (
+            lambda d: [(d / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json")],
+            "text-classification",
+            "tokenizer",
+        ),
+    ],
+)
+def test_bad_model_folders_are_refused_with_a_reason(
+    tiny_model: ModelFactory,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    mutate: object,
+    task: str,
+    message: str,
+) -> None:
+    folder = _copy(tiny_model("text-classification"), tmp_path / "model")
+    mutate(folder)  # type: ignore[operator]
+    out = tmp_path / "bundle"
+    assert run(folder, "--task", task, "--out", out, *QUICK) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def _edit_config(folder: Path, **changes: object) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | changes))
+
+
+def test_pickle_weights_accepted_when_allowed(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    folder = _copy(tiny_model("text-classification"), tmp_path / "model")
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    out = tmp_path / "bundle"
+    args = [folder, "--task", "text-classification", "--out", out, "--variants", "fp32", *QUICK]
+    assert run(*args, "--allow-pickle") == 0
+    assert read_manifest(out).source["weights"] == ["pytorch_model.bin"]
+
+
+def test_existing_output_needs_force(
+    tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    args = [tiny_model("text-ranking"), "--task", "text-ranking", "--out", out, "--variants", "fp32", *QUICK]
+    assert run(*args) == 2
+    assert "--force" in capsys.readouterr().err
+    assert (out / "keep.txt").exists()
+    assert run(*args, "--force") == 0
+    assert read_manifest(out).task == "text-ranking"
+
+
+def test_model_dir_without_task_is_an_error(tiny_model: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(tiny_model("text-classification")) == 2
+    assert "--task is required" in capsys.readouterr().err

@@ -1,0 +1,90 @@
+"""Every optimizer stage on a tiny random model of every task and tokenizer family, with parity per stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from container.optimize import export, fuse, quantize, source, textset, tokenizer, validate
+from container.runtime import OnnxModel
+from tasks.registry import TASKS, get_task
+from tests.conftest import ModelFactory
+from tests.tiny_models import ARCHS
+
+FP32_TOL = 1e-4  # the exported and fused fp32 graphs must match PyTorch to this (max |Δ output|)
+INT8_TOL = 0.1  # tiny random models: int8 must stay close in absolute terms (their outputs are O(1))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("task_name", list(TASKS))
+def test_every_stage_keeps_parity(tiny_model: ModelFactory, tmp_path: Path, arch: str, task_name: str) -> None:
+    task = get_task(task_name)
+    src = source.inspect_source(tiny_model(task_name, arch), task)
+
+    fp32 = tmp_path / "fp32.onnx"
+    inputs = export.export_onnx(src, task, fp32)
+    assert ("token_type_ids" in inputs) == (arch == "bert")  # only BERT has segment embeddings to feed
+
+    tok_file = tokenizer.write_tokenizer(src, tmp_path / "tokenizer.json")
+    tok = Tokenizer.from_file(str(tok_file))
+    assert tok.padding is None
+    assert tok.truncation is not None and tok.truncation["max_length"] == src.max_length
+
+    fused = tmp_path / "fused.onnx"
+    counts = fuse.fuse(fp32, fused)
+    assert counts.get("SkipLayerNormalization", 0) >= 2  # one per residual branch that fusion found
+    int8 = quantize.quantize_int8(fused, tmp_path / "int8.onnx")
+    block = quantize.quantize_blockwise(fp32, tmp_path / "block.onnx")
+
+    samples = textset.builtin_samples(tok, task.pairs)
+    encodings = validate.encode_samples(tok, samples)
+    ref = validate.reference_outputs(src, task, encodings, inputs, tmp_path / "ref.npz")
+
+    def check(path: Path, precision: str) -> validate.VariantReport:
+        return validate.validate(path, path.stem, precision, ref, encodings, samples, task, src.pooling, {})
+
+    for graph in (fp32, fused):
+        report = check(graph, "fp32")
+        assert report.metrics["max_abs_diff"] <= FP32_TOL, (graph.name, report.metrics)
+        assert report.passed, report.gates
+    for graph in (int8, block):
+        report = check(graph, "int8")
+        assert report.metrics["max_abs_diff"] <= INT8_TOL, (graph.name, report.metrics)
+        assert report.size_mb < (fp32.stat().st_size / 2**20)
+
+
+def test_outputs_have_dynamic_batch_and_sequence_axes(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    task = get_task("token-classification")
+    src = source.inspect_source(tiny_model("token-classification"), task)
+    path = tmp_path / "m.onnx"
+    export.export_onnx(src, task, path)
+    model = OnnxModel(path)
+    for batch, length in [(1, 3), (5, 40)]:
+        feeds = {n: np.ones((batch, length), dtype=np.int64) for n in model.input_names}
+        assert model.run(feeds).shape[:2] == (batch, length)
+
+
+def test_builtin_validation_set_spans_lengths(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    src = source.inspect_source(tiny_model("text-classification"), get_task("text-classification"))
+    tok = Tokenizer.from_file(str(tokenizer.write_tokenizer(src, tmp_path / "t.json")))
+    lengths = [len(e.ids) for e in validate.encode_samples(tok, textset.builtin_samples(tok, pairs=False))]
+    assert min(lengths) <= 4
+    assert max(lengths) == src.max_length  # the longest prose is truncated at the model's maximum, as served
+    pairs = textset.builtin_samples(tok, pairs=True)
+    assert len({s.group for s in pairs}) == len(textset.RANKING)
+    assert all(s.pair for s in pairs)
+
+
+def test_validation_file_formats(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.txt"
+    plain.write_text("first text\n\nsecond text\n")
+    assert [s.text for s in textset.file_samples(plain, pairs=False)] == ["first text", "second text"]
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text('{"query": "q1", "documents": ["a", "b"]}\n{"query": "q2", "document": "c"}\n')
+    samples = textset.file_samples(jsonl, pairs=True)
+    assert [(s.text, s.pair, s.group) for s in samples] == [("q1", "a", 0), ("q1", "b", 0), ("q2", "c", 1)]
+    with pytest.raises(Exception, match="ranking needs JSONL"):
+        textset.file_samples(plain, pairs=True)
