@@ -88,3 +88,31 @@ def test_validation_file_formats(tmp_path: Path) -> None:
     assert [(s.text, s.pair, s.group) for s in samples] == [("q1", "a", 0), ("q1", "b", 0), ("q2", "c", 1)]
     with pytest.raises(Exception, match="ranking needs JSONL"):
         textset.file_samples(plain, pairs=True)
+
+
+def test_gpu_fp16_graph_keeps_its_io_types(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    """The fp16 conversion runs anywhere; running it needs a GPU (checked on one when available)."""
+    import onnx
+
+    task = get_task("text-classification")
+    src = source.inspect_source(tiny_model("text-classification"), task)
+    export.export_onnx(src, task, tmp_path / "fp32.onnx")
+    fuse.fuse(tmp_path / "fp32.onnx", tmp_path / "fused.onnx", use_gpu=True)
+    graph = onnx.load(str(fuse.to_fp16(tmp_path / "fused.onnx", tmp_path / "fp16.onnx"))).graph
+    assert {i.type.tensor_type.elem_type for i in graph.input} == {onnx.TensorProto.INT64}
+    assert graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    weights = [w for w in graph.initializer if len(w.dims) == 2]
+    assert weights and all(w.data_type == onnx.TensorProto.FLOAT16 for w in weights)
+
+
+def test_gpu_target_without_cuda_is_refused_before_any_work(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    from container.optimize.pipeline import OptimizeOptions, optimize
+    from container.runtime import available_targets
+    from tasks.errors import InputError
+
+    if "gpu" in available_targets():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "bundle"
+    with pytest.raises(InputError, match="CUDAExecutionProvider"):
+        optimize(OptimizeOptions(tiny_model("text-classification"), get_task("text-classification"), out, "gpu"))
+    assert not out.exists() and not list(tmp_path.iterdir())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -62,7 +63,8 @@ def main(args: argparse.Namespace) -> int:
         "cosine_p1": args.min_cosine,
         "spearman_min": args.min_spearman,
     }
-    console = Console(stderr=True)
+    # Piped output (CI logs) gets a wide console so the variant table is not squeezed to 80 columns.
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
     out = args.out or DEFAULT_BUNDLE
     manifest = optimize(
         OptimizeOptions(

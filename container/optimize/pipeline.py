@@ -27,6 +27,7 @@ from tokenizers import Tokenizer
 from container.bundle import MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE, Manifest
 from container.machine import describe
 from container.optimize import autotune, export, fuse, quantize, source, textset, tokenizer, validate
+from container.runtime import PROVIDERS, available_targets
 from tasks.base import TaskSpec
 from tasks.errors import InputError, ValidationFailed
 
@@ -128,8 +129,14 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
     console = console or Console(stderr=True)
     if opts.out.exists() and not opts.force:
         raise InputError(f"output folder {opts.out} already exists; pass --force to replace it")
-    if opts.target not in ("cpu", "gpu"):
-        raise InputError(f"unknown target {opts.target!r}; choose cpu or gpu")
+    if opts.target not in PROVIDERS:
+        raise InputError(f"unknown target {opts.target!r}; choose {' or '.join(PROVIDERS)}")
+    if opts.target not in available_targets():
+        # Every variant is validated on the hardware it targets, so a GPU bundle is built on a GPU machine.
+        raise InputError(
+            f"--target {opts.target} validates and tunes on {PROVIDERS[opts.target][0]}, which this machine's "
+            "onnxruntime lacks; run it where the GPU is (onnxruntime-gpu installed, e.g. the hare:gpu image)"
+        )
     task = opts.task
     src = source.inspect_source(opts.model_dir, task, opts.allow_pickle)
     family = source.SUPPORTED_MODEL_TYPES[src.model_type]
