@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from tokenizers import Encoding
 
 Array = NDArray[np.float32]
 
@@ -39,8 +41,79 @@ class ParityInput:
 
 
 @dataclass(frozen=True)
+class Vocab:
+    """What entity aggregation needs from the tokenizer, without the tokenizer.
+
+    unk_id: the unknown token's id (None if the vocabulary has none).
+    word_aware: the model marks word continuations (WordPiece's "##"), so subwords are exact;
+      otherwise a whitespace heuristic decides, as transformers does.
+    decode: token strings -> text (the tokenizer's decoder; transformers' convert_tokens_to_string).
+    """
+
+    unk_id: int | None
+    word_aware: bool
+    decode: Callable[[list[str]], str]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The served model, as post-processing sees it (built by the server from the bundle's manifest).
+
+    labels: label names in class-id order (empty for embeddings).
+    """
+
+    labels: tuple[str, ...]
+    multi_label: bool
+    pooling: str
+    normalize: bool
+    max_length: int
+    vocab: Vocab
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What one request asks about.
+
+    texts: the texts to encode; for pair tasks, the second member of each pair (the documents).
+    single: the request sent one text, so the answer takes the single-input shape.
+    query: pair tasks only: the first member of every pair.
+    """
+
+    texts: list[str]
+    single: bool
+    query: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outputs:
+    """The model's outputs for one request, regrouped per input.
+
+    windows: per input, the encodings it was read as (one, or several overlapping ones for long_input=window).
+    arrays: per input and window, the output row: [labels] for sequence heads, [tokens, dim] for token-level
+      outputs (trimmed to the window's real tokens).
+    truncated: per input, whether its text was cut to the model's maximum length.
+    stride: tokens shared by consecutive windows.
+    """
+
+    inputs: Inputs
+    windows: list[list[Encoding]]
+    arrays: list[list[Array]]
+    truncated: list[bool]
+    stride: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A task's answer: the JSON body (numpy arrays allowed: the server serializes them with orjson) and the
+    predicted labels, which the server counts for drift monitoring."""
+
+    body: Any
+    labels: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
 class TaskSpec:
-    """One task's contract with the optimizer (export and parity).
+    """One task's contract with the optimizer (export and parity) and with the server (parse and answer).
 
     head: the transformers Auto class the optimizer instantiates.
     architectures: suffixes a checkpoint's `architectures` must end with; empty means any checkpoint.
@@ -49,6 +122,14 @@ class TaskSpec:
     parity: task metrics from reference vs candidate outputs.
     gates: the default thresholds (overridable from the CLI by metric name).
     default_pooling: pooling when the model folder declares none (embeddings only).
+
+    Serving (pure functions; they raise tasks.errors.InputError subclasses naming the field):
+    parameters: the task's request parameters, name -> one-line help (the API documentation uses these).
+    parse_inputs: the request's `inputs` value -> Inputs.
+    parse_params: the request's task parameters (already checked against `parameters`) -> a params object.
+    postprocess: (outputs, params, model) -> Answer in the Hugging Face pipeline's shape.
+    windows: long inputs may be read as overlapping windows and merged (long_input="window").
+    embeddings: the task answers OpenAI's /v1/embeddings too.
     """
 
     name: str
@@ -59,3 +140,9 @@ class TaskSpec:
     parity: Callable[[ParityInput], dict[str, float]]
     gates: tuple[Gate, ...]
     default_pooling: str | None = None
+    parameters: Mapping[str, str] = field(default_factory=dict, kw_only=True)
+    parse_inputs: Callable[[object], Inputs] = field(kw_only=True)
+    parse_params: Callable[[Mapping[str, object], ModelInfo], Any] = field(kw_only=True)
+    postprocess: Callable[[Outputs, Any, ModelInfo], Answer] = field(kw_only=True)
+    windows: bool = field(default=True, kw_only=True)
+    embeddings: bool = field(default=False, kw_only=True)

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import numpy as np
 
-from tasks.base import Gate, ParityInput, TaskSpec
-from tasks.ops import cosine, pool
+from tasks import params
+from tasks.base import Answer, Array, Gate, ModelInfo, Outputs, ParityInput, TaskSpec
+from tasks.errors import InvalidRequest
+from tasks.ops import POOLINGS, cosine, normalize_vector, pool, pool_tokens
+from tasks.windows import combine_vectors
+
+ENCODINGS = ("float", "base64")
 
 
 def _pooled(states: np.ndarray, mode: str) -> np.ndarray:
@@ -19,6 +28,54 @@ def parity(p: ParityInput) -> dict[str, float]:
     return {"cosine_p1": float(np.percentile(cos, 1)), "cosine_min": float(cos.min())}
 
 
+@dataclass(frozen=True, slots=True)
+class Params:
+    pooling: str
+    normalize: bool
+    dimensions: int | None
+    encoding: str
+
+
+PARAMETERS = {
+    "pooling": f"{', '.join(POOLINGS)} (default: the bundle's, from sentence-transformers' config)",
+    "normalize": "scale each vector to unit length (default: the bundle's)",
+    "dimensions": "keep the first N dimensions (Matryoshka), re-normalized when normalize is on",
+    "encoding_format": "float (JSON numbers, default) or base64 (little-endian float32 bytes, as OpenAI's API)",
+}
+
+
+def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
+    return Params(
+        params.choice(raw, "pooling", POOLINGS, model.pooling),
+        params.boolean(raw, "normalize", model.normalize),
+        params.integer(raw, "dimensions", None, minimum=1),
+        params.choice(raw, "encoding_format", ENCODINGS, "float"),
+    )
+
+
+def embed(out: Outputs, p: Params) -> list[Array]:
+    """One vector per input; a windowed text's windows are pooled, then combined weighted by length."""
+    vectors = []
+    for windows, rows in zip(out.windows, out.arrays, strict=True):
+        pooled = [pool_tokens(r, p.pooling) for r in rows]
+        vector = combine_vectors(pooled, [len(w) for w in windows], p.pooling)
+        if p.dimensions is not None:
+            if p.dimensions > len(vector):
+                raise InvalidRequest(f"parameters.dimensions is {p.dimensions}; the vectors have {len(vector)}")
+            vector = vector[: p.dimensions]
+        vectors.append(normalize_vector(vector) if p.normalize else vector)
+    return vectors
+
+
+def encode(vector: Array, encoding: str) -> Array | str:
+    return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii") if encoding == "base64" else vector
+
+
+def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:
+    vectors = [encode(v, p.encoding) for v in embed(out, p)]
+    return Answer(vectors[0] if out.inputs.single else vectors)
+
+
 SPEC = TaskSpec(
     name="feature-extraction",
     head="AutoModel",
@@ -28,4 +85,9 @@ SPEC = TaskSpec(
     parity=parity,
     default_pooling="mean",  # what transformers' feature-extraction models without a pooling config get
     gates=(Gate("cosine_p1", 0.99, True, "1st percentile of cosine(PyTorch, candidate) embeddings"),),
+    parameters=PARAMETERS,
+    parse_inputs=params.texts,
+    parse_params=parse_params,
+    postprocess=postprocess,
+    embeddings=True,
 )

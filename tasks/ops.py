@@ -46,6 +46,28 @@ def pool(hidden: Array, mask: NDArray[np.int64], mode: str) -> Array:
     raise ValueError(f"unknown pooling {mode!r}; choose one of {', '.join(POOLINGS)}")
 
 
+def pool_tokens(states: Array, mode: str) -> Array:
+    """Pool one sequence's token states [tokens, dim] (padding already trimmed) into [dim].
+
+    Plain ufunc reductions: this runs once per input on the serving hot path, where numpy's Python-level
+    wrappers (mean, linalg.norm) cost more than the arithmetic.
+    """
+    if mode == "mean":
+        return np.add.reduce(states, axis=0) / np.float32(len(states))
+    if mode == "cls":
+        return states[0]
+    if mode == "max":
+        return np.maximum.reduce(states, axis=0)
+    if mode == "mean_sqrt_len":
+        return np.add.reduce(states, axis=0) / np.float32(np.sqrt(len(states)))
+    raise ValueError(f"unknown pooling {mode!r}; choose one of {', '.join(POOLINGS)}")
+
+
+def normalize_vector(vector: Array) -> Array:
+    """One vector scaled to unit length (the 1-D, hot-path form of l2_normalize)."""
+    return vector / np.float32(max(float(np.sqrt(vector @ vector)), 1e-12))
+
+
 def pad_batch(encodings: Sequence[Encoding], input_names: Sequence[str]) -> dict[str, NDArray[np.int64]]:
     """Right-pad encodings to the longest in the batch and build the graph's feeds.
 

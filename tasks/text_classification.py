@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-from tasks.base import Gate, ParityInput, TaskSpec
-from tasks.ops import softmax
+from tasks import params
+from tasks.base import Answer, Array, Gate, ModelInfo, Outputs, ParityInput, TaskSpec
+from tasks.ops import sigmoid, softmax
+
+FUNCTIONS: dict[str, Callable[[Array], Array]] = {"softmax": softmax, "sigmoid": sigmoid, "none": lambda x: x}
 
 
 def parity(p: ParityInput) -> dict[str, float]:
@@ -18,6 +25,51 @@ def parity(p: ParityInput) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Params:
+    top_k: int | None
+    function: str
+
+
+PARAMETERS = {
+    "top_k": "how many labels to return, best first (default 1; null returns every label)",
+    "function_to_apply": "softmax, sigmoid or none (default: sigmoid for multi-label or one-label models, "
+    "else softmax), as in transformers",
+    "raw_scores": "true returns the logits (function_to_apply none)",
+}
+
+
+def default_function(model: ModelInfo) -> str:
+    """transformers' rule: sigmoid for multi-label and single-logit heads, softmax otherwise."""
+    return "sigmoid" if model.multi_label or len(model.labels) == 1 else "softmax"
+
+
+def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
+    function = params.choice(raw, "function_to_apply", tuple(FUNCTIONS), default_function(model))
+    if params.boolean(raw, "raw_scores", False):
+        function = "none"
+    top_k = params.integer(raw, "top_k", 1, minimum=1, nullable=True)
+    return Params(top_k, function)
+
+
+def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:
+    """Per input, labels sorted by score; windows' scores are averaged."""
+    apply = FUNCTIONS[p.function]
+    answers: list[list[dict[str, Any]]] = []
+    predicted: list[str] = []
+    for rows, truncated in zip(out.arrays, out.truncated, strict=True):
+        scores = apply(rows[0]) if len(rows) == 1 else apply(np.stack(rows)).mean(axis=0)
+        # A stable sort, best first, ties in label order: the pipeline's order exactly.
+        order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)[: p.top_k]
+        ranked = [{"label": model.labels[i], "score": float(scores[i])} for i in order]
+        if truncated:
+            for item in ranked:
+                item["truncated"] = True
+        answers.append(ranked)
+        predicted.append(model.labels[order[0]])
+    return Answer(answers[0] if out.inputs.single else answers, predicted)
+
+
 SPEC = TaskSpec(
     name="text-classification",
     head="AutoModelForSequenceClassification",
@@ -26,4 +78,8 @@ SPEC = TaskSpec(
     pairs=False,
     parity=parity,
     gates=(Gate("top1_agreement", 0.99, True, "share of texts whose top label matches PyTorch"),),
+    parameters=PARAMETERS,
+    parse_inputs=params.texts,
+    parse_params=parse_params,
+    postprocess=postprocess,
 )

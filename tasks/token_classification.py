@@ -1,11 +1,18 @@
-"""Token classification (NER): one label distribution per token."""
+"""Token classification (NER): one label distribution per token, aggregated into entities."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-from tasks.base import Gate, ParityInput, TaskSpec
+from tasks import params
+from tasks.base import Answer, Gate, ModelInfo, Outputs, ParityInput, TaskSpec
+from tasks.entities import STRATEGIES, aggregate
 from tasks.ops import softmax
+from tasks.windows import content_tokens
 
 
 def parity(p: ParityInput) -> dict[str, float]:
@@ -17,6 +24,42 @@ def parity(p: ParityInput) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Params:
+    strategy: str
+    ignore: tuple[str, ...]
+
+
+PARAMETERS = {
+    "aggregation_strategy": "none, simple, first, average or max (default simple): how tokens become "
+    "entities, as in transformers' token-classification pipeline",
+    "ignore_labels": 'labels left out of the answer (default ["O"])',
+}
+
+
+def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
+    return Params(
+        params.choice(raw, "aggregation_strategy", STRATEGIES, "simple"),
+        params.string_list(raw, "ignore_labels", ("O",)),
+    )
+
+
+def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:
+    """Per input, its entities with character offsets into the original text; windows are merged token by
+    token before aggregation, so an entity split by a window edge comes out whole."""
+    answers: list[list[dict[str, Any]]] = []
+    predicted: list[str] = []
+    for text, windows, rows, truncated in zip(out.inputs.texts, out.windows, out.arrays, out.truncated, strict=True):
+        tokens = content_tokens(windows, rows, out.stride)
+        entities = aggregate(text, tokens, softmax(tokens.rows), p.strategy, model.labels, model.vocab, p.ignore)
+        for e in entities:
+            predicted.append(e.get("entity_group") or e["entity"])
+            if truncated:
+                e["truncated"] = True
+        answers.append(entities)
+    return Answer(answers[0] if out.inputs.single else answers, predicted)
+
+
 SPEC = TaskSpec(
     name="token-classification",
     head="AutoModelForTokenClassification",
@@ -25,4 +68,8 @@ SPEC = TaskSpec(
     pairs=False,
     parity=parity,
     gates=(Gate("token_agreement", 0.98, True, "share of tokens whose label matches PyTorch"),),
+    parameters=PARAMETERS,
+    parse_inputs=params.texts,
+    parse_params=parse_params,
+    postprocess=postprocess,
 )

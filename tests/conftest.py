@@ -55,3 +55,32 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_model: ModelFacto
         return cache[task, arch]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def fp32_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_model: ModelFactory) -> ModelFactory:
+    """fp32_bundle(task, arch="bert") -> a bundle of the fp32 export only, for exact parity with transformers
+    (tiny random models score near-uniformly, so int8 noise could flip their labels)."""
+    from container.optimize.pipeline import OptimizeOptions, optimize
+    from tasks.registry import get_task
+
+    cache: dict[tuple[str, str], Path] = {}
+
+    def get(task: str, arch: str = "bert") -> Path:
+        if (task, arch) not in cache:
+            out = tmp_path_factory.mktemp("fp32-bundles") / f"{arch}-{task}"
+            optimize(
+                OptimizeOptions(
+                    model_dir=tiny_model(task, arch),
+                    task=get_task(task),
+                    out=out,
+                    only=["fp32"],
+                    tune_lengths=[8],
+                    tune_batches=[1],
+                    tune_seconds=0.01,
+                )
+            )
+            cache[task, arch] = out
+        return cache[task, arch]
+
+    return get

@@ -1,0 +1,89 @@
+"""`hare console`: start the Streamlit admin console (headless, no usage statistics, loopback by default)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from admin_ui.auth import needs_token
+from admin_ui.client import normalize_url
+from tasks.errors import InputError
+
+APP = Path(__file__).with_name("app.py")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
+    p.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1); any other needs HARE_CONSOLE_TOKEN set",
+    )
+    p.add_argument(
+        "--appliance",
+        action="append",
+        metavar="URL",
+        help="an appliance to watch (repeatable; default http://localhost:8080)",
+    )
+    p.add_argument("--db", type=Path, help="the bench result store (default: $HARE_BENCH_DB or the user data dir)")
+    p.add_argument(
+        "--bundles",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help="a folder of bundles (repeatable; default ./bundles): Benchmarks offers the one an appliance serves",
+    )
+
+
+def console_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment the Streamlit process gets: the flags turned into HARE_CONSOLE_* settings."""
+    env = dict(environ)
+    if args.appliance:
+        try:
+            env["HARE_CONSOLE_APPLIANCES"] = ",".join(normalize_url(u) for u in args.appliance)
+        except ValueError as exc:
+            raise InputError(f"--appliance: {exc}") from None
+    if args.db:
+        env["HARE_CONSOLE_BENCH_DB"] = str(args.db.expanduser().resolve())
+    if args.bundles:
+        env["HARE_CONSOLE_BUNDLE_DIRS"] = ",".join(str(d.expanduser().resolve()) for d in args.bundles)
+    elif "HARE_CONSOLE_BUNDLE_DIRS" not in env:
+        env["HARE_CONSOLE_BUNDLE_DIRS"] = str(Path("bundles").resolve())  # Streamlit's working folder may differ
+    if needs_token(args.address) and not env.get("HARE_CONSOLE_TOKEN"):
+        raise InputError(
+            f"the console would listen on {args.address}, beyond this machine: set HARE_CONSOLE_TOKEN to a "
+            "secret first (and put TLS in front), or keep the default --address 127.0.0.1"
+        )
+    return env
+
+
+def streamlit_command(args: argparse.Namespace, python: str = sys.executable) -> list[str]:
+    """`python -m streamlit run admin_ui/app.py` with the console's server options."""
+    if not 1 <= args.port <= 65535:
+        raise InputError(f"--port {args.port} is outside 1..65535")
+    return [
+        python, "-m", "streamlit", "run", str(APP),
+        "--server.port", str(args.port),
+        "--server.address", args.address,
+        "--server.headless", "true",
+        "--browser.gatherUsageStats", "false",
+        "--server.fileWatcherType", "none",
+        "--server.runOnSave", "false",
+        "--client.toolbarMode", "minimal",
+        "--client.showErrorDetails", "none",
+        "--theme.base", "light",
+    ]  # fmt: skip
+
+
+def main(args: argparse.Namespace) -> int:
+    env = console_env(args, os.environ)
+    command = streamlit_command(args)
+    host = f"[{args.address}]" if ":" in args.address else args.address
+    print(f"hare console: http://{host}:{args.port} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    # Become Streamlit rather than wait for it: a stop signal (Ctrl-C, docker stop, systemd) reaches the server
+    # itself, and no orphan is left listening on the port.
+    os.execve(command[0], command, env)
+    return 0  # not reached

@@ -1,0 +1,116 @@
+"""The Overview page's logic: an appliance's /info turned into a summary, its variants and its gate verdicts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def _fmt(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, list | tuple):
+        return ", ".join(_fmt(v) for v in value) or "-"
+    return str(value)
+
+
+def label_list(labels: Any) -> list[str]:
+    """/info `labels` as a list in id order: accepts {"0": "NEG", ...}, {0: ...} or ["NEG", ...]."""
+    if isinstance(labels, Mapping):
+
+        def order(k: Any) -> tuple[int, str]:
+            return (int(k), "") if str(k).lstrip("-").isdigit() else (1 << 30, str(k))
+
+        return [str(labels[k]) for k in sorted(labels, key=order)]
+    if isinstance(labels, list | tuple):
+        return [str(x) for x in labels]
+    return []
+
+
+def summary_rows(info: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The facts an operator checks first, as (field, value) rows; absent fields show as '-'."""
+    labels = label_list(info.get("labels"))
+    rows = [
+        ("task", info.get("task")),
+        ("model", info.get("model")),
+        ("architecture", " / ".join(str(x) for x in (info.get("architecture"), info.get("model_type")) if x)),
+        ("labels", f"{len(labels)}: {', '.join(labels[:12])}{' …' if len(labels) > 12 else ''}" if labels else None),
+        ("max length", info.get("max_length")),
+        ("variant", " ".join(str(x) for x in (info.get("variant"), info.get("precision"), info.get("target")) if x)),
+        (
+            "workers × threads",
+            f"{info.get('workers', '-')} × {info.get('threads', '-')}"
+            + (f" ({info['profile']} profile)" if info.get("profile") else ""),
+        ),
+        ("execution providers", info.get("providers")),
+        ("batching", info.get("batching")),
+    ]
+    if info.get("task") == "feature-extraction":
+        rows.append(("pooling", f"{info.get('pooling') or '-'}{', normalized' if info.get('normalize') else ''}"))
+    return [{"field": k, "value": _fmt(v)} for k, v in rows]
+
+
+def versions_rows(info: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Package versions the server runs, beside those the bundle was built with (`versions.bundle`)."""
+    versions = info.get("versions")
+    if not isinstance(versions, Mapping):
+        return []
+    bundle = versions.get("bundle")
+    built: Mapping[str, Any] = bundle if isinstance(bundle, Mapping) else {}
+    names = [k for k in versions if k != "bundle"] + [k for k in built if k not in versions]
+    return [
+        {"package": str(k), "server": _fmt(versions.get(k)), "bundle built with": _fmt(built.get(k))} for k in names
+    ]
+
+
+def variant_rows(info: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every candidate the optimizer tried: size, gate verdict, and median milliseconds per timing point."""
+    out = []
+    for v in info.get("variants") or []:
+        if not isinstance(v, Mapping):
+            continue
+        row: dict[str, Any] = {
+            "variant": ("★ " if v.get("chosen") else "") + str(v.get("name", "?")),
+            "precision": v.get("precision"),
+            "size MB": v.get("size_mb"),
+            "passed": bool(v.get("passed")),
+        }
+        for point, ms in sorted((v.get("timings_ms") or {}).items(), key=lambda kv: (len(kv[0]), kv[0])):
+            row[f"{point} ms"] = ms
+        out.append(row)
+    return out
+
+
+def chosen_variant(info: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The variant the appliance serves: the one marked chosen, else the one named by `variant`."""
+    variants = [v for v in info.get("variants") or [] if isinstance(v, Mapping)]
+    return next((v for v in variants if v.get("chosen")), None) or next(
+        (v for v in variants if v.get("name") == info.get("variant")), None
+    )
+
+
+def gate_rows(variant: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The chosen variant's validation figures: each metric, its gate threshold and verdict when gated."""
+    if not variant:
+        return []
+    gates = variant.get("gates") or {}
+    metrics = dict(variant.get("metrics") or {})
+    rows = []
+    for metric in dict.fromkeys([*gates, *metrics]):
+        gate = gates.get(metric) if isinstance(gates, Mapping) else None
+        value = gate.get("value") if isinstance(gate, Mapping) else metrics.get(metric)
+        rows.append(
+            {
+                "metric": metric,
+                "value": value,
+                "threshold": gate.get("threshold") if isinstance(gate, Mapping) else None,
+                "verdict": ("pass" if gate.get("passed") else "FAIL") if isinstance(gate, Mapping) else "not gated",
+            }
+        )
+    return rows

@@ -1,0 +1,1 @@
+"""The console's pages: thin Streamlit code over the logic modules in `admin_ui/`. Each exposes `render()`."""

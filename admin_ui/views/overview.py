@@ -1,0 +1,71 @@
+"""Overview: every appliance in the session's list, with health, readiness and what it serves."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from admin_ui import overview, state
+from admin_ui.client import Probe
+
+
+def render() -> None:
+    st.title("Overview")
+    st.caption("Every appliance this console watches: is it up, what does it serve, and how was its model chosen.")
+    _add_form()
+    urls = state.appliances()
+    if not urls:
+        st.info("No appliance yet: add one above (for example http://localhost:8080).")
+    for url in list(urls):
+        with st.container(border=True):
+            _appliance(state.describe(url), url)
+
+
+def _add_form() -> None:
+    with st.form("hare-add-appliance", clear_on_submit=True, border=False):
+        cols = st.columns([4, 1], vertical_alignment="bottom")
+        url = cols[0].text_input("Add an appliance", placeholder="http://host:8080", key="hare-add-url")
+        if cols[1].form_submit_button("Add", width="stretch") and url:
+            try:
+                st.toast(f"Added {state.add_appliance(url)}")
+            except ValueError as exc:
+                st.error(f"Cannot add {url!r}: {exc}")
+
+
+def _appliance(p: Probe, url: str) -> None:
+    head = st.columns([6, 1], vertical_alignment="center")
+    badges = ""
+    if p.error is None:
+        badges = " ".join(
+            [
+                ":green-badge[healthy]" if p.healthy else ":red-badge[unhealthy]",
+                ":green-badge[ready]" if p.ready else ":orange-badge[not ready]",
+            ]
+        )
+    head[0].subheader(f"`{url}` {badges}", anchor=False)
+    if head[1].button("Remove", key=f"hare-remove-{url}", width="stretch"):
+        state.remove_appliance(url)
+        st.rerun()
+    if p.error is not None or p.info is None:
+        st.error(p.error or "no description")
+        return
+    info = p.info
+    left, right = st.columns(2)
+    with left:
+        st.markdown("**What it serves**")
+        st.dataframe(overview.summary_rows(info), hide_index=True, width="stretch")
+    with right:
+        chosen = overview.chosen_variant(info)
+        name = chosen.get("name") if chosen else info.get("variant", "?")
+        st.markdown(f"**Chosen variant `{name}`: validation against PyTorch**")
+        gates = overview.gate_rows(chosen)
+        if gates:
+            st.dataframe(gates, hide_index=True, width="stretch")
+        else:
+            st.caption("The appliance reports no validation figures for its variant.")
+    with st.expander("Every candidate variant and the versions it runs"):
+        variants = overview.variant_rows(info)
+        if variants:
+            st.dataframe(variants, hide_index=True, width="stretch")
+        st.dataframe(overview.versions_rows(info), hide_index=True)
+        if "pid" in info:
+            st.caption(f"server pid {info['pid']}")

@@ -1,0 +1,129 @@
+"""Playground: send one request to the selected appliance and look at the answer the way its task reads."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import streamlit as st
+
+from admin_ui import charts, state
+from admin_ui import playground as pg
+from admin_ui.client import ApplianceError, Prediction
+
+RESULT = "hare.playground.result"
+
+
+def render() -> None:
+    st.title("Playground")
+    url = state.selected()
+    if url is None:
+        st.info("Add an appliance on the Overview page first.")
+        return
+    p = state.describe(url)
+    if p.error or p.info is None:
+        st.error(p.error or f"{url} did not describe itself")
+        return
+    task = str(p.info["task"])
+    st.caption(f"{url} · {task} · {p.info.get('architecture', '')} · variant {p.info.get('variant', '?')}")
+    if not p.ready:
+        st.warning(f"{url} is not ready yet (loading its model or draining); requests may be refused.")
+
+    with st.form("hare-playground"):
+        text, documents = _inputs(task)
+        with st.expander("Parameters (JSON)"):
+            accepted = p.info.get("parameters")
+            if isinstance(accepted, list) and accepted:
+                st.caption("This appliance accepts: " + ", ".join(str(a) for a in accepted))
+            raw_params = st.text_area(
+                "parameters", value=pg.DEFAULT_PARAMETERS.get(task, "{}"), key=f"hare-pg-params-{task}",
+                label_visibility="collapsed",
+            )  # fmt: skip
+        sent = st.form_submit_button("Send", type="primary")
+    if sent:
+        _send(url, task, text, documents, raw_params)
+    result = st.session_state.get(RESULT)
+    if result and result["url"] == url and result["task"] == task:
+        _show(task, result["request"], result["prediction"])
+
+
+def _inputs(task: str) -> tuple[str, str]:
+    example = pg.EXAMPLES[task]
+    if task == "text-ranking":
+        query = st.text_input("Query", value=example, key=f"hare-pg-query-{task}")
+        docs = st.text_area(
+            "Documents, one per line", value=pg.EXAMPLE_DOCUMENTS, key=f"hare-pg-docs-{task}", height=140
+        )
+        return query, docs
+    if task == "feature-extraction":
+        return st.text_area("Sentences, one per line", value=example, key=f"hare-pg-text-{task}", height=140), ""
+    return st.text_area("Text", value=example, key=f"hare-pg-text-{task}", height=100), ""
+
+
+def _send(url: str, task: str, text: str, documents: str, raw_params: str) -> None:
+    try:
+        inputs = pg.build_inputs(task, text, documents)
+    except ValueError as exc:
+        st.warning(str(exc).capitalize())
+        return
+    try:
+        params = json.loads(raw_params or "{}")
+        if not isinstance(params, dict):
+            raise ValueError("parameters must be a JSON object")
+    except ValueError as exc:
+        st.error(f"The parameters are not a JSON object: {exc}")
+        return
+    try:
+        with state.client(url) as client:
+            prediction = client.predict(inputs, params)
+    except ApplianceError as exc:
+        st.error(str(exc))
+        return
+    st.session_state[RESULT] = {"url": url, "task": task, "request": inputs, "prediction": prediction}
+
+
+def _show(task: str, request: Any, prediction: Prediction) -> None:
+    st.subheader("Answer", anchor=False)
+    try:
+        if task == "text-classification":
+            rows = pg.classification_rows(prediction.output)
+            st.altair_chart(charts.score_bars(rows), width="stretch", height=charts.rows_height(len(rows)))
+        elif task == "token-classification":
+            rows = pg.entity_rows(prediction.output)
+            st.html(pg.highlight_html(pg.segments(request, rows)))
+            if rows:
+                st.dataframe(rows, hide_index=True, width="stretch")
+            else:
+                st.caption("No entity found.")
+        elif task == "feature-extraction":
+            vecs = pg.vectors(prediction.output)
+            sentences = request if isinstance(request, list) else [request]
+            st.caption(f"{len(vecs)} vector(s) of {len(vecs[0])} dimensions")
+            if len(vecs) > 1:
+                rows = pg.similarity_rows(sentences, pg.cosine_matrix(vecs))
+                height = charts.rows_height(len(vecs), per_row=48, axes=120)
+                st.altair_chart(charts.heatmap(rows), width="stretch", height=height)
+            else:
+                st.caption("Give several sentences (one per line) to see how similar they are.")
+        else:
+            rows = pg.ranking_rows(prediction.output, request["documents"])
+            bars = [{"document": f"{r['rank']}. {r['document'][:60]}", "score": r["score"]} for r in rows]
+            chart = charts.score_bars(bars, label="document", unit_range=False)
+            st.altair_chart(chart, width="stretch", height=charts.rows_height(len(bars)))
+            st.dataframe(rows, hide_index=True, width="stretch")
+    except pg.ShapeError as exc:
+        st.error(f"The appliance's answer does not fit its task: {exc}")
+    _timing(prediction)
+    with st.expander("Raw JSON"):
+        st.json(prediction.output, expanded=False)
+
+
+def _timing(prediction: Prediction) -> None:
+    cols = st.columns(3)
+    compute = prediction.compute_time_s
+    cols[0].metric("x-compute-time", f"{compute * 1000:.2f} ms" if compute is not None else "-")
+    cols[1].metric("round trip (console)", f"{prediction.round_trip_s * 1000:.1f} ms")
+    phases = pg.timing_rows(prediction.phases_ms)
+    cols[2].metric("server phases", f"{sum(r['ms'] for r in phases):.2f} ms" if phases else "-")
+    if phases:
+        st.altair_chart(charts.timing_bar(phases), width="stretch")

@@ -1,0 +1,257 @@
+"""`create_app(settings)`: the Starlette app. Everything heavy (ONNX Runtime session, tokenizer, batcher,
+metrics) is made in the lifespan, once per worker, and warmed up before /ready turns true; nothing is built
+at import time.
+
+gunicorn loads `api.app:create_app_from_env()` in each worker (see container/gunicorn_conf.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import platform
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from importlib import metadata
+
+import numpy as np
+import orjson
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from tokenizers import Encoding, Tokenizer
+
+from api import errors, openapi, routes
+from api.batching import Batcher
+from api.config import Settings
+from api.encoder import Encoder, vocab
+from api.metrics import Metrics, MetricsMiddleware
+from api.pipeline import Pipeline
+from api.public import RateLimiter
+from api.schemas import COMMON, Limits, PredictRequest
+from api.state import Resources
+from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, read_manifest
+from container.runtime import OnnxModel
+from tasks.base import Array, Inputs, ModelInfo, Outputs
+from tasks.errors import InputError
+from tasks.ops import pad_batch
+from tasks.registry import TASKS
+
+log = logging.getLogger("hare")
+
+WARM_LENGTHS = (8, 64, 512)  # tokens; capped at the model's maximum
+EXPOSED_HEADERS = [
+    "x-compute-time",
+    "x-compute-type",
+    "x-compute-characters",
+    "x-compute-tokens",
+    "x-truncated",
+    "server-timing",
+    "retry-after",
+]
+VERSIONED = ("hare", "onnxruntime", "tokenizers", "numpy", "starlette", "uvicorn", "gunicorn", "orjson")
+
+
+def create_app(settings: Settings) -> Starlette:
+    middleware = [Middleware(MetricsMiddleware)]
+    if settings.cors_origins:
+        middleware.insert(
+            0,
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(settings.cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["content-type", "authorization"],
+                expose_headers=EXPOSED_HEADERS,
+                max_age=3600,
+            ),
+        )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        _configure_logging(settings.log_level)
+        res = await load(settings)
+        app.state.hare = res
+        try:
+            await warm_up(res)
+            res.ready = True
+            log.info(
+                "ready: %s %s (%s, %s) pid %d, %d ORT thread(s), providers %s",
+                res.task.name,
+                res.model_name,
+                res.manifest.variant,
+                res.manifest.precision,
+                os.getpid(),
+                settings.threads,
+                ",".join(res.runtime.providers),
+            )
+            yield
+        finally:
+            res.ready = False  # draining: /ready answers 503 from here on
+            await res.batcher.close()
+
+    return Starlette(
+        routes=routes.ROUTES,
+        middleware=middleware,
+        exception_handlers=errors.HANDLERS,
+        lifespan=lifespan,
+    )
+
+
+def create_app_from_env() -> Starlette:
+    """The gunicorn entry point: settings from the HARE_* environment `hare serve` prepared."""
+    return create_app(Settings.from_env())
+
+
+async def load(settings: Settings) -> Resources:
+    """Open the bundle and build the worker's resources; the batching loop starts on the running loop."""
+    manifest = read_manifest(settings.bundle)
+    if manifest.task not in TASKS:
+        raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
+    task = TASKS[manifest.task]
+    # Session creation can take seconds on big models: off the loop, so the worker keeps its heartbeat.
+    runtime = await asyncio.to_thread(
+        OnnxModel,
+        settings.bundle / MODEL_FILE,
+        settings.target or manifest.target,
+        settings.threads,
+        manifest.output,
+    )
+    tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
+    model = ModelInfo(
+        labels=_labels(manifest),
+        multi_label=manifest.multi_label,
+        pooling=manifest.pooling or task.default_pooling or "mean",
+        normalize=manifest.normalize,
+        max_length=manifest.max_length,
+        vocab=vocab(tokenizer),
+    )
+    encoder = Encoder(tokenizer, manifest.max_length, task.windows)
+    metrics = Metrics()
+    batcher: Batcher[Encoding] = Batcher(
+        _model_call(runtime, model.vocab.unk_id, metrics),
+        max_items=settings.max_batch_size,
+        max_tokens=settings.max_batch_tokens,
+        max_wait=settings.max_wait_ms / 1000,
+        capacity=settings.queue_size,
+        on_batch=metrics.observe_batch,
+        on_depth=metrics.queue_depth.set,
+    )
+    batcher.start()
+    res = Resources(
+        settings=settings,
+        manifest=manifest,
+        task=task,
+        model=model,
+        runtime=runtime,
+        encoder=encoder,
+        batcher=batcher,
+        pipeline=Pipeline(task, model, encoder, batcher),
+        metrics=metrics,
+        limits=Limits(
+            settings.max_body_bytes,
+            settings.max_inputs,
+            settings.max_input_chars,
+            settings.truncate,
+            encoder.content_length,
+        ),
+        limiter=RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None,
+        model_name=settings.model_name or settings.bundle.resolve().name,
+        compute_type="gpu+optimized" if runtime.providers[0] != "CPUExecutionProvider" else "cpu+optimized",
+    )
+    res.info = orjson.dumps(_info(res))
+    res.openapi = orjson.dumps(openapi.spec(task, res.model_name))
+    return res
+
+
+def _model_call(runtime: OnnxModel, unk_id: int | None, metrics: Metrics) -> Callable[[list[Encoding]], Array]:
+    """The batcher's model call (on the model thread): pad the batch into the graph's feeds, run it."""
+    names = runtime.input_names
+
+    def run(batch: list[Encoding]) -> Array:
+        feeds = pad_batch(batch, names)
+        if unk_id is not None and "input_ids" in feeds:
+            unknown = int(np.count_nonzero(feeds["input_ids"] == unk_id))
+            if unknown:
+                metrics.unknown_tokens.inc(unknown)
+        return runtime.run(feeds)
+
+    return run
+
+
+async def warm_up(res: Resources) -> None:
+    """Run the whole path (tokenize, model, post-process) at a few lengths, batch 1 and a small batch, so
+    the first real requests do not pay for ONNX Runtime's first-run allocations."""
+    params = res.task.parse_params({}, res.model)
+    for n in sorted({min(n, res.model.max_length) for n in WARM_LENGTHS}):
+        for batch in (1, min(8, res.settings.max_batch_size)) if n == WARM_LENGTHS[0] else (1,):
+            text = " ".join(["hello"] * n)
+            inputs = Inputs([text] * batch, single=False, query="hello" if res.task.pairs else None)
+            request = PredictRequest(inputs, True, None, params)
+            encoded = res.encoder.encode(request.inputs, request.truncate)
+            rows = await res.batcher.run_direct(encoded.sequences)
+            token_level = rows.ndim > 2
+            arrays = [[rows[i, : len(e)] if token_level else rows[i]] for i, e in enumerate(encoded.sequences)]
+            res.task.postprocess(Outputs(inputs, encoded.windows, arrays, encoded.truncated), params, res.model)
+
+
+def _labels(manifest: Manifest) -> tuple[str, ...]:
+    if not manifest.labels:
+        return ()
+    return tuple(manifest.labels.get(i, f"LABEL_{i}") for i in range(max(manifest.labels) + 1))
+
+
+def _versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _info(res: Resources) -> dict[str, object]:
+    m, s = res.manifest, res.settings
+    return {
+        "task": m.task,
+        "model": res.model_name,
+        "architecture": m.architecture,
+        "model_type": m.model_type,
+        "labels": list(res.model.labels),
+        "max_length": m.max_length,
+        "variant": m.variant,
+        "precision": m.precision,
+        "target": m.target,
+        "variants": m.variants,
+        "pooling": res.model.pooling if res.task.embeddings else m.pooling,
+        "normalize": m.normalize,
+        "providers": res.runtime.providers,
+        "profile": s.profile,
+        "workers": s.workers,
+        "threads": s.threads,
+        "batching": s.batching,
+        "limits": {
+            "max_body_bytes": s.max_body_bytes,
+            "max_inputs": s.max_inputs,
+            "max_input_chars": s.max_input_chars,
+            "truncate": s.truncate,
+        },
+        "parameters": sorted([*res.task.parameters, *COMMON]),
+        "public": s.public,
+        "versions": {**_versions(), "bundle": m.versions},
+        "machine": m.machine,
+        "pid": os.getpid(),
+    }
+
+
+def _configure_logging(level: str) -> None:
+    """hare's logs go where gunicorn's go (the way uvicorn's worker wires uvicorn.error); elsewhere, to the
+    root logger."""
+    logger = logging.getLogger("hare")
+    logger.setLevel(level.upper())
+    gunicorn = logging.getLogger("gunicorn.error")
+    if gunicorn.handlers and not logger.handlers:
+        logger.handlers = list(gunicorn.handlers)
+        logger.propagate = False

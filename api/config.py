@@ -1,0 +1,242 @@
+"""The one settings object for `hare serve`: every knob, its HARE_* variable, its default and what it does.
+
+`hare serve`'s flags only set these variables, so the CLI, the container and a plain `gunicorn` call read
+the same configuration. Nothing is read at import time: `Settings.from_env()` reads when called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from container.defaults import DEFAULT_BUNDLE
+from container.machine import physical_cores
+from tasks.errors import InputError
+
+PROFILES = ("throughput", "latency")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_UNSET = object()
+
+
+def _int(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError("expected an integer") from None
+        if value < low or (high is not None and value > high):
+            raise ValueError(f"expected an integer {f'from {low} to {high}' if high else f'of at least {low}'}")
+        return value
+
+    return parse
+
+
+def _float(low: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError("expected a number") from None
+        if not value >= low:  # also refuses nan
+            raise ValueError(f"expected a number of at least {low}")
+        return value
+
+    return parse
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected 1/0, true/false, yes/no or on/off")
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.lower() not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return text.lower()
+
+    return parse
+
+
+def _optional(text: str) -> str | None:
+    return text or None
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    return tuple(o.strip() for o in text.split(",") if o.strip())
+
+
+def _setting(env: str, parse: Callable[[str], Any], help: str, default: Any, public: Any = _UNSET) -> Any:
+    """A field read from `env` by `parse`; `public` is its default under HARE_PUBLIC=1 (when it differs)."""
+    return field(default=default, metadata={"env": env, "parse": parse, "help": help, "public": public})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How one `hare serve` runs. Each field's metadata names its variable and documents it."""
+
+    bundle: Path = _setting(  # noqa: RUF009 (_setting returns a dataclasses.field)
+        "HARE_BUNDLE", Path, "bundle folder to serve (from `hare optimize`)", DEFAULT_BUNDLE
+    )
+    host: str = _setting("HARE_HOST", str, "address to listen on", "0.0.0.0")
+    port: int = _setting("HARE_PORT", _int(1, 65535), "port to listen on", 8080)
+    profile: str = _setting(
+        "HARE_PROFILE",
+        _choice(PROFILES),
+        "throughput: one worker per physical core, one ORT thread each; latency: one worker using every core",
+        "throughput",
+    )
+    workers: int = _setting("HARE_WORKERS", _int(0), "worker processes (0: from the profile)", 0)
+    threads: int = _setting(
+        "HARE_THREADS", _int(0), "ONNX Runtime intra-op threads per worker (0: from the profile)", 0
+    )
+    target: str | None = _setting(
+        "HARE_TARGET", _optional, "cpu or gpu execution provider (empty: the bundle's target)", None
+    )
+    max_batch_size: int = _setting("HARE_MAX_BATCH_SIZE", _int(1), "sequences per model call at most", 32)
+    max_batch_tokens: int = _setting(
+        "HARE_MAX_BATCH_TOKENS",
+        _int(1),
+        "padded tokens per model call at most (longest sequence x sequences); one sequence always fits",
+        8192,
+    )
+    max_wait_ms: float = _setting(
+        "HARE_MAX_WAIT_MS",
+        _float(0),
+        "longest a batch waits for requests still being read or tokenized (0: never waits)",
+        0.3,
+    )
+    queue_size: int = _setting(
+        "HARE_QUEUE_SIZE", _int(1), "requests one worker holds at once; beyond it answers 429 at once", 256
+    )
+    truncate: bool = _setting(
+        "HARE_TRUNCATE", _bool, "default of the truncate parameter (false: too-long inputs get 413)", True
+    )
+    max_body_bytes: int = _setting(
+        "HARE_MAX_BODY_BYTES", _int(1), "largest request body (413 beyond)", 4 * 2**20, public=64 * 2**10
+    )
+    max_inputs: int = _setting("HARE_MAX_INPUTS", _int(1), "texts (or documents) per request", 10_000, public=16)
+    max_input_chars: int = _setting(
+        "HARE_MAX_INPUT_CHARS", _int(1), "characters per text (413 beyond)", 1_000_000, public=4_000
+    )
+    admin_token: str | None = _setting(
+        "HARE_ADMIN_TOKEN",
+        _optional,
+        "when set, /metrics and /info need `Authorization: Bearer <token>`",
+        None,
+    )
+    public: bool = _setting(
+        "HARE_PUBLIC",
+        _bool,
+        "public demo profile: rate limit, small caps, /metrics and /info off unless HARE_ADMIN_TOKEN is set",
+        False,
+    )
+    cors_origins: tuple[str, ...] = _setting(
+        "HARE_CORS_ORIGINS", _origins, "comma-separated origins allowed by CORS (empty: no CORS headers)", ()
+    )
+    rate_limit: float = _setting(
+        "HARE_RATE_LIMIT", _float(0), "requests per minute per client on /predict (0: no limit)", 0.0, public=60.0
+    )
+    rate_burst: int = _setting("HARE_RATE_BURST", _int(1), "requests a client may send at once", 10)
+    forwarded_allow_ips: str = _setting(
+        "HARE_FORWARDED_ALLOW_IPS",
+        str,
+        "proxies trusted for X-Forwarded-For (the client address rate limits use)",
+        "127.0.0.1,::1",
+    )
+    model_name: str | None = _setting(
+        "HARE_MODEL_NAME", _optional, "the model name /v1/embeddings reports (empty: the bundle's folder name)", None
+    )
+    log_level: str = _setting("HARE_LOG_LEVEL", _choice(LOG_LEVELS), "log level", "info")
+    access_log: bool = _setting("HARE_ACCESS_LOG", _bool, "log every request line (never bodies)", False)
+    graceful_timeout: int = _setting(
+        "HARE_GRACEFUL_TIMEOUT", _int(1), "seconds in-flight requests get to finish after SIGTERM", 30
+    )
+
+    @classmethod
+    def from_env(cls, mapping: Mapping[str, str] | None = None) -> Settings:
+        """Read every HARE_* variable of `mapping` (default os.environ); a bad value raises InputError naming it."""
+        env = os.environ if mapping is None else mapping
+        public = _read(env, _fields()["public"], False)
+        values = {f.name: _read(env, f, public) for f in dataclasses.fields(cls)}
+        settings = cls(**values)
+        cores = physical_cores()
+        latency = settings.profile == "latency"
+        return dataclasses.replace(
+            settings,
+            bundle=settings.bundle.expanduser(),
+            workers=settings.workers or (1 if latency else cores),
+            threads=settings.threads or (cores if latency else 1),
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The HARE_* variables that reproduce these settings (what `hare serve` hands to gunicorn)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                text = ",".join(value)
+            elif isinstance(value, bool):
+                text = "1" if value else "0"
+            elif value is None:
+                text = ""
+            else:
+                text = str(value)
+            out[f.metadata["env"]] = text
+        return out
+
+    @property
+    def batching(self) -> dict[str, float | int]:
+        return {
+            "max_batch_size": self.max_batch_size,
+            "max_batch_tokens": self.max_batch_tokens,
+            "max_wait_ms": self.max_wait_ms,
+            "queue_size": self.queue_size,
+        }
+
+
+def _fields() -> dict[str, dataclasses.Field[Any]]:
+    return {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def _read(env: Mapping[str, str], f: dataclasses.Field[Any], public: bool) -> Any:
+    key = f.metadata["env"]
+    if key in env:
+        try:
+            return f.metadata["parse"](env[key].strip())
+        except ValueError as exc:
+            raise InputError(f"{key}={env[key]!r} is invalid: {exc}") from None
+    if public and f.metadata["public"] is not _UNSET:
+        return f.metadata["public"]
+    return f.default
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(variable, default, help) for every setting: the README's configuration table comes from here."""
+
+    def shown(value: Any) -> str:
+        if value is None or value == ():
+            return "(empty)"
+        if isinstance(value, bool):
+            return "`1`" if value else "`0`"
+        if isinstance(value, tuple):
+            return f"`{','.join(value)}`"
+        if isinstance(value, float) and value.is_integer():
+            return f"`{int(value)}`"
+        return f"`{value}`"
+
+    rows = []
+    for f in dataclasses.fields(Settings):
+        default = shown(f.default)
+        if f.metadata["public"] is not _UNSET:
+            default += f" (public: {shown(f.metadata['public'])})"
+        rows.append((f.metadata["env"], default, f.metadata["help"]))
+    return rows

@@ -1,0 +1,128 @@
+"""Texts to token sequences with the bundle's Rust tokenizer: truncation (and knowing it happened), windows
+over long texts, and (query, document) pairs.
+
+Two copies of the tokenizer: one truncating at the model's maximum (the common path, one call per request)
+and one that never truncates, for windows, pairs and measuring how long a refused input was. Both are
+thread-safe, so large requests can be tokenized off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from tokenizers import Encoding, Tokenizer
+
+from tasks.base import Inputs, Vocab
+from tasks.errors import InputTooLong, InvalidRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A request's sequences. windows: per input, its encodings; sequences: all of them, flat, in order;
+    tokens: real tokens over all sequences (special tokens included)."""
+
+    windows: list[list[Encoding]]
+    truncated: list[bool]
+    sequences: list[Encoding]
+    tokens: int
+
+
+class Encoder:
+    def __init__(self, tokenizer: Tokenizer, max_length: int, windows: bool) -> None:
+        tokenizer.no_padding()  # the batcher pads per batch, never to a fixed length
+        tokenizer.enable_truncation(max_length=max_length)
+        self._cut = tokenizer
+        self._whole = Tokenizer.from_str(tokenizer.to_str())
+        self._whole.no_truncation()
+        self.max_length = max_length
+        self.content_length = max_length - tokenizer.num_special_tokens_to_add(False)
+        self._pair_budget = max_length - tokenizer.num_special_tokens_to_add(True)
+        self._hint = ', or "long_input": "window" to read all of it' if windows else ""
+
+    def encode(self, inputs: Inputs, truncate: bool, stride: int | None = None) -> Encoded:
+        """Encode a request's inputs; with `stride`, long texts become overlapping windows instead of being cut."""
+        if inputs.query is not None:
+            return self._pairs(inputs.query, inputs.texts, truncate)
+        if stride is not None:
+            return self._windows(inputs.texts, stride)
+        return self._singles(inputs, truncate)
+
+    def _singles(self, inputs: Inputs, truncate: bool) -> Encoded:
+        texts = inputs.texts
+        encodings = [self._cut.encode(texts[0])] if len(texts) == 1 else self._cut.encode_batch(texts)
+        truncated = [False] * len(encodings)
+        tokens = 0
+        for i, enc in enumerate(encodings):
+            n = len(enc)
+            tokens += n
+            # Only an encoding at the limit can have been cut; `overflowing` copies, so test the length first.
+            if n >= self.max_length and enc.overflowing:
+                if not truncate:
+                    name = "inputs" if inputs.single else f"inputs[{i}]"
+                    raise self._too_long(name, len(self._whole.encode(texts[i])))
+                truncated[i] = True
+        return Encoded([[e] for e in encodings], truncated, encodings, tokens)
+
+    def _windows(self, texts: list[str], stride: int) -> Encoded:
+        if not 0 <= stride < self.content_length:
+            raise InvalidRequest(
+                f"parameters.stride must be from 0 to {self.content_length - 1} (tokens shared by neighbouring "
+                f"windows of {self.content_length}), got {stride}"
+            )
+        windows = []
+        for text in texts:
+            content = self._whole.encode(text, add_special_tokens=False)
+            if len(content) > self.content_length:
+                content.truncate(self.content_length, stride=stride)
+            first = self._whole.post_process(content)  # adds special tokens to every window
+            windows.append([first, *first.overflowing])
+        flat = [w for ws in windows for w in ws]
+        return Encoded(windows, [False] * len(texts), flat, sum(len(w) for w in flat))
+
+    def _pairs(self, query: str, documents: list[str], truncate: bool) -> Encoded:
+        # No truncation here: tokenizers' pair truncation also builds every overflow combination, which
+        # explodes on long documents. Too-long pairs are cut by hand below.
+        encodings = self._whole.encode_batch([(query, d) for d in documents])
+        truncated = [False] * len(encodings)
+        for i, enc in enumerate(encodings):
+            if len(enc) > self.max_length:
+                if not truncate:
+                    raise self._too_long(f"inputs.documents[{i}] with the query", len(enc))
+                encodings[i] = self._fit_pair(query, documents[i])
+                truncated[i] = True
+        return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings))
+
+    def _fit_pair(self, query: str, document: str) -> Encoding:
+        """Cut a pair to the model's maximum: the query keeps up to half the room (all of it if the document is
+        short), the document gets the rest."""
+        q = self._whole.encode(query, add_special_tokens=False)
+        d = self._whole.encode(document, add_special_tokens=False)
+        budget = self._pair_budget
+        q_len = min(len(q), max(budget // 2, budget - len(d)))
+        if len(q) > q_len:
+            q.truncate(q_len)
+        if len(d) > budget - q_len:
+            d.truncate(budget - q_len)
+        return self._whole.post_process(q, d)
+
+    def _too_long(self, name: str, length: int) -> InputTooLong:
+        return InputTooLong(
+            f"{name} is {length} tokens long; this model reads at most {self.max_length}. "
+            f'Send "truncate": true to cut it{self._hint}',
+            limit=self.max_length,
+        )
+
+
+def vocab(tokenizer: Tokenizer) -> Vocab:
+    """What entity aggregation needs to know about `tokenizer` (see tasks.base.Vocab)."""
+    model = json.loads(tokenizer.to_str())["model"]
+    unk_id = model.get("unk_id")  # Unigram names the id
+    if unk_id is None and model.get("unk_token"):  # WordPiece and BPE name the token
+        unk_id = tokenizer.token_to_id(model["unk_token"])
+    decoder = tokenizer.decoder
+    return Vocab(
+        unk_id=unk_id,
+        word_aware=bool(model.get("continuing_subword_prefix")),
+        decode=decoder.decode if decoder is not None else " ".join,
+    )

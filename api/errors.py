@@ -1,0 +1,106 @@
+"""The one table from hare's error tree (tasks/errors.py) to HTTP statuses, and the handlers that answer
+every failure in one JSON shape: {"error": "<what to fix>", "type": "<ErrorClass>"} (plus "error_type", the
+same name, as issue 3 spelled the field).
+
+    InvalidRequest 422 · InputTooLong 413 · NotFound 404 · ClientGone 499 · InputError 400
+    Unauthorized 401 · Overloaded 429 (Retry-After) · NotReady 503 · anything else 500
+
+A bug answers 500 with no traceback in the body; the server logs the trace.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tasks.errors import (
+    ClientGone,
+    HareError,
+    InferenceFailed,
+    InputError,
+    InputTooLong,
+    InvalidRequest,
+    NotFound,
+    NotReady,
+    Overloaded,
+    Unauthorized,
+    ValidationFailed,
+)
+
+log = logging.getLogger("hare.errors")
+
+STATUS: dict[type[HareError], int] = {
+    InvalidRequest: 422,
+    InputTooLong: 413,
+    NotFound: 404,
+    ClientGone: 499,  # nginx's "client closed request": nobody reads it, but metrics tell it from a 400
+    InputError: 400,
+    Unauthorized: 401,
+    Overloaded: 429,
+    NotReady: 503,
+    ValidationFailed: 500,
+    InferenceFailed: 500,
+    HareError: 500,
+}
+
+
+def status_of(exc: HareError) -> int:
+    """The status of the nearest class in `exc`'s ancestry that the table lists."""
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]  # type: ignore[index]
+    return 500
+
+
+def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
+    body = orjson.dumps({"error": message, "type": kind, "error_type": kind})
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+
+def _count(request: Request, kind: str) -> None:
+    resources = getattr(request.app.state, "hare", None)
+    if resources is not None:
+        resources.metrics.errors.labels(kind).inc()
+
+
+async def on_hare_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HareError)
+    status = status_of(exc)
+    kind = type(exc).__name__
+    headers = {}
+    if isinstance(exc, Overloaded):
+        headers["retry-after"] = str(exc.details.get("retry_after", 1))
+    if isinstance(exc, Unauthorized):
+        headers["www-authenticate"] = "Bearer"
+    if status >= 500:
+        log.error("%s %s: %s: %s", request.method, request.url.path, kind, exc.message, exc_info=exc.__cause__)
+    _count(request, kind)
+    return error_response(status, exc.message, kind, headers)
+
+
+async def on_http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (unknown route, wrong method) in the same shape."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"no route {request.url.path}; see /docs for this server's API"
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}; see /docs"
+    else:
+        message = exc.detail
+    kind = HTTPStatus(exc.status_code).phrase.replace(" ", "")
+    _count(request, kind)
+    return error_response(exc.status_code, message, kind, dict(exc.headers or {}))
+
+
+async def on_unexpected(request: Request, exc: Exception) -> Response:
+    """A bug: 500 without details (Starlette re-raises afterwards, so the server logs the traceback)."""
+    _count(request, "InternalError")
+    return error_response(500, "internal error; the server log has the details", "InternalError")
+
+
+HANDLERS = {HareError: on_hare_error, HTTPException: on_http_error, Exception: on_unexpected}

@@ -1,0 +1,55 @@
+"""The worker's resources: made once in the app's lifespan (api/app.py), reached by handlers through
+`resources(request)`, typed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.requests import HTTPConnection
+from tokenizers import Encoding
+
+from api.batching import Batcher
+from api.config import Settings
+from api.encoder import Encoder
+from api.metrics import Metrics
+from api.pipeline import Pipeline
+from api.public import RateLimiter
+from api.schemas import Limits
+from container.bundle import Manifest
+from container.runtime import OnnxModel
+from tasks.base import ModelInfo, TaskSpec
+from tasks.errors import NotReady
+
+
+@dataclass
+class Resources:
+    """Everything a request needs. compute_type: the x-compute-type header; info, openapi: prebuilt bodies."""
+
+    settings: Settings
+    manifest: Manifest
+    task: TaskSpec
+    model: ModelInfo
+    runtime: OnnxModel
+    encoder: Encoder
+    batcher: Batcher[Encoding]
+    pipeline: Pipeline
+    metrics: Metrics
+    limits: Limits
+    limiter: RateLimiter | None
+    model_name: str
+    compute_type: str
+    info: bytes = b"{}"
+    openapi: bytes = b"{}"
+    ready: bool = False
+
+    @property
+    def compute_type_header(self) -> bytes:
+        return self.compute_type.encode()
+
+
+def resources(connection: HTTPConnection) -> Resources:
+    found = getattr(connection.app.state, "hare", None)
+    if found is None:
+        raise NotReady("the model is still loading; retry shortly")
+    assert isinstance(found, Resources)
+    return found

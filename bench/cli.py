@@ -1,0 +1,347 @@
+"""`hare bench`: run | headline | ceiling | list | show | compare | export | report.
+
+hare bench run BUNDLE --seq 8,128 --batch 1 --concurrency 2 --baseline vanilla,comet
+hare bench run http://127.0.0.1:8000 --bundle BUNDLE        (a server already running)
+hare bench run BUNDLE --load open --rate 50,100 --duration 20
+hare bench headline                                         (the issue's scenario, with its goals)
+hare bench ceiling                                          (the load generator against a trivial server)
+hare bench list | show RUN | compare RUN RUN | export RUN --format csv | report RUN --format html
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+
+from bench.store import Store, default_db_path
+from bench.tables import wide_console
+from container.machine import physical_cores
+from tasks.errors import HareError, InputError
+
+CANCELLED = 130
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _seqs(text: str) -> list[int | None]:
+    """`8,128,comet`: token counts, `comet` for Comet's 45-55-word sentences."""
+    out: list[int | None] = []
+    for item in text.split(","):
+        if item == "comet":
+            out.append(None)
+        elif item.isdigit() and int(item) > 0:
+            out.append(int(item))
+        elif item:
+            raise argparse.ArgumentTypeError(f"sequence lengths are positive integers or `comet`, got {item!r}")
+    return out
+
+
+def _names(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", type=Path, default=None, help=f"result store (default {default_db_path()})")
+
+
+def _progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--progress",
+        choices=["rich", "jsonl", "none"],
+        default="rich",
+        help="rich: a progress bar on stderr; jsonl: one JSON event per line on stdout (see bench/store.py)",
+    )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    sub = parser.add_subparsers(dest="bench_command", required=True, metavar="SUBCOMMAND")
+
+    run = sub.add_parser("run", help="measure a server, bundle or model folder (and baselines) over a grid")
+    run.add_argument("target", help="http://127.0.0.1:PORT, a bundle folder, or a model folder (with --task)")
+    run.add_argument("--task", help="the task (needed for a model folder, or a URL without --bundle)")
+    run.add_argument("--bundle", type=Path, help="with a URL: the bundle it serves (tokenizer, model-only figure)")
+    run.add_argument("--model", type=Path, help="Hugging Face folder for the baselines (default: the bundle's source)")
+    run.add_argument("--tokenizer", type=Path, help="tokenizer.json for exact token counts (default: the bundle's)")
+    grid = run.add_argument_group("grid")
+    grid.add_argument("--seq", type=_seqs, default=[8, 128], help="token counts, or `comet` (default 8,128)")
+    grid.add_argument("--batch", type=_ints, default=[1], help="texts (or ranked documents) per request")
+    grid.add_argument("--concurrency", type=_ints, default=[physical_cores()], help="closed-loop users")
+    grid.add_argument("--load", choices=["closed", "open"], default="closed", help="closed loop or Poisson arrivals")
+    grid.add_argument("--rate", type=_floats, default=[], help="open loop: requests per second (comma-separated)")
+    grid.add_argument("--workers", type=_ints, default=None, help="hare server workers to try (default: its own)")
+    grid.add_argument("--threads", type=_ints, default=None, help="ORT threads per worker to try (default: its own)")
+    grid.add_argument("--warmup", type=float, default=2.0, help="seconds of unrecorded load before each point")
+    grid.add_argument("--duration", type=float, default=10.0, help="seconds recorded per point")
+    grid.add_argument("--max-requests", type=int, default=100_000, help="stop a point after this many answers")
+    grid.add_argument("--timeout", type=float, default=60.0, help="seconds before a request counts as timed out")
+    run.add_argument("--baseline", type=_names, default=[], help="vanilla,comet: baselines in the same run")
+    run.add_argument("--comet-workers", type=int, default=physical_cores(), help="comet baseline workers")
+    run.add_argument("--no-model-only", action="store_true", help="skip the in-process model-only figure")
+    run.add_argument("--serve-arg", action="append", default=[], help="extra argument for `hare serve` (repeat)")
+    run.add_argument("--quick", action="store_true", help="two short points (seq 8 and 16, 1 user): a smoke test")
+    run.add_argument("--name", default="", help="a label for the run")
+    _progress(run)
+    _common(run)
+
+    head = sub.add_parser("headline", help="the headline scenario: DistilBERT classification vs vanilla, MiniLM")
+    head.add_argument("--duration", type=float, default=8.0, help="seconds recorded per point")
+    head.add_argument("--warmup", type=float, default=2.0, help="seconds of unrecorded load before each point")
+    head.add_argument("--seq", type=_ints, default=None, help="override the classification lengths")
+    head.add_argument("--no-embeddings", action="store_true", help="skip the MiniLM embeddings part")
+    _progress(head)
+    _common(head)
+
+    ceiling = sub.add_parser("ceiling", help="the load generator's own ceiling against a trivial endpoint")
+    ceiling.add_argument("--concurrency", type=_ints, default=[1, 2, 16], help="users to try")
+    ceiling.add_argument("--duration", type=float, default=3.0)
+
+    lst = sub.add_parser("list", help="runs in the store, newest first")
+    lst.add_argument("--limit", type=int, default=30)
+    _common(lst)
+
+    show = sub.add_parser("show", help="a run's settings, points and hare/baseline ratios")
+    show.add_argument("run", type=int)
+    _common(show)
+
+    cmp = sub.add_parser("compare", help="two runs side by side at matching settings (B over A)")
+    cmp.add_argument("a", type=int)
+    cmp.add_argument("b", type=int)
+    _common(cmp)
+
+    exp = sub.add_parser("export", help="a run's points as CSV or JSON")
+    exp.add_argument("run", type=int)
+    exp.add_argument("--format", choices=["csv", "json"], default="csv")
+    exp.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    _common(exp)
+
+    rep = sub.add_parser("report", help="a Markdown or HTML report with plots")
+    rep.add_argument("run", type=int)
+    rep.add_argument("--format", choices=["md", "html"], default="html")
+    rep.add_argument("--out", type=Path, help="output file (default: bench-report-RUN.md|html)")
+    _common(rep)
+
+
+@contextlib.contextmanager
+def cancellable() -> Iterator[threading.Event]:
+    """SIGINT and SIGTERM set the event instead of killing the process, so servers are stopped cleanly."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def main(args: argparse.Namespace) -> int:
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "run": _run,
+        "headline": _headline,
+        "ceiling": _ceiling,
+        "list": _list,
+        "show": _show,
+        "compare": _compare,
+        "export": _export,
+        "report": _report,
+    }
+    return handlers[args.bench_command](args)
+
+
+def _store(args: argparse.Namespace) -> Store:
+    return Store(args.db)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from bench.progress import reporter
+
+    try:
+        return _run_checked(args)
+    except HareError as exc:
+        if args.progress == "jsonl":  # the console waits for a final line even when the run never started
+            reporter("jsonl").done(None, "failed", exc.message)
+        raise
+
+
+def _run_checked(args: argparse.Namespace) -> int:
+    from bench.progress import reporter
+    from bench.runner import Grid, Runner, RunOptions
+    from bench.subjects import resolve
+
+    subject = resolve(args.target, args.task, args.model, args.bundle, args.tokenizer)
+    if args.quick:
+        grid = Grid(seq_lens=[8, 16], batches=[1], concurrencies=[1], warmup_s=0.3, duration_s=1.0, bodies=32)
+    else:
+        grid = Grid(
+            seq_lens=args.seq,
+            batches=args.batch,
+            concurrencies=args.concurrency,
+            rates=args.rate,
+            load=args.load,
+            workers=list(args.workers) if args.workers else [None],
+            threads=list(args.threads) if args.threads else [None],
+            warmup_s=args.warmup,
+            duration_s=args.duration,
+            max_requests=args.max_requests,
+            timeout_s=args.timeout,
+        )
+    options = RunOptions(
+        subject=subject,
+        grid=grid,
+        baselines=args.baseline,
+        model_only=not args.no_model_only,
+        comet_workers=args.comet_workers,
+        kind="quick" if args.quick else "run",
+        name=args.name,
+        serve_args=args.serve_arg,
+    )
+    store = _store(args)
+    rep = reporter(args.progress)
+    with cancellable() as stop:
+        run_id = Runner(options, store, rep, stop).run()
+    run = store.run(run_id)
+    if args.progress != "jsonl":  # jsonl keeps stdout machine-readable
+        _print_run(store, run_id)
+    return CANCELLED if run.status == "cancelled" else (0 if run.status == "done" else 1)
+
+
+def _headline(args: argparse.Namespace) -> int:
+    from bench.headline import HeadlineOptions, run_headline
+
+    store = _store(args)
+    with cancellable() as stop:
+        status = run_headline(
+            HeadlineOptions(
+                duration_s=args.duration,
+                warmup_s=args.warmup,
+                seq_lens=args.seq,
+                embeddings=not args.no_embeddings,
+                progress=args.progress,
+            ),
+            store,
+            stop,
+        )
+    return CANCELLED if status == "cancelled" else (0 if status == "done" else 1)
+
+
+def _ceiling(args: argparse.Namespace) -> int:
+    from bench.loadgen import LoadSpec, latency_summary, run_load
+    from bench.servers import trivial_server
+
+    console = wide_console()
+    with trivial_server().start() as server, cancellable() as stop:
+        server.wait_ready(timeout=20, stop=stop)
+        console.print(f"load generator ceiling against a trivial endpoint ({server.url}, 1 process):")
+        for c in args.concurrency:
+            spec = LoadSpec("127.0.0.1", server.port, "/predict", [b'{"inputs":"I like you. I love you"}'])
+            spec = LoadSpec(**{**spec.__dict__, "concurrency": c, "warmup_s": 0.5, "duration_s": args.duration})
+            s = run_load(spec, stop=stop)
+            p50 = latency_summary(s).p50
+            console.print(
+                f"  {c:>3} users: {s.ok / s.window_s:9.0f} req/s  p50 {p50:.3f} ms  "
+                f"client cpu {s.cpu_s / s.window_s:.2f} cores = {s.cpu_s / max(s.ok, 1) * 1e6:.0f} µs per request"
+            )
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from bench.tables import runs_table
+
+    wide_console().print(runs_table(_store(args).runs(limit=args.limit)))
+    return 0
+
+
+def _get_run(store: Store, run_id: int) -> None:
+    try:
+        store.run(run_id)
+    except KeyError as exc:
+        raise InputError(str(exc.args[0])) from None
+
+
+def _print_run(store: Store, run_id: int) -> None:
+    from bench.tables import points_table, ratios_table
+
+    console = wide_console()
+    run = store.run(run_id)
+    m = run.machine
+    console.print(
+        f"[bold]run {run.id}[/] {run.kind} {run.status} · {run.task} · {run.target}\n"
+        f"machine: {m.get('cpu', '?')}, {m.get('physical_cores', '?')} physical / {m.get('logical_cores', '?')} "
+        f"logical cores, flags {' '.join(m.get('flags', []))}\n"
+        f"versions: {' '.join(f'{k} {v}' for k, v in run.versions.items())}\n"
+        f"bundle manifest sha256: {run.manifest_hash or '-'}" + (f"\nmessage: {run.message}" if run.message else "")
+    )
+    console.print(points_table(store.points(run_id)))
+    ratios = store.ratios(run_id)
+    if ratios:
+        console.print(ratios_table(ratios))
+    goals = run.summary.get("goals")
+    if goals:
+        from bench.headline import goals_table
+
+        console.print(goals_table(goals))
+
+
+def _show(args: argparse.Namespace) -> int:
+    store = _store(args)
+    _get_run(store, args.run)
+    _print_run(store, args.run)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from bench.tables import compare_table
+
+    store = _store(args)
+    _get_run(store, args.a)
+    _get_run(store, args.b)
+    wide_console().print(compare_table(store.compare(args.a, args.b), args.a, args.b))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from bench.report import export_csv, export_json
+
+    store = _store(args)
+    _get_run(store, args.run)
+    text = export_csv(store, args.run) if args.format == "csv" else export_json(store, args.run)
+    if args.out:
+        args.out.write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from bench.report import write_report
+
+    store = _store(args)
+    _get_run(store, args.run)
+    out = args.out or Path(f"bench-report-{args.run}.{args.format}")
+    write_report(store, args.run, out, args.format)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,340 @@
+"""The load generator: closed loop (N users, each sends as soon as it has its answer) and open loop (Poisson
+arrivals at a fixed rate, latency counted from the intended send time so a slow server cannot hide queueing
+behind coordinated omission). Both are bounded in time and in count and stop by themselves.
+
+Timeline of one measurement: `warmup_s` of load that is not recorded, then a window of `duration_s` (cut
+short after `max_requests` answers or when `stop` is set) whose answers are recorded. The process CPU time
+of the window divided by its wall time is the load generator's own CPU use, in cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import uvloop
+
+from bench.client import Answer, Connection, RequestTimeout, build_request
+from bench.stats import Summary, mean, percentile, summarize
+
+Load = Literal["closed", "open"]
+# A connection or answer failure, counted under a name rather than a status code.
+CONNECT, TIMEOUT = "connect", "timeout"
+MAX_OPEN_CONNECTIONS = 256
+BACKOFF_S = 0.01  # after an error in closed loop, so a refusing server is not hammered in a hot loop
+RAMP_S = 0.005  # between closed-loop users joining, after the previous one's first request is on the wire
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What to send and how. `bodies` are JSON request bodies, used round-robin so inputs vary."""
+
+    host: str
+    port: int
+    path: str
+    bodies: Sequence[bytes]
+    load: Load = "closed"
+    concurrency: int = 1
+    rate: float = 0.0  # open loop: mean arrivals per second
+    warmup_s: float = 1.0
+    duration_s: float = 5.0
+    max_requests: int = 100_000
+    timeout_s: float = 30.0
+    seed: int = 0
+
+
+@dataclass
+class Samples:
+    """Everything recorded in the window, one entry per answer in answer order."""
+
+    latencies: list[float] = field(default_factory=list)  # seconds, of 200 answers (errors are only counted)
+    statuses: Counter[str] = field(default_factory=Counter)  # "200", "429", "connect", "timeout"
+    compute: list[bytes] = field(default_factory=list)  # x-compute-time of 200 answers
+    timing: list[bytes] = field(default_factory=list)  # server-timing of 200 answers
+    window_s: float = 0.0
+    cpu_s: float = 0.0
+    probe_delta: dict[int, float] | None = None  # the probe's values at close minus at open (server CPU seconds)
+    ok: int = 0
+
+    @property
+    def requests(self) -> int:
+        return sum(self.statuses.values())
+
+    def errors(self) -> dict[str, int]:
+        return {k: v for k, v in sorted(self.statuses.items()) if k != "200"}
+
+    def server_figures(self) -> dict[str, float]:
+        """The server's own account, in ms: x-compute-time p50/avg and each server-timing phase's average."""
+        out: dict[str, float] = {}
+        compute = sorted(float(c) * 1000.0 for c in self.compute if c)
+        if compute:
+            out["compute_p50"] = percentile(compute, 50)
+            out["compute_avg"] = mean(compute)
+        phases: dict[str, list[float]] = {}
+        for header in self.timing:
+            for name, dur in parse_server_timing(header):
+                phases.setdefault(name, []).append(dur)
+        for name, durs in phases.items():
+            out[f"{name}_avg"] = mean(durs)
+        return out
+
+
+def parse_server_timing(header: bytes | str) -> list[tuple[str, float]]:
+    """`tokenize;dur=0.105, inference;dur=1.234` -> [("tokenize", 0.105), ("inference", 1.234)] (ms)."""
+    text = header.decode("latin-1") if isinstance(header, bytes) else header
+    out = []
+    for metric in text.split(","):
+        name, _, params = metric.strip().partition(";")
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur" and name:
+                with contextlib.suppress(ValueError):  # a malformed figure is skipped, not fatal
+                    out.append((name, float(value)))
+    return out
+
+
+TickFn = Callable[[dict[str, float]], None]
+# Called when the window opens and when it closes, e.g. to read the server's CPU clocks (seconds by process).
+ProbeFn = Callable[[], dict[int, float] | None]
+
+
+class _Window:
+    """The recording window shared by the users: when it opens and closes, and what it holds."""
+
+    def __init__(
+        self, spec: LoadSpec, stop: threading.Event | None, on_tick: TickFn | None, probe: ProbeFn | None
+    ) -> None:
+        self.spec = spec
+        self.stop = stop
+        self.on_tick = on_tick
+        self.probe = probe
+        self.probe0: dict[int, float] | None = None
+        self.samples = Samples()
+        now = time.perf_counter()
+        self.start = now + spec.warmup_s
+        self.end = self.start + spec.duration_s
+        self.closed_at: float | None = None
+        self.last_answer = 0.0
+        self.cpu0 = 0.0
+
+    def recording(self, t: float) -> bool:
+        return self.start <= t < self.end and self.closed_at is None
+
+    def over(self, t: float) -> bool:
+        return t >= self.end or self.closed_at is not None
+
+    def record(self, latency: float, answer: Answer | None, error: str | None, t: float) -> None:
+        s = self.samples
+        self.last_answer = t
+        if answer is not None:
+            status = str(answer.status)
+            if answer.status == 200:
+                s.ok += 1
+                s.latencies.append(latency)
+                s.compute.append(answer.headers.get(b"x-compute-time", b""))
+                timing = answer.headers.get(b"server-timing")
+                if timing:
+                    s.timing.append(timing)
+        else:
+            status = error or CONNECT
+        s.statuses[status] += 1
+        if s.requests >= self.spec.max_requests:
+            self.close(t)
+
+    def close(self, t: float) -> None:
+        if self.closed_at is None:
+            self.closed_at = min(t, self.end)
+
+    async def ticker(self) -> None:
+        """Opens the window (CPU clock), reports running figures about once a second, honours `stop`."""
+        opened = False
+        last_tick = 0.0
+        while True:
+            now = time.perf_counter()
+            if not opened and now >= self.start:
+                self.cpu0, opened = time.process_time(), True
+                self.probe0 = self.probe() if self.probe is not None else None
+            if self.stop is not None and self.stop.is_set():
+                self.close(now)
+            if self.over(now):
+                break
+            if self.on_tick is not None and opened and now - last_tick >= 1.0:
+                last_tick = now
+                self.on_tick(self.snapshot(now))
+            await asyncio.sleep(0.1 if opened else min(0.1, max(0.0, self.start - now)))
+        end = self.closed_at if self.closed_at is not None else self.end
+        self.samples.cpu_s = time.process_time() - self.cpu0 if opened else 0.0
+        if self.probe is not None and self.probe0 is not None:
+            probe1 = self.probe()
+            if probe1 is not None:
+                self.samples.probe_delta = {k: v - self.probe0.get(k, 0.0) for k, v in probe1.items()}
+        self.samples.window_s = max(end - self.start, 1e-9) if opened else 0.0
+
+    def snapshot(self, now: float) -> dict[str, float]:
+        s = self.samples
+        elapsed = max(now - self.start, 1e-9)
+        recent = sorted(s.latencies[-2000:])
+        return {
+            "elapsed_s": round(elapsed, 2),
+            "duration_s": self.spec.duration_s,
+            "requests": s.requests,
+            "errors": s.requests - s.ok,
+            "req_s": round(s.ok / elapsed, 2),
+            "p50_ms": round(percentile(recent, 50) * 1000, 3) if recent else 0.0,
+            "p99_ms": round(percentile(recent, 99) * 1000, 3) if recent else 0.0,
+        }
+
+
+async def _closed(spec: LoadSpec, window: _Window) -> None:
+    raws = [build_request(spec.host, spec.port, "POST", spec.path, b) for b in spec.bodies]
+    n = len(raws)
+
+    joined = [asyncio.Event() for _ in range(spec.concurrency)]
+
+    async def user(index: int) -> None:
+        i = index * max(1, n // max(1, spec.concurrency))  # users start at different inputs
+        conn: Connection | None = None
+        if index > 0:
+            # Users join one after another (during the warm-up): connections opened all at once are all
+            # accepted by whichever server worker wakes first, and keep-alive would pin them there.
+            await joined[index - 1].wait()
+            await asyncio.sleep(RAMP_S)
+        while not window.over(time.perf_counter()):
+            t0 = time.perf_counter()
+            answer: Answer | None = None
+            error: str | None = None
+            try:
+                if conn is None or conn.closed:
+                    conn = await Connection.open(spec.host, spec.port)
+                pending = conn.send(raws[i % n], spec.timeout_s)
+                joined[index].set()
+                answer = await pending
+            except RequestTimeout:
+                error, conn = TIMEOUT, None
+            except OSError:
+                error, conn = CONNECT, None
+            joined[index].set()
+            i += 1
+            t1 = time.perf_counter()
+            if window.recording(t1):
+                window.record(t1 - t0, answer, error, t1)
+            if error is not None or (answer is not None and answer.status in (429, 503)):
+                await asyncio.sleep(BACKOFF_S)
+        joined[index].set()
+        if conn is not None:
+            conn.close()
+
+    await asyncio.gather(window.ticker(), *(user(k) for k in range(spec.concurrency)))
+
+
+async def _open(spec: LoadSpec, window: _Window) -> None:
+    raws = [build_request(spec.host, spec.port, "POST", spec.path, b) for b in spec.bodies]
+    rng = random.Random(spec.seed)
+    idle: list[Connection] = []
+    opened = 0
+    freed = asyncio.Condition()
+    inflight: set[asyncio.Task[None]] = set()
+
+    async def one(raw: bytes, intended: float) -> None:
+        nonlocal opened
+        answer: Answer | None = None
+        error: str | None = None
+        conn: Connection | None = None
+        try:
+            while conn is None:
+                if idle:
+                    conn = idle.pop()
+                    if conn.closed:
+                        opened -= 1
+                        conn = None
+                elif opened < MAX_OPEN_CONNECTIONS:
+                    opened += 1
+                    try:
+                        conn = await Connection.open(spec.host, spec.port)
+                    except OSError:
+                        opened -= 1
+                        raise
+                else:
+                    async with freed:
+                        await freed.wait()
+            answer = await conn.send(raw, spec.timeout_s)
+        except RequestTimeout:
+            error = TIMEOUT
+        except OSError:
+            error = CONNECT
+        t1 = time.perf_counter()
+        # Latency from the intended send time: waiting for a connection is part of what a client would see.
+        if window.start <= intended < window.end and window.closed_at is None:
+            window.record(t1 - intended, answer, error, t1)
+        if conn is not None:
+            if conn.closed:
+                opened -= 1
+            else:
+                idle.append(conn)
+            async with freed:
+                freed.notify()
+
+    async def dispatcher() -> None:
+        t = time.perf_counter()
+        i = 0
+        while not window.over(t):
+            t += rng.expovariate(spec.rate)
+            delay = t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            now = time.perf_counter()
+            if window.over(now):
+                break
+            # A timer may fire a little early: count from the actual send then, never before it.
+            task = asyncio.create_task(one(raws[i % len(raws)], min(t, now)))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+            i += 1
+        # Answers to requests sent in the window still count, up to the request timeout.
+        if inflight:
+            await asyncio.wait(list(inflight), timeout=spec.timeout_s)
+        for task in list(inflight):
+            task.cancel()
+
+    ticker = asyncio.create_task(window.ticker())
+    await dispatcher()
+    await ticker
+    # An overloaded server answers the window's requests after it closed: the window lasts until the last one.
+    if window.samples.latencies:
+        window.samples.window_s = max(window.samples.window_s, window.last_answer - window.start)
+    for conn in idle:
+        conn.close()
+
+
+def run_load(
+    spec: LoadSpec,
+    stop: threading.Event | None = None,
+    on_tick: TickFn | None = None,
+    probe: ProbeFn | None = None,
+) -> Samples:
+    """Run one measurement on a fresh uvloop event loop and return what the window recorded."""
+    if spec.load == "open" and spec.rate <= 0:
+        raise ValueError("open loop needs a positive rate")
+    if spec.concurrency < 1 and spec.load == "closed":
+        raise ValueError("closed loop needs at least one user")
+    if not spec.bodies:
+        raise ValueError("no request bodies")
+
+    async def main() -> Samples:
+        window = _Window(spec, stop, on_tick, probe)
+        await (_closed(spec, window) if spec.load == "closed" else _open(spec, window))
+        return window.samples
+
+    return uvloop.run(main())
+
+
+def latency_summary(samples: Samples) -> Summary:
+    """Client latency in milliseconds: min/avg/p50/p90/p95/p99/max over every recorded answer."""
+    return summarize([x * 1000.0 for x in samples.latencies])

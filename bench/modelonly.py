@@ -1,0 +1,79 @@
+"""The model-only figure: the bundle's ONNX session called in this process on pre-tokenized inputs, no HTTP,
+no tokenizer, no queue. End-to-end latency minus this is what serving costs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from bench.inputs import TextMaker, comet_texts
+from bench.stats import Summary, mean, summarize
+from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
+from container.runtime import OnnxModel
+from tasks.ops import pad_batch
+
+MAX_ITERATIONS = 20_000
+
+
+@dataclass(frozen=True)
+class ModelOnly:
+    latencies_ms: list[float]
+    tokenize_ms: float  # mean time to tokenize one request's texts, for reference
+    window_s: float
+    cpu_s: float
+
+
+def measure(
+    bundle: Path,
+    maker: TextMaker,
+    seq_len: int | None,
+    batch: int,
+    threads: int,
+    warmup_s: float,
+    duration_s: float,
+    stop: threading.Event | None = None,
+) -> ModelOnly:
+    """Time `session.run` on batches of `batch` inputs of `seq_len` tokens (None: Comet's sentences)."""
+    manifest = read_manifest(bundle)
+    model = OnnxModel(bundle / MODEL_FILE, manifest.target, threads, manifest.output)
+    n = 16
+    # The served tokenizer as the server loads it: truncating at max_length, as the server does by default.
+    tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    tok.no_padding()
+    if manifest.task == "text-ranking":
+        pairs = maker.pairs(seq_len, n * batch) if seq_len else [(t[:60], t) for t in comet_texts(n * batch)]
+        groups: list[list[str] | list[tuple[str, str]]] = [pairs[i * batch : (i + 1) * batch] for i in range(n)]
+    else:
+        texts = maker.texts(seq_len, n * batch) if seq_len else comet_texts(n * batch)
+        groups = [texts[i * batch : (i + 1) * batch] for i in range(n)]
+    tokenize: list[float] = []
+    feeds = []
+    for group in groups:
+        t0 = time.perf_counter()
+        encodings = tok.encode_batch(group)
+        feeds.append(pad_batch(encodings, model.input_names))
+        tokenize.append((time.perf_counter() - t0) * 1000.0)
+    end_warmup = time.perf_counter() + warmup_s
+    i = 0
+    while time.perf_counter() < end_warmup:
+        model.run(feeds[i % n])
+        i += 1
+    latencies: list[float] = []
+    start, cpu0 = time.perf_counter(), time.process_time()
+    deadline = start + duration_s
+    while len(latencies) < MAX_ITERATIONS and not (stop is not None and stop.is_set()):
+        t0 = time.perf_counter()
+        model.run(feeds[len(latencies) % n])
+        t1 = time.perf_counter()
+        latencies.append((t1 - t0) * 1000.0)
+        if t1 >= deadline:
+            break
+    return ModelOnly(latencies, mean(tokenize), time.perf_counter() - start, time.process_time() - cpu0)
+
+
+def summary(result: ModelOnly) -> Summary:
+    return summarize(result.latencies_ms)

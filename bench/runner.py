@@ -1,0 +1,391 @@
+"""One benchmark run: plan the grid's points for hare, the baselines and the model-only figure, start and stop
+the servers, measure each point, and store it as it finishes.
+
+Order: for each hare worker count, start `hare serve` (unless a URL was given) and measure every point;
+then each baseline the same way on the same inputs; then the model-only figures, with no server running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from bench import modelonly
+from bench.inputs import Bodies, TextMaker, load_tokenizer, make_bodies
+from bench.loadgen import LoadSpec, latency_summary, run_load
+from bench.progress import Reporter
+from bench.servers import ServerProcess, baseline_server, get_json, hare_server, split_url
+from bench.store import BASELINES, Point, Store
+from bench.subjects import Subject, info_json, manifest_hash, versions
+from container.bundle import read_manifest
+from container.machine import describe, physical_cores
+from tasks.errors import HareError, InputError
+
+Load = Literal["closed", "open"]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The points of a run. seq_lens: exact token counts, or None for Comet's 45-55-word sentences.
+    workers, threads: hare worker counts and ORT threads per worker to start the server with (None: its
+    default); every combination is a server start. Ignored for a URL."""
+
+    seq_lens: list[int | None] = field(default_factory=lambda: [8, 128])
+    batches: list[int] = field(default_factory=lambda: [1])
+    concurrencies: list[int] = field(default_factory=lambda: [physical_cores()])
+    rates: list[float] = field(default_factory=list)
+    load: Load = "closed"
+    workers: list[int | None] = field(default_factory=lambda: [None])
+    threads: list[int | None] = field(default_factory=lambda: [None])
+    warmup_s: float = 2.0
+    duration_s: float = 10.0
+    max_requests: int = 100_000
+    timeout_s: float = 60.0
+    bodies: int = 512
+
+    def loads(self) -> list[tuple[int, float]]:
+        """(concurrency, rate) pairs: users for closed loop, arrival rates for open loop."""
+        if self.load == "open":
+            if not self.rates:
+                raise InputError("open loop needs at least one --rate")
+            return [(0, r) for r in self.rates]
+        return [(c, 0.0) for c in self.concurrencies]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    subject: Subject
+    grid: Grid
+    baselines: list[str] = field(default_factory=list)
+    model_only: bool = True
+    comet_workers: int = field(default_factory=physical_cores)
+    kind: str = "run"
+    name: str = ""
+    serve_args: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Planned:
+    target: str
+    workers: int | None
+    threads: int | None
+    seq_len: int | None
+    batch: int
+    concurrency: int
+    rate: float
+
+
+def plan(options: RunOptions) -> list[Planned]:
+    grid = options.grid
+    points: list[Planned] = []
+    shape = [(s, b, c, r) for s in grid.seq_lens for b in grid.batches for c, r in grid.loads()]
+    servers = [(w, t) for w in grid.workers for t in grid.threads] if options.subject.url is None else [(None, None)]
+    for w, t in servers:
+        points += [Planned("hare", w, t, s, b, c, r) for s, b, c, r in shape]
+    for name in options.baselines:
+        w = 1 if name == "vanilla" else options.comet_workers
+        points += [Planned(name, w, None, s, b, c, r) for s, b, c, r in shape]
+    if options.model_only and options.subject.bundle is not None:
+        points += [Planned("model-only", 1, None, s, b, 1, 0.0) for s in grid.seq_lens for b in grid.batches]
+    return points
+
+
+class Runner:
+    def __init__(self, options: RunOptions, store: Store, reporter: Reporter, stop: threading.Event) -> None:
+        self.options = options
+        self.store = store
+        self.reporter = reporter
+        self.stop = stop
+        self.subject = options.subject
+        self.maker = TextMaker(load_tokenizer(self.subject.tokenizer)) if self.subject.tokenizer else None
+        self._bodies: dict[tuple[int | None, int], Bodies] = {}
+        self.k = 0
+        self.failures: list[str] = []
+        self.hare_threads = 1
+        self.max_length: int | None = None  # the bundle's; longer inputs are truncated to it
+
+    def run(self) -> int:
+        """Measure every planned point; returns the run id (its status says how it ended)."""
+        options, subject = self.options, self.subject
+        if any(b not in BASELINES for b in options.baselines):
+            raise InputError(f"unknown baseline in {options.baselines}; choose from {', '.join(BASELINES)}")
+        if options.baselines and subject.model_dir is None:
+            raise InputError("the baselines need the model folder the bundle was built from; pass --model MODEL_DIR")
+        if subject.bundle is not None:
+            limit = self.max_length = read_manifest(subject.bundle).max_length
+            too_long = [n for n in options.grid.seq_lens if n is not None and n > limit]
+            if too_long:
+                raise InputError(f"sequence lengths {too_long} exceed the bundle's max_length {limit}")
+        planned = plan(options)
+        run_id = self.store.create_run(
+            options.kind,
+            name=options.name,
+            task=subject.task,
+            target=subject.label,
+            manifest_hash=manifest_hash(subject.bundle),
+            machine=describe(),
+            versions=versions(),
+            settings={
+                "grid": asdict(options.grid),
+                "baselines": options.baselines,
+                "model_only": options.model_only,
+                "comet_workers": options.comet_workers,
+                "bundle": str(subject.bundle) if subject.bundle else None,
+                "model_dir": str(subject.model_dir) if subject.model_dir else None,
+                "url": subject.url,
+                "serve_args": options.serve_args,
+            },
+        )
+        self.reporter.start(run_id, len(planned), str(self.store.path))
+        status, message = "done", ""
+        try:
+            for group in _groups(planned):
+                if self.stop.is_set():
+                    break
+                self._measure_group(run_id, group, len(planned))
+        except HareError as exc:
+            status, message = "failed", exc.message
+        except Exception as exc:
+            status, message = "failed", f"{type(exc).__name__}: {exc}"
+            self.store.finish_run(run_id, status, message)
+            self.reporter.done(run_id, status, message)
+            raise
+        if self.stop.is_set():
+            status, message = "cancelled", "stopped by a signal"
+        elif status == "done" and self.failures:
+            message = "; ".join(self.failures)
+            status = "failed" if self.k == 0 else "done"
+        self.store.finish_run(run_id, status, message)
+        self.reporter.done(run_id, status, message)
+        return run_id
+
+    # -- one server's points ---------------------------------------------------------------------------------
+
+    def _measure_group(self, run_id: int, group: list[Planned], n: int) -> None:
+        target = group[0].target
+        if target == "model-only":
+            for p in group:
+                if self.stop.is_set():
+                    return
+                self._model_only(run_id, p, n)
+            return
+        try:
+            with self._server(group[0]) as (url, server):
+                status, body = get_json(url, "/info")
+                info = info_json(body) if status == 200 else {}
+                if target == "hare":
+                    self.hare_threads = int(info.get("threads") or 1)
+                for p in group:
+                    if self.stop.is_set():
+                        return
+                    self._http_point(run_id, p, url, server, info, n)
+        except HareError as exc:
+            if target == "hare" and self.subject.url is not None:
+                raise
+            self.failures.append(f"{target}: {exc.message}")
+            self.reporter.log(f"{target} skipped: {exc.message}")
+            self.k += len(group)  # keep k of n honest: these points will not come
+
+    @contextlib.contextmanager
+    def _server(self, p: Planned) -> Iterator[tuple[str, ServerProcess | None]]:
+        target = p.target
+        if target == "hare" and self.subject.url is not None:
+            yield self.subject.url, None
+            return
+        if target == "hare":
+            assert self.subject.bundle is not None
+            server = hare_server(self.subject.bundle, p.workers, p.threads, self.options.serve_args)
+        else:
+            assert self.subject.model_dir is not None
+            server = baseline_server(self.subject.model_dir, self.subject.task, target, p.workers or 1)
+        self.reporter.server(target, "starting", server.url)
+        with server.start():
+            server.wait_ready(stop=self.stop)
+            self.reporter.server(target, "ready", server.url)
+            try:
+                yield server.url, server
+            finally:
+                server.stop()
+                self.reporter.server(target, "stopped", server.url)
+
+    def bodies(self, seq_len: int | None, batch: int) -> Bodies:
+        key = (seq_len, batch)
+        if key not in self._bodies:
+            made = make_bodies(self.subject.task, batch, seq_len, self.maker, self.options.grid.bodies)
+            if self.max_length is not None and made.tokens_per_sequence > self.max_length:
+                made = Bodies(made.bodies, made.batch, float(self.max_length))  # what the server keeps
+            self._bodies[key] = made
+        return self._bodies[key]
+
+    def _settings(self, p: Planned, workers: int, threads: int) -> dict[str, Any]:
+        g = self.options.grid
+        return {
+            "target": p.target,
+            "load": "in-process" if p.target == "model-only" else g.load,
+            "workers": workers,
+            "threads": threads,
+            "seq_len": p.seq_len if p.seq_len is not None else "comet",
+            "batch": p.batch,
+            "concurrency": p.concurrency,
+            "rate": p.rate,
+            "warmup_s": g.warmup_s,
+            "duration_s": g.duration_s,
+        }
+
+    def _http_point(
+        self, run_id: int, p: Planned, url: str, server: ServerProcess | None, info: dict[str, Any], n: int
+    ) -> None:
+        g = self.options.grid
+        workers = int(info.get("workers") or p.workers or 0)
+        threads = int(info.get("threads") or p.threads or 0)
+        self.k += 1
+        k = self.k
+        self.reporter.point_start(k, n, p.target, self._settings(p, workers, threads))
+        bodies = self.bodies(p.seq_len, p.batch)
+        host, port = split_url(url)
+        spec = LoadSpec(
+            host=host,
+            port=port,
+            path="/predict",
+            bodies=bodies.bodies,
+            load=g.load,
+            concurrency=p.concurrency,
+            rate=p.rate,
+            warmup_s=g.warmup_s,
+            duration_s=g.duration_s,
+            max_requests=g.max_requests,
+            timeout_s=g.timeout_s,
+        )
+        samples = run_load(
+            spec,
+            stop=self.stop,
+            on_tick=lambda figures: self.reporter.tick(k, n, figures),
+            probe=server.cpu_seconds if server is not None else None,
+        )
+        window = max(samples.window_s, 1e-9)
+        req_s = samples.ok / window
+        tokens = bodies.tokens_per_sequence
+        lat = latency_summary(samples)
+        # Cores per server process, busiest first: a worker near 0 while another is near 1 means the
+        # connections (keep-alive) all landed on one worker.
+        by_process = (
+            sorted((round(v / window, 3) for v in samples.probe_delta.values()), reverse=True)
+            if samples.probe_delta is not None
+            else None
+        )
+        point = Point(
+            run_id=run_id,
+            idx=k,
+            target=p.target,
+            load=g.load,
+            workers=workers,
+            threads=threads,
+            seq_len=_seq_len(p.seq_len, tokens),
+            batch=p.batch,
+            concurrency=p.concurrency,
+            rate=p.rate,
+            duration_s=round(samples.window_s, 3),
+            requests=samples.requests,
+            ok=samples.ok,
+            errors=samples.errors(),
+            req_s=req_s,
+            seq_s=req_s * p.batch,
+            tokens_s=req_s * p.batch * tokens if not math.isnan(tokens) else 0.0,
+            lat_min=lat.min,
+            lat_avg=lat.avg,
+            lat_p50=lat.p50,
+            lat_p90=lat.p90,
+            lat_p95=lat.p95,
+            lat_p99=lat.p99,
+            lat_max=lat.max,
+            server=samples.server_figures(),
+            client_cpu=samples.cpu_s / window,
+            server_cpu=sum(by_process) if by_process is not None else None,
+            extra={
+                "inputs": "exact" if p.seq_len is not None else "comet",
+                "url": url,
+                "server_cpu_by_process": by_process,
+            },
+        )
+        self.store.add_point(point)
+        self.reporter.point(k, n, point)
+        if by_process and workers > 1 and sum(by_process) > 0.2 and by_process[0] > 0.85 * sum(by_process):
+            self.reporter.log(
+                f"{p.target}: one server process used {by_process[0] / sum(by_process):.0%} of the server's CPU "
+                "in this point: the keep-alive connections probably all landed on one worker"
+            )
+
+    def _model_only(self, run_id: int, p: Planned, n: int) -> None:
+        assert self.subject.bundle is not None and self.maker is not None
+        g = self.options.grid
+        threads = self.hare_threads
+        self.k += 1
+        k = self.k
+        self.reporter.point_start(k, n, p.target, self._settings(p, 1, threads))
+        result = modelonly.measure(
+            self.subject.bundle,
+            self.maker,
+            p.seq_len,
+            p.batch,
+            threads,
+            warmup_s=min(g.warmup_s, 1.0),
+            duration_s=min(g.duration_s, 3.0),
+            stop=self.stop,
+        )
+        window = max(result.window_s, 1e-9)
+        req_s = len(result.latencies_ms) / window
+        tokens = self.bodies(p.seq_len, p.batch).tokens_per_sequence
+        lat = modelonly.summary(result)
+        point = Point(
+            run_id=run_id,
+            idx=k,
+            target="model-only",
+            load="in-process",
+            workers=1,
+            threads=threads,
+            seq_len=_seq_len(p.seq_len, tokens),
+            batch=p.batch,
+            concurrency=1,
+            rate=0.0,
+            duration_s=round(result.window_s, 3),
+            requests=len(result.latencies_ms),
+            ok=len(result.latencies_ms),
+            errors={},
+            req_s=req_s,
+            seq_s=req_s * p.batch,
+            tokens_s=req_s * p.batch * tokens if not math.isnan(tokens) else 0.0,
+            lat_min=lat.min,
+            lat_avg=lat.avg,
+            lat_p50=lat.p50,
+            lat_p90=lat.p90,
+            lat_p95=lat.p95,
+            lat_p99=lat.p99,
+            lat_max=lat.max,
+            server={"tokenize_avg": result.tokenize_ms},
+            client_cpu=result.cpu_s / window,
+            extra={"inputs": "exact" if p.seq_len is not None else "comet"},
+        )
+        self.store.add_point(point)
+        self.reporter.point(k, n, point)
+
+
+def _seq_len(asked: int | None, tokens: float) -> int:
+    if asked is not None:
+        return asked
+    return 0 if math.isnan(tokens) else round(tokens)
+
+
+def _groups(planned: list[Planned]) -> list[list[Planned]]:
+    """Consecutive points that share a server (target, workers and threads)."""
+    out: list[list[Planned]] = []
+    for p in planned:
+        last = out[-1][0] if out else None
+        if last is not None and (last.target, last.workers, last.threads) == (p.target, p.workers, p.threads):
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out

@@ -1,0 +1,199 @@
+"""Servers the bench starts itself, on loopback: `hare serve` for a bundle, the vanilla and comet baselines,
+and the trivial endpoint. Each runs in its own process group, so stopping it stops its workers too, and its
+CPU time can be read from /proc for the whole group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import uvloop
+
+from bench.client import fetch
+from tasks.errors import HareError, InputError, NotReady
+
+HOST = "127.0.0.1"
+READY_TIMEOUT_S = 180.0  # a baseline loads torch and transformers in every worker; 2 cores are slow at it
+STOP_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def group_cpu_seconds(pgid: int) -> dict[int, float] | None:
+    """User + system CPU seconds of each live process in a process group, by pid (None where /proc is missing).
+
+    Per process, so a point can show how the load spread over the server's workers."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the command name (which may hold spaces) start after the last ')'.
+        rest = stat[stat.rfind(")") + 2 :].split()
+        if int(rest[2]) == pgid:  # pgrp
+            out[int(entry.name)] = (int(rest[11]) + int(rest[12])) / tick  # utime + stime
+    return out
+
+
+class ServerProcess:
+    """A server command started in its own process group, with its output in a log file."""
+
+    def __init__(self, name: str, command: Sequence[str], port: int, env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self.command = list(command)
+        self.port = port
+        self.url = f"http://{HOST}:{port}"
+        self.env = {**os.environ, **(env or {})}
+        self.log = Path(tempfile.mkstemp(prefix=f"hare-bench-{name}-", suffix=".log")[1])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ServerProcess:
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+        return self
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S, stop: threading.Event | None = None) -> None:
+        """Poll GET /ready until 200; fail with the server's log if it exits or the time runs out."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if stop is not None and stop.is_set():
+                raise NotReady(f"{self.name}: cancelled while waiting for the server")
+            if self.proc.poll() is not None:
+                raise HareError(
+                    f"{self.name} server exited with status {self.proc.returncode} before it was ready:\n"
+                    + self.log_tail()
+                )
+            if wait_ready_once(self.url):
+                return
+            time.sleep(0.25)
+        raise NotReady(f"{self.name} server was not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def cpu_seconds(self) -> dict[int, float] | None:
+        """CPU seconds so far of each process of the server (gunicorn's arbiter and its workers)."""
+        return group_cpu_seconds(self.proc.pid) if self.proc is not None else None
+
+    def stop(self) -> None:
+        """SIGTERM to the group (gunicorn drains its workers), SIGKILL if it is still there after a while."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(STOP_TIMEOUT_S)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+        self.log.unlink(missing_ok=True)
+
+
+def split_url(url: str) -> tuple[str, int]:
+    """`http://127.0.0.1:8000` -> ("127.0.0.1", 8000); loopback only, plain HTTP."""
+    if not url.startswith("http://"):
+        raise InputError(f"{url}: the bench speaks plain HTTP to a loopback address (http://127.0.0.1:PORT)")
+    hostport = url[len("http://") :].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(f"{url}: give the host and port, e.g. http://127.0.0.1:8000")
+    if host not in ("127.0.0.1", "localhost", "[::1]") and not host.startswith("127."):
+        raise InputError(f"{url}: the bench only loads servers on this machine (127.0.0.0/8, localhost)")
+    return ("127.0.0.1" if host == "localhost" else host.strip("[]")), int(port)
+
+
+def get_json(url: str, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    host, port = split_url(url)
+
+    async def go() -> tuple[int, bytes]:
+        answer = await fetch(host, port, "GET", path, timeout=timeout)
+        return answer.status, answer.body
+
+    return uvloop.run(go())
+
+
+def wait_ready_once(url: str) -> bool:
+    try:
+        status, _ = get_json(url, "/ready", timeout=2.0)
+    except Exception:  # refused, reset, timed out, half-started: not ready yet
+        return False
+    return status == 200
+
+
+def hare_server(
+    bundle: Path, workers: int | None = None, threads: int | None = None, extra: Sequence[str] = ()
+) -> ServerProcess:
+    """`hare serve BUNDLE` on a free loopback port (workers/threads None: the server's own defaults)."""
+    port = free_port()
+    command = [sys.executable, "-m", "container.cli", "serve", str(bundle), "--host", HOST, "--port", str(port)]
+    if workers:
+        command += ["--workers", str(workers)]
+    if threads:
+        command += ["--threads", str(threads)]
+    return ServerProcess("hare", [*command, *extra], port)
+
+
+def baseline_server(model_dir: Path, task: str, mode: str, workers: int) -> ServerProcess:
+    """The Starlette + transformers pipeline baseline under gunicorn (see bench/baseline_app.py)."""
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "bench.baseline_app:create_app()",
+        "--worker-class",
+        "uvicorn_worker.UvicornWorker",
+        "--bind",
+        f"{HOST}:{port}",
+        "--workers",
+        str(workers),
+    ]
+    env = {
+        "HARE_BASELINE_MODEL": str(model_dir),
+        "HARE_BASELINE_TASK": task,
+        "HARE_BASELINE_MODE": mode,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    return ServerProcess(mode, command, port, env)
+
+
+def trivial_server() -> ServerProcess:
+    port = free_port()
+    return ServerProcess("trivial", [sys.executable, "-m", "bench.trivial", "--port", str(port)], port)

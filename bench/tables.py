@@ -1,0 +1,114 @@
+"""Rich tables for the terminal: runs, a run's points, hare/baseline ratios, and two runs compared."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.store import Comparison, Point, Ratio, Run
+
+
+def wide_console() -> Console:
+    """stdout; when it is a pipe or a file (no terminal width), wide enough for the points table."""
+    return Console(width=None if sys.stdout.isatty() else 180)
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def runs_table(runs: Sequence[Run]) -> Table:
+    table = Table(title="benchmark runs")
+    for col in ("id", "created", "status", "kind", "task", "target", "cpu", "message"):
+        table.add_column(col, overflow="fold")
+    for r in runs:
+        table.add_row(
+            str(r.id),
+            r.created_at,
+            r.status,
+            r.kind,
+            r.task,
+            r.target,
+            f"{r.machine.get('cpu', '')} ({r.machine.get('physical_cores', '?')} cores)",
+            r.message[:60],
+        )
+    return table
+
+
+def points_table(points: Sequence[Point], title: str = "") -> Table:
+    table = Table(title=title)
+    cols = ["target", "load", "w", "thr", "seq", "batch", "conc/rate", "req/s", "seq/s", "tokens/s"]
+    cols += ["min", "avg", "p50", "p90", "p95", "p99", "max", "errors", "server p50", "client cpu", "server cpu"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("target", "load") else "right")
+    for p in points:
+        table.add_row(
+            p.target,
+            p.load,
+            str(p.workers),
+            str(p.threads),
+            str(p.seq_len),
+            str(p.batch),
+            f"{p.rate:g}/s" if p.load == "open" else str(p.concurrency),
+            fmt(p.req_s),
+            fmt(p.seq_s),
+            fmt(p.tokens_s, 0),
+            *(fmt(getattr(p, f"lat_{k}"), 2) for k in ("min", "avg", "p50", "p90", "p95", "p99", "max")),
+            ", ".join(f"{k}:{v}" for k, v in p.errors.items()) or "0",
+            fmt(p.server.get("compute_p50"), 2),
+            fmt(p.client_cpu, 2),
+            fmt(p.server_cpu, 2),
+        )
+    table.caption = "latency in ms (client side; server p50 from x-compute-time); cpu in cores"
+    return table
+
+
+def ratios_table(ratios: Sequence[Ratio]) -> Table:
+    table = Table(title="hare / baseline at the same settings")
+    for col in ("baseline", "seq", "batch", "conc/rate", "hare req/s", "baseline req/s", "throughput x", "p50 x"):
+        table.add_column(col, justify="left" if col == "baseline" else "right")
+    for r in ratios:
+        load = f"{r.key['rate']:g}/s" if r.key["load"] == "open" else str(r.key["concurrency"])
+        table.add_row(
+            r.baseline,
+            str(r.key["seq_len"]),
+            str(r.key["batch"]),
+            load,
+            fmt(r.hare_req_s),
+            fmt(r.baseline_req_s),
+            fmt(r.req_s_ratio, 2),
+            fmt(r.p50_ratio, 2),
+        )
+    table.caption = "p50 x: baseline p50 / hare p50 (above 1: hare answers faster)"
+    return table
+
+
+def compare_table(rows: Sequence[Comparison], a: int, b: int) -> Table:
+    table = Table(title=f"run {b} against run {a}")
+    for col in ("target", "seq", "batch", "conc", "workers", f"{a} req/s", f"{b} req/s", "req/s x"):
+        table.add_column(col, justify="left" if col == "target" else "right")
+    for col in (f"{a} p50", f"{b} p50", "p50 x", f"{a} p99", f"{b} p99"):
+        table.add_column(col, justify="right")
+    for c in rows:
+        table.add_row(
+            c.target,
+            str(c.key["seq_len"]),
+            str(c.key["batch"]),
+            f"{c.key['rate']:g}/s" if c.key["load"] == "open" else str(c.key["concurrency"]),
+            str(c.key["workers"]),
+            fmt(c.a.req_s if c.a else None),
+            fmt(c.b.req_s if c.b else None),
+            fmt(c.req_s_ratio, 2),
+            fmt(c.a.lat_p50 if c.a else None, 2),
+            fmt(c.b.lat_p50 if c.b else None, 2),
+            fmt(c.p50_ratio, 2),
+            fmt(c.a.lat_p99 if c.a else None, 2),
+            fmt(c.b.lat_p99 if c.b else None, 2),
+        )
+    return table

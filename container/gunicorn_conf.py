@@ -1,0 +1,70 @@
+"""gunicorn's settings for `hare serve` (`gunicorn -c python:container.gunicorn_conf api.app:create_app_from_env()`),
+from the same HARE_* environment the app reads (api/config.py), so the CLI and a container entrypoint that
+calls gunicorn directly behave the same.
+
+- uvicorn workers (uvicorn-worker's UvicornWorker, uvloop + httptools), one per physical core by default.
+- Graceful drain: on SIGTERM gunicorn stops accepting, each worker finishes its in-flight requests (up to
+  HARE_GRACEFUL_TIMEOUT seconds), then exits; gunicorn restarts a worker that dies.
+- Prometheus multiprocess mode: every worker writes its samples under PROMETHEUS_MULTIPROC_DIR, a fresh
+  folder made here (before prometheus_client is imported anywhere, since it reads the variable on import)
+  and removed when gunicorn exits; a dead worker's live gauges are dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from api.config import Settings
+
+_settings = Settings.from_env()
+
+_owned_metrics_dir: str | None = None
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    _owned_metrics_dir = tempfile.mkdtemp(prefix="hare-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _owned_metrics_dir
+# Workers inherit this environment: keep each one's libraries to its share of the cores.
+os.environ.setdefault("OMP_NUM_THREADS", str(_settings.threads))
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+if _settings.threads == 1:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+_host = f"[{_settings.host}]" if ":" in _settings.host else _settings.host
+bind = [f"{_host}:{_settings.port}"]
+workers = _settings.workers
+worker_class = "uvicorn_worker.UvicornWorker"
+graceful_timeout = _settings.graceful_timeout
+timeout = 120  # heartbeat: a worker silent this long (model load included) is replaced
+keepalive = 5
+backlog = 2048
+loglevel = _settings.log_level
+errorlog = "-"
+accesslog = "-" if _settings.access_log else None
+forwarded_allow_ips = _settings.forwarded_allow_ips
+proc_name = "hare"
+preload_app = False  # each worker loads its own ONNX Runtime session after the fork
+control_socket_disable = True  # gunicorn 25+ control socket: one fixed path per user would collide between servers
+if Path("/dev/shm").is_dir():
+    worker_tmp_dir = "/dev/shm"  # heartbeat files off the (possibly slow, possibly read-only) disk
+
+
+def on_starting(server: Any) -> None:
+    """Start from an empty metrics folder: samples of a previous run must not leak into this one."""
+    folder = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.db"):
+        stale.unlink()
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+
+
+def on_exit(server: Any) -> None:
+    if _owned_metrics_dir:
+        shutil.rmtree(_owned_metrics_dir, ignore_errors=True)

@@ -1,0 +1,38 @@
+"""In-process serving for the API tests: the real app and lifespan over httpx's ASGI transport."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+from starlette.applications import Starlette
+
+from api.app import create_app
+from api.config import Settings
+from api.state import Resources
+
+
+class AppClient(httpx.AsyncClient):
+    """An httpx client bound to one app, with the app's resources at hand for white-box checks."""
+
+    def __init__(self, app: Starlette) -> None:
+        # raise_app_exceptions=False: a bug must answer 500 like under a server, not raise into the test.
+        super().__init__(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url="http://hare")
+        self.app = app
+
+    @property
+    def resources(self) -> Resources:
+        found = self.app.state.hare
+        assert isinstance(found, Resources)
+        return found
+
+
+@asynccontextmanager
+async def serve(bundle: Path, **env: str) -> AsyncIterator[AppClient]:
+    """A client of a fresh app on `bundle` (HARE_* overrides in `env`), its lifespan run around it."""
+    settings = Settings.from_env({"HARE_BUNDLE": str(bundle), "HARE_WORKERS": "1", "HARE_THREADS": "1", **env})
+    app = create_app(settings)
+    async with app.router.lifespan_context(app), AppClient(app) as client:
+        yield client

@@ -1,0 +1,112 @@
+"""The one settings object: defaults, profiles, public defaults, bad values named, README documents all."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from api import serve
+from api.config import Settings, describe
+from container.defaults import DEFAULT_BUNDLE
+from container.machine import physical_cores
+from tasks.errors import InputError
+from tests.conftest import ModelFactory
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_defaults() -> None:
+    s = Settings.from_env({})
+    assert s.bundle == DEFAULT_BUNDLE and s.port == 8080 and s.host == "0.0.0.0"
+    assert s.profile == "throughput" and s.workers == physical_cores() and s.threads == 1
+    assert 0 < s.max_wait_ms < 1 and s.truncate and not s.public and s.admin_token is None
+    assert s.rate_limit == 0 and s.max_inputs == 10_000
+
+
+def test_the_latency_profile_is_one_worker_with_every_core() -> None:
+    s = Settings.from_env({"HARE_PROFILE": "latency"})
+    assert (s.workers, s.threads) == (1, physical_cores())
+    assert Settings.from_env({"HARE_PROFILE": "latency", "HARE_THREADS": "2"}).threads == 2
+
+
+def test_values_are_parsed_and_bad_ones_named() -> None:
+    s = Settings.from_env(
+        {
+            "HARE_PORT": "9000",
+            "HARE_TRUNCATE": "false",
+            "HARE_CORS_ORIGINS": "https://a, https://b",
+            "HARE_MAX_WAIT_MS": "0",
+        }
+    )
+    assert (
+        s.port == 9000 and s.truncate is False and s.cors_origins == ("https://a", "https://b") and s.max_wait_ms == 0
+    )
+    for key, value in [
+        ("HARE_PORT", "eighty"),
+        ("HARE_PORT", "70000"),
+        ("HARE_PROFILE", "fast"),
+        ("HARE_TRUNCATE", "maybe"),
+        ("HARE_MAX_WAIT_MS", "-1"),
+        ("HARE_WORKERS", "-2"),
+    ]:
+        with pytest.raises(InputError, match=key):
+            Settings.from_env({key: value})
+
+
+def test_public_mode_changes_the_defaults_but_not_explicit_values() -> None:
+    s = Settings.from_env({"HARE_PUBLIC": "1"})
+    assert s.public and s.rate_limit == 60 and s.max_inputs == 16 and s.max_body_bytes == 64 * 2**10
+    assert Settings.from_env({"HARE_PUBLIC": "1", "HARE_MAX_INPUTS": "100"}).max_inputs == 100
+
+
+def test_to_env_round_trips() -> None:
+    s = Settings.from_env({"HARE_PUBLIC": "1", "HARE_ADMIN_TOKEN": "t", "HARE_CORS_ORIGINS": "https://a"})
+    assert Settings.from_env(s.to_env()) == s
+
+
+def test_serve_flags_become_variables() -> None:
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    args = parser.parse_args(["/b", "--port", "9001", "--workers", "3", "--public", "--max-wait-ms", "0"])
+    env = serve.environment(args, {"HARE_PORT": "1", "OTHER": "x"})
+    assert env["HARE_BUNDLE"] == "/b" and env["HARE_PORT"] == "9001" and env["HARE_WORKERS"] == "3"
+    assert env["HARE_PUBLIC"] == "1" and env["HARE_MAX_WAIT_MS"] == "0.0" and env["OTHER"] == "x"
+    assert "HARE_PROFILE" not in env  # unset flags leave the environment alone
+
+
+def test_the_readme_documents_every_variable() -> None:
+    readme = README.read_text()
+    for variable, _, _ in describe():
+        assert f"`{variable}`" in readme, variable
+
+
+def test_serve_builds_the_default_bundle_when_missing_then_execs_gunicorn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_bundle: ModelFactory
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no bundles/ here
+    for key in [k for k in os.environ if k.startswith("HARE_")]:
+        monkeypatch.delenv(key)
+    built: list[Path] = []
+    execs: list[list[str]] = []
+
+    def build(out: Path) -> None:  # stands in for the optimizer: copies a ready bundle
+        built.append(out)
+        shutil.copytree(tiny_bundle("feature-extraction"), out)
+
+    monkeypatch.setattr(serve, "build_default_bundle", build)
+    monkeypatch.setattr(os, "execvpe", lambda file, argv, env: execs.append([*argv, env["HARE_BUNDLE"]]))
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    assert serve.main(parser.parse_args(["--port", "9002"])) == 0
+    assert built == [DEFAULT_BUNDLE]
+    (argv,) = execs
+    assert argv[1:] == ["-m", "gunicorn", "-c", serve.CONFIG, serve.APP, str((tmp_path / DEFAULT_BUNDLE).resolve())]
+    # An explicit bundle that does not exist is an error, never a build.
+    built.clear()
+    with pytest.raises(InputError, match="does not exist"):
+        serve.main(parser.parse_args([str(tmp_path / "elsewhere")]))
+    assert built == []

@@ -1,0 +1,214 @@
+"""Bad input never crashes or hangs the server: every refusal is one JSON shape with the right status and a
+message naming the field; overload answers 429 at once; a failing model call fails only its requests."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from api.schemas import parse_predict
+from tasks.base import Answer, ModelInfo, Outputs
+from tasks.errors import ClientGone
+from tests.api_helpers import AppClient, serve
+from tests.conftest import ModelFactory
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def classifier(tiny_bundle: ModelFactory) -> AsyncIterator[AppClient]:
+    async with serve(tiny_bundle("text-classification")) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+async def ranker(tiny_bundle: ModelFactory) -> AsyncIterator[AppClient]:
+    async with serve(tiny_bundle("text-ranking")) as client:
+        yield client
+
+
+def refused(response: httpx.Response, status: int, kind: str, *words: str) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error", "type", "error_type"} and body["type"] == body["error_type"] == kind
+    assert "Traceback" not in response.text
+    for word in words:
+        assert word in body["error"], body["error"]
+
+
+BAD_BODIES: list[tuple[str, bytes, int, str, tuple[str, ...]]] = [
+    ("empty string", b'{"inputs": ""}', 400, "InputError", ("inputs",)),
+    ("empty list", b'{"inputs": []}', 400, "InputError", ("inputs",)),
+    ("empty string in a list", b'{"inputs": ["a", ""]}', 400, "InputError", ("inputs[1]",)),
+    ("no body", b"", 422, "InvalidRequest", ("empty",)),
+    ("not JSON", b"{inputs: nope", 422, "InvalidRequest", ("JSON",)),
+    ("invalid UTF-8", b'{"inputs": "\xff\xfe"}', 422, "InvalidRequest", ("UTF-8",)),
+    ("not an object", b"[1, 2]", 422, "InvalidRequest", ("object",)),
+    ("no inputs", b'{"text": "hi"}', 422, "InvalidRequest", ("text",)),
+    ("missing inputs", b'{"parameters": {}}', 422, "InvalidRequest", ("inputs",)),
+    ("number inputs", b'{"inputs": 5}', 422, "InvalidRequest", ("inputs", "number")),
+    ("nested junk", b'{"inputs": [["a", {"b": null}]]}', 422, "InvalidRequest", ("inputs[0]",)),
+    ("parameters a list", b'{"inputs": "a", "parameters": [1]}', 422, "InvalidRequest", ("parameters",)),
+    (
+        "unknown parameter",
+        b'{"inputs": "a", "parameters": {"temperature": 1}}',
+        422,
+        "InvalidRequest",
+        ("temperature", "top_k"),
+    ),
+    ("top_k a string", b'{"inputs": "a", "parameters": {"top_k": "x"}}', 422, "InvalidRequest", ("top_k",)),
+    ("top_k zero", b'{"inputs": "a", "parameters": {"top_k": 0}}', 422, "InvalidRequest", ("top_k",)),
+    (
+        "bad function",
+        b'{"inputs": "a", "parameters": {"function_to_apply": "relu"}}',
+        422,
+        "InvalidRequest",
+        ("softmax",),
+    ),
+    ("truncate a string", b'{"inputs": "a", "parameters": {"truncate": "yes"}}', 422, "InvalidRequest", ("truncate",)),
+    ("bad long_input", b'{"inputs": "a", "parameters": {"long_input": "all"}}', 422, "InvalidRequest", ("window",)),
+    ("stride alone", b'{"inputs": "a", "parameters": {"stride": 4}}', 422, "InvalidRequest", ("stride",)),
+    (
+        "stride too big",
+        b'{"inputs": "a", "parameters": {"long_input": "window", "stride": 999}}',
+        422,
+        "InvalidRequest",
+        ("stride",),
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "status", "kind", "words"), BAD_BODIES, ids=[c[0] for c in BAD_BODIES])
+async def test_bad_input_table(
+    classifier: AppClient, case: str, body: bytes, status: int, kind: str, words: tuple[str, ...]
+) -> None:
+    refused(await classifier.post("/predict", content=body), status, kind, *words)
+
+
+async def test_bodies_over_the_cap_are_refused_before_reading(classifier: AppClient) -> None:
+    huge = b'{"inputs": "' + b"a" * (10 * 2**20) + b'"}'
+    refused(await classifier.post("/predict", content=huge), 413, "InputTooLong", "bytes")
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted while streaming
+        for _ in range(11):
+            yield b"a" * 2**20
+
+    refused(await classifier.post("/predict", content=chunks()), 413, "InputTooLong", "bytes")
+
+
+async def test_many_and_huge_inputs_are_answered(classifier: AppClient) -> None:
+    def batches() -> float:
+        (family,) = list(classifier.resources.metrics.batch_size.collect())
+        return next(s.value for s in family.samples if s.name.endswith("_count"))
+
+    start = batches()
+    many = await classifier.post("/predict", json={"inputs": [f"text {i}" for i in range(10_000)]})
+    assert many.status_code == 200 and len(many.json()) == 10_000
+    await asyncio.sleep(0.01)  # batch statistics are recorded just after the answers
+    assert batches() - start >= math.ceil(10_000 / 32)  # split into batches of at most 32
+    huge = await classifier.post("/predict", json={"inputs": "word " * 20_000})  # 100k characters
+    assert huge.status_code == 200 and huge.headers["x-truncated"] == "true"
+
+
+async def test_input_count_and_size_caps(tiny_bundle: ModelFactory) -> None:
+    async with serve(tiny_bundle("text-classification"), HARE_MAX_INPUTS="3", HARE_MAX_INPUT_CHARS="10") as client:
+        refused(await client.post("/predict", json={"inputs": ["a"] * 4}), 413, "InputTooLong", "at most 3")
+        refused(await client.post("/predict", json={"inputs": "a" * 11}), 413, "InputTooLong", "limit is 10")
+
+
+async def test_ranking_input_errors(ranker: AppClient) -> None:
+    async def post(inputs: Any) -> httpx.Response:
+        return await ranker.post("/predict", json={"inputs": inputs})
+
+    refused(await post({"query": "q", "documents": []}), 400, "InputError", "documents")
+    refused(await post({"query": "q"}), 422, "InvalidRequest", "documents")
+    refused(await post({"documents": ["d"]}), 422, "InvalidRequest", "query")
+    refused(await post({"query": "", "documents": ["d"]}), 400, "InputError", "query")
+    refused(await post({"query": "q", "documents": ["d"], "texts": ["d"]}), 422, "InvalidRequest", "texts")
+    refused(await post({"query": "q", "documents": [1]}), 422, "InvalidRequest", "documents[0]")
+    refused(await post("just a string"), 422, "InvalidRequest", "query")
+
+
+async def test_unknown_routes_and_methods_answer_json(classifier: AppClient) -> None:
+    refused(await classifier.get("/nope"), 404, "NotFound", "/nope")
+    refused(await classifier.get("/predict"), 405, "MethodNotAllowed", "GET")
+
+
+async def test_a_full_queue_answers_429_with_retry_after_at_once(tiny_bundle: ModelFactory) -> None:
+    async with serve(tiny_bundle("text-classification"), HARE_QUEUE_SIZE="1") as client:
+        with client.resources.batcher.admit():  # the one place is taken
+            response = await client.post("/predict", json={"inputs": "hi"})
+            refused(response, 429, "Overloaded", "capacity")
+            assert int(response.headers["retry-after"]) >= 1
+        assert (await client.post("/predict", json={"inputs": "hi"})).status_code == 200
+
+
+async def test_a_failing_model_call_fails_its_requests_and_the_server_goes_on(tiny_bundle: ModelFactory) -> None:
+    async with serve(tiny_bundle("text-classification")) as client:
+        runtime = client.resources.runtime
+
+        def broken(feeds: Any) -> np.ndarray:
+            raise RuntimeError("CUDA fell over")
+
+        runtime.run = broken  # type: ignore[method-assign]
+        responses = await asyncio.gather(*[client.post("/predict", json={"inputs": f"t{i}"}) for i in range(6)])
+        for response in responses:
+            refused(response, 500, "InferenceFailed", "CUDA fell over")
+        del runtime.run  # back to the class's method
+        assert (await client.post("/predict", json={"inputs": "hi"})).status_code == 200
+        assert (await client.get("/ready")).status_code == 200
+        assert 'hare_errors_total{type="InferenceFailed"} 6.0' in (await client.get("/metrics")).text
+
+
+async def test_a_bug_answers_500_without_a_traceback(tiny_bundle: ModelFactory) -> None:
+    async with serve(tiny_bundle("text-classification")) as client:
+        pipeline = client.resources.pipeline
+
+        def buggy(outputs: Outputs, params: Any, model: ModelInfo) -> Answer:
+            return Answer(1 / 0)
+
+        pipeline.task = dataclasses.replace(pipeline.task, postprocess=buggy)
+        refused(await client.post("/predict", json={"inputs": "hi"}), 500, "InternalError", "server log")
+        assert (await client.get("/health")).json() == {"status": "ok"}
+
+
+async def test_a_waiting_request_whose_client_left_is_withdrawn(tiny_bundle: ModelFactory) -> None:
+    async with serve(tiny_bundle("text-classification"), HARE_MAX_BATCH_SIZE="4") as client:
+        res = client.resources
+        gate = threading.Event()
+        seen: list[int] = []
+        model_run = res.runtime.run
+
+        def held(feeds: Any) -> np.ndarray:
+            gate.wait(10)
+            seen.append(len(feeds["input_ids"]))
+            return model_run(feeds)
+
+        res.runtime.run = held  # type: ignore[method-assign]
+        busy = asyncio.ensure_future(client.post("/predict", json={"inputs": [f"t{i}" for i in range(12)]}))
+        while res.batcher.backlog == 0:  # the first batch is on the model, 8 sequences wait
+            await asyncio.sleep(0.001)
+
+        async def gone() -> dict[str, Any]:
+            await asyncio.sleep(0.02)
+            return {"type": "http.disconnect"}
+
+        parsed = parse_predict(b'{"inputs": ["left", "early"]}', res.task, res.model, res.limits)
+        with res.batcher.admit() as ticket, pytest.raises(ClientGone):
+            await res.pipeline.run(ticket, parsed, gone)
+        gate.set()
+        assert (await busy).status_code == 200
+        assert seen == [4, 4, 4]  # the departed request's two sequences never reached the model

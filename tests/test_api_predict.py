@@ -1,0 +1,312 @@
+"""POST /predict for every task, in process: the answers equal transformers' pipelines (and sentence-
+transformers) on the same tiny models, every parameter works, headers are there, long inputs are handled.
+
+Tolerance: scores within 1e-4 of PyTorch (fp32 ONNX vs PyTorch differ by ~1e-6; padding in batches adds
+nothing because attention masks it out), labels, words and offsets exactly equal.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import warnings
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from container.bundle import MODEL_FILE, TOKENIZER_FILE
+from container.runtime import OnnxModel
+from tasks.ops import l2_normalize, pad_batch, softmax
+from tests.api_helpers import serve
+from tests.conftest import ModelFactory
+
+pytestmark = pytest.mark.anyio
+TOL = 1e-4
+TEXTS = [
+    "Angela Merkel met Emmanuel Macron in Paris and Berlin.",
+    "The quick brown fox jumps over the lazy dog",
+    "Zyxw qqq ÄÖÜ über naïve café!",  # unknown pieces, accents, punctuation
+    "hello",
+]
+LONG = " ".join(["Angela Merkel met Emmanuel Macron in Paris and Berlin."] * 30)  # ~600 tokens > 126
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def classifier(fp32_bundle: ModelFactory) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve(fp32_bundle("text-classification")) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+async def embedder(fp32_bundle: ModelFactory) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve(fp32_bundle("feature-extraction")) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+async def ranker(fp32_bundle: ModelFactory) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve(fp32_bundle("text-ranking")) as client:
+        yield client
+
+
+async def predict(client: httpx.AsyncClient, inputs: object, **parameters: object) -> Any:
+    response = await client.post("/predict", json={"inputs": inputs, "parameters": parameters})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def pipeline(task: str, model: Path, **kwargs: Any) -> Any:
+    from transformers import pipeline as make
+
+    return make(task, model=str(model), **kwargs)  # type: ignore[call-overload]
+
+
+# ---- text classification -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("function", [None, "softmax", "sigmoid", "none"])
+async def test_classification_scores_equal_the_transformers_pipeline(
+    classifier: httpx.AsyncClient, tiny_model: ModelFactory, function: str | None
+) -> None:
+    kwargs = {"function_to_apply": function} if function else {}
+    reference = pipeline("text-classification", tiny_model("text-classification"), top_k=None, **kwargs)(TEXTS)
+    ours = await predict(classifier, TEXTS, top_k=None, **kwargs)
+    for ref, got in zip(reference, ours, strict=True):
+        assert [r["label"] for r in ref] == [g["label"] for g in got]
+        assert np.allclose([r["score"] for r in ref], [g["score"] for g in got], atol=TOL)
+
+
+async def test_classification_shapes_top_k_and_raw_scores(classifier: httpx.AsyncClient) -> None:
+    single = await predict(classifier, "I like you. I love you")
+    assert isinstance(single, list) and len(single) == 1 and set(single[0]) == {"label", "score"}
+    several = await predict(classifier, ["I like you", "I love you"])
+    assert len(several) == 2 and all(len(answer) == 1 for answer in several)
+    assert len(await predict(classifier, "text", top_k=2)) == 2
+    everything = await predict(classifier, "text", top_k=None)
+    assert len(everything) == 3 and sum(e["score"] for e in everything) == pytest.approx(1.0, abs=1e-5)
+    raw = await predict(classifier, "text", top_k=None, raw_scores=True)
+    logits = np.array([e["score"] for e in raw])
+    assert np.allclose(softmax(logits.astype(np.float32)), [e["score"] for e in everything], atol=1e-5)
+
+
+async def test_every_predict_answer_carries_the_compute_headers(classifier: httpx.AsyncClient) -> None:
+    response = await classifier.post("/predict", json={"inputs": "I like you. I love you"})
+    headers = response.headers
+    assert re.fullmatch(r"\d+\.\d{6}", headers["x-compute-time"])
+    assert headers["x-compute-type"] == "cpu+optimized"
+    assert headers["x-compute-characters"] == "22"
+    assert int(headers["x-compute-tokens"]) > 2
+    phases = dict(part.strip().split(";dur=") for part in headers["server-timing"].split(","))
+    assert list(phases) == ["tokenize", "queue", "inference", "postprocess"]
+    assert all(float(ms) >= 0 for ms in phases.values())
+    assert "x-truncated" not in headers
+
+
+async def test_a_long_input_is_truncated_and_says_so(classifier: httpx.AsyncClient) -> None:
+    response = await classifier.post("/predict", json={"inputs": [LONG, "short"], "parameters": {"top_k": None}})
+    assert response.headers["x-truncated"] == "true"
+    short_tokens = int((await classifier.post("/predict", json={"inputs": "short"})).headers["x-compute-tokens"])
+    assert int(response.headers["x-compute-tokens"]) == 126 + short_tokens  # cut to the model's maximum
+    long, short = response.json()
+    assert all(item["truncated"] is True for item in long)
+    assert all("truncated" not in item for item in short)
+    refused = await classifier.post("/predict", json={"inputs": LONG, "parameters": {"truncate": False}})
+    assert refused.status_code == 413
+    assert "at most 126" in refused.json()["error"] and "truncate" in refused.json()["error"]
+    metrics = (await classifier.get("/metrics")).text
+    assert re.search(r"^hare_truncated_total [1-9]", metrics, re.M)
+
+
+def windows_of(bundle: Path, text: str, stride: int) -> list[Any]:
+    """The long-input windows, built independently of the server with tokenizers' own overflow."""
+    tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    tok.no_truncation()
+    content = tok.encode(text, add_special_tokens=False)
+    content.truncate(126 - tok.num_special_tokens_to_add(False), stride=stride)
+    first = tok.post_process(content)
+    return [first, *first.overflowing]
+
+
+def run_alone(bundle: Path, encodings: list[Any]) -> list[np.ndarray]:
+    """Each window through the model on its own (batch 1: no padding anywhere)."""
+    model = OnnxModel(bundle / MODEL_FILE)
+    return [model.run(pad_batch([e], model.input_names))[0] for e in encodings]
+
+
+async def test_window_classification_averages_the_windows_scores(
+    classifier: httpx.AsyncClient, fp32_bundle: ModelFactory
+) -> None:
+    bundle = fp32_bundle("text-classification")
+    windows = windows_of(bundle, LONG, stride=16)
+    assert len(windows) >= 4
+    expected = np.mean([softmax(logits) for logits in run_alone(bundle, windows)], axis=0)
+    response = await classifier.post(
+        "/predict", json={"inputs": LONG, "parameters": {"long_input": "window", "stride": 16, "top_k": None}}
+    )
+    assert "x-truncated" not in response.headers
+    assert int(response.headers["x-compute-tokens"]) == sum(len(w) for w in windows)
+    labels = ["negative", "neutral", "positive"]
+    got = {e["label"]: e["score"] for e in response.json()}
+    assert np.allclose([got[label] for label in labels], expected, atol=TOL)
+    short = await predict(classifier, "short text", top_k=None)
+    assert await predict(classifier, "short text", top_k=None, long_input="window") == short
+
+
+# ---- token classification ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta", "xlm-roberta"])  # WordPiece, byte-level BPE, Unigram
+async def test_entities_equal_the_transformers_pipeline_for_every_strategy(
+    fp32_bundle: ModelFactory, tiny_model: ModelFactory, arch: str
+) -> None:
+    model = tiny_model("token-classification", arch)
+    async with serve(fp32_bundle("token-classification", arch)) as client:
+        for strategy in ("none", "simple", "first", "average", "max"):
+            ignores: tuple[list[str] | None, ...] = (None, [])
+            for ignore in ignores:
+                kwargs: dict[str, Any] = {"aggregation_strategy": strategy}
+                if ignore is not None:
+                    kwargs["ignore_labels"] = ignore
+                with warnings.catch_warnings():
+                    # transformers warns that BPE/Unigram tokenizers "do not support real words"; expected.
+                    warnings.simplefilter("ignore")
+                    reference = pipeline("token-classification", model, **kwargs)(TEXTS)
+                ours = await predict(client, TEXTS, **kwargs)
+                for ref, got in zip(reference, ours, strict=True):
+                    assert [{k: v for k, v in e.items() if k != "score"} for e in ref] == [
+                        {k: v for k, v in e.items() if k != "score"} for e in got
+                    ], (strategy, ignore)
+                    assert np.allclose([e["score"] for e in ref], [e["score"] for e in got], atol=TOL)
+
+
+async def test_window_entities_cover_the_whole_text_with_true_offsets(fp32_bundle: ModelFactory) -> None:
+    async with serve(fp32_bundle("token-classification")) as client:
+        params = {"aggregation_strategy": "none", "ignore_labels": []}
+        cut = await predict(client, LONG, **params)
+        whole = await predict(client, LONG, long_input="window", stride=20, **params)
+    # Every content token once, in order, with offsets into the original text.
+    assert [e["index"] for e in whole] == list(range(1, len(whole) + 1))
+    assert whole[-1]["end"] == len(LONG) and cut[-1]["end"] < len(LONG) // 3
+    for e in whole:
+        piece = LONG[e["start"] : e["end"]]
+        assert piece and e["word"].lstrip("#").lower() == piece.lower()
+    # Tokens far from the first window's edge read exactly as in the truncated run (same window).
+    keep = len(cut) - 20
+    assert all(e.pop("truncated") for e in cut)
+    assert whole[:keep] == cut[:keep]
+
+
+# ---- embeddings ----------------------------------------------------------------------------------------
+
+
+async def test_embeddings_equal_sentence_transformers(embedder: httpx.AsyncClient, tiny_model: ModelFactory) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(tiny_model("feature-extraction")), device="cpu").encode(TEXTS)
+    ours = np.array(await predict(embedder, TEXTS), dtype=np.float32)
+    assert ours.shape == reference.shape
+    assert np.abs(ours - reference).max() < TOL
+    single = await predict(embedder, TEXTS[0])
+    assert np.allclose(single, ours[0], atol=1e-6)
+
+
+async def test_embedding_parameters(embedder: httpx.AsyncClient) -> None:
+    plain = np.array(await predict(embedder, "I like you", normalize=False))
+    normalized = np.array(await predict(embedder, "I like you"))
+    assert np.allclose(l2_normalize(plain.astype(np.float32)), normalized, atol=1e-6)
+    short = np.array(await predict(embedder, "I like you", dimensions=8))
+    assert short.shape == (8,) and np.linalg.norm(short) == pytest.approx(1.0, abs=1e-5)
+    assert np.allclose(short, l2_normalize(plain[:8].astype(np.float32)), atol=1e-6)
+    cls = np.array(await predict(embedder, "I like you", pooling="cls", normalize=False))
+    assert not np.allclose(cls, plain)
+    packed = await predict(embedder, ["I like you"], encoding_format="base64")
+    assert np.allclose(np.frombuffer(base64.b64decode(packed[0]), dtype="<f4"), normalized, atol=1e-7)
+
+
+async def test_window_embeddings_pool_the_windows(embedder: httpx.AsyncClient, fp32_bundle: ModelFactory) -> None:
+    bundle = fp32_bundle("feature-extraction")
+    tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    text = " ".join(["The quick brown fox jumps over the lazy dog."] * 12)  # over the 64-token maximum
+    tok.no_truncation()
+    content = tok.encode(text, add_special_tokens=False)
+    content.truncate(64 - 2, stride=8)
+    first = tok.post_process(content)
+    windows = [first, *first.overflowing]
+    states = run_alone(bundle, windows)
+    pooled = np.stack([s.mean(axis=0) for s in states])
+    weights = np.array([len(w) for w in windows], dtype=np.float32)
+    expected = l2_normalize((pooled * weights[:, None]).sum(axis=0) / weights.sum())
+    got = np.array(await predict(embedder, text, long_input="window", stride=8))
+    assert np.abs(got - expected).max() < TOL
+
+
+async def test_openai_embeddings(embedder: httpx.AsyncClient) -> None:
+    response = await embedder.post("/v1/embeddings", json={"input": ["I like you", "hi"], "model": "anything"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "list" and body["model"] == "bert-feature-extraction"
+    assert [d["index"] for d in body["data"]] == [0, 1] and body["data"][0]["object"] == "embedding"
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] == int(response.headers["x-compute-tokens"])
+    assert np.allclose(body["data"][0]["embedding"], await predict(embedder, "I like you"), atol=1e-6)
+    packed = await embedder.post("/v1/embeddings", json={"input": "hi", "encoding_format": "base64", "dimensions": 4})
+    vector = np.frombuffer(base64.b64decode(packed.json()["data"][0]["embedding"]), dtype="<f4")
+    assert vector.shape == (4,)
+    tokens = await embedder.post("/v1/embeddings", json={"input": [[1, 2, 3]]})
+    assert tokens.status_code == 422
+
+
+async def test_openai_embeddings_need_an_embeddings_bundle(classifier: httpx.AsyncClient) -> None:
+    response = await classifier.post("/v1/embeddings", json={"input": "hi"})
+    assert response.status_code == 404 and "embeddings bundle" in response.json()["error"]
+
+
+# ---- ranking -------------------------------------------------------------------------------------------
+
+
+async def test_ranking_order_and_scores_equal_pytorch(ranker: httpx.AsyncClient, tiny_model: ModelFactory) -> None:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = tiny_model("text-ranking")
+    query, documents = "capital of France", [*TEXTS, "Paris is the capital of France"]
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    with torch.inference_mode():
+        logits = model(**tokenizer([query] * len(documents), documents, padding=True, return_tensors="pt")).logits
+    expected = torch.sigmoid(logits[:, 0]).numpy()
+    ranked = await predict(ranker, {"query": query, "documents": documents})
+    assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
+    assert np.allclose([r["score"] for r in ranked], np.sort(expected)[::-1], atol=TOL)
+    assert all("document" not in r for r in ranked)
+
+
+async def test_ranking_parameters(ranker: httpx.AsyncClient) -> None:
+    documents = ["a cat", "a dog", "Paris is the capital of France"]
+    full = await predict(ranker, {"query": "capital", "documents": documents})
+    top = await predict(ranker, {"query": "capital", "texts": documents}, top_n=2, return_documents=True)
+    assert [t["index"] for t in top] == [f["index"] for f in full[:2]]
+    assert [t["document"] for t in top] == [documents[f["index"]] for f in full[:2]]
+    raw = await predict(ranker, {"query": "capital", "documents": documents}, raw_scores=True)
+    assert np.allclose(1 / (1 + np.exp(-np.array([r["score"] for r in raw]))), [f["score"] for f in full], atol=1e-6)
+    long_doc = await ranker.post("/predict", json={"inputs": {"query": "capital", "documents": ["short", LONG]}})
+    assert long_doc.headers["x-truncated"] == "true"
+    assert [("truncated" in r) for r in sorted(long_doc.json(), key=lambda r: r["index"])] == [False, True]
+    refused = await ranker.post(
+        "/predict",
+        json={"inputs": {"query": "capital", "documents": [LONG]}, "parameters": {"truncate": False}},
+    )
+    assert refused.status_code == 413 and "documents[0]" in refused.json()["error"]
+    window = await ranker.post(
+        "/predict", json={"inputs": {"query": "q", "documents": ["d"]}, "parameters": {"long_input": "window"}}
+    )
+    assert window.status_code == 422 and "text-ranking" in window.json()["error"]

@@ -1,0 +1,117 @@
+"""The operational routes (/health, /ready, /info, /metrics, /openapi.json, /docs), the admin token, and the
+public demo profile (rate limit, caps, admin routes off, CORS allowlist)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.api_helpers import AppClient, serve
+from tests.conftest import ModelFactory
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def ner(tiny_bundle: ModelFactory) -> AsyncIterator[AppClient]:
+    async with serve(tiny_bundle("token-classification")) as client:
+        yield client
+
+
+async def test_health_and_readiness(ner: AppClient) -> None:
+    assert (await ner.get("/health")).json() == {"status": "ok"}
+    ready = await ner.get("/ready")
+    assert ready.status_code == 200 and ready.json() == {"ready": True}
+
+
+async def test_not_ready_while_draining(tiny_bundle: ModelFactory) -> None:
+    async with serve(tiny_bundle("token-classification")) as client:
+        client.resources.ready = False  # what the lifespan sets when shutdown starts
+        response = await client.get("/ready")
+        assert response.status_code == 503 and response.json() == {"ready": False}
+        await client.resources.batcher.close()
+        refused = await client.post("/predict", json={"inputs": "hi"})
+        assert refused.status_code == 503 and refused.json()["type"] == "NotReady"
+
+
+async def test_info_describes_the_bundle_and_the_process(ner: AppClient) -> None:
+    info = (await ner.get("/info")).json()
+    assert info["task"] == "token-classification"
+    assert info["labels"][:3] == ["O", "B-PER", "I-PER"]
+    assert info["max_length"] == 126 and info["target"] == "cpu"
+    assert info["variant"] in {v["name"] for v in info["variants"]}
+    assert {"metrics", "gates", "timings_ms"} <= set(info["variants"][0])
+    assert info["workers"] == 1 and info["threads"] == 1
+    assert info["batching"] == {"max_batch_size": 32, "max_batch_tokens": 8192, "max_wait_ms": 0.3, "queue_size": 256}
+    assert {"onnxruntime", "tokenizers", "hare", "bundle"} <= set(info["versions"])
+    assert "aggregation_strategy" in info["parameters"] and isinstance(info["pid"], int)
+
+
+async def test_metrics_count_requests_batches_tokens_and_labels(ner: AppClient) -> None:
+    await ner.post("/predict", json={"inputs": ["Angela Merkel lives in Berlin"], "parameters": {"ignore_labels": []}})
+    text = (await ner.get("/metrics")).text
+    for name in (
+        'hare_requests_total{route="/predict",status="200"}',
+        'hare_request_duration_seconds_bucket{le="0.0005",route="/predict"}',
+        "hare_inference_duration_seconds_count",
+        "hare_queue_depth",
+        "hare_batch_size_count",
+        "hare_tokens_per_request_count",
+        'hare_phase_duration_seconds_count{phase="tokenize"}',
+        "hare_truncated_total",
+        "hare_unknown_tokens_total",
+        "hare_predictions_total{label=",
+    ):
+        assert name in text, name
+
+
+async def test_openapi_and_docs(ner: AppClient) -> None:
+    spec = (await ner.get("/openapi.json")).json()
+    predict = spec["paths"]["/predict"]["post"]
+    params = predict["requestBody"]["content"]["application/json"]["schema"]["properties"]["parameters"]
+    assert {"aggregation_strategy", "ignore_labels", "truncate", "long_input", "stride"} <= set(params["properties"])
+    assert "/v1/embeddings" not in spec["paths"]  # not an embeddings bundle
+    page = await ner.get("/docs")
+    assert page.status_code == 200 and "aggregation_strategy" in page.text and "<script" not in page.text
+
+
+async def test_the_admin_token_guards_metrics_and_info(tiny_bundle: ModelFactory) -> None:
+    async with serve(tiny_bundle("feature-extraction"), HARE_ADMIN_TOKEN="s3cret") as client:
+        for path in ("/metrics", "/info"):
+            refused = await client.get(path)
+            assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+            assert (await client.get(path, headers={"authorization": "Bearer wrong"})).status_code == 401
+            assert (await client.get(path, headers={"authorization": "Bearer s3cret"})).status_code == 200
+        assert (await client.post("/predict", json={"inputs": "hi"})).status_code == 200
+
+
+async def test_public_mode_limits_and_hides_admin_routes(tiny_bundle: ModelFactory) -> None:
+    async with serve(
+        tiny_bundle("feature-extraction"),
+        HARE_PUBLIC="1",
+        HARE_RATE_BURST="3",
+        HARE_CORS_ORIGINS="https://demo.example",
+    ) as client:
+        for path in ("/metrics", "/info"):
+            assert (await client.get(path)).status_code == 404
+        assert (await client.post("/predict", json={"inputs": ["a"] * 17})).status_code == 413  # 16 inputs at most
+        big = await client.post("/predict", json={"inputs": "a" * 5000})  # 4000 characters at most
+        assert big.status_code == 413
+        answers = [await client.post("/predict", json={"inputs": "hi"}) for _ in range(2)]
+        assert [a.status_code for a in answers] == [200, 429]  # the two refusals above spent two of three
+        assert answers[1].json()["type"] == "RateLimited" and int(answers[1].headers["retry-after"]) >= 1
+        assert (await client.get("/health")).status_code == 200  # only inference routes are limited
+
+        allowed = await client.options(
+            "/predict",
+            headers={"origin": "https://demo.example", "access-control-request-method": "POST"},
+        )
+        assert allowed.headers["access-control-allow-origin"] == "https://demo.example"
+        other = await client.get("/health", headers={"origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers

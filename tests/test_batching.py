@@ -1,0 +1,228 @@
+"""The dynamic batcher on its own, with fake model calls: limits, grouping, waiting, failures, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from api.batching import Batcher, BatchStats, Result
+from tasks.errors import InferenceFailed, InputError, NotReady, Overloaded
+
+pytestmark = pytest.mark.anyio
+
+Calls = list[list[str]]
+
+
+def echo(calls: Calls) -> Callable[[list[str]], np.ndarray]:
+    """A model that records each batch and answers each sequence with [its length]."""
+
+    def run(batch: list[str]) -> np.ndarray:
+        calls.append(list(batch))
+        return np.array([[len(s)] for s in batch], dtype=np.float32)
+
+    return run
+
+
+def make(run: Callable[[list[str]], np.ndarray], **limits: float) -> Batcher[str]:
+    options = {"max_items": 8, "max_tokens": 10_000, "max_wait": 0.0, "capacity": 64} | limits
+    batcher: Batcher[str] = Batcher(
+        run,
+        max_items=int(options["max_items"]),
+        max_tokens=int(options["max_tokens"]),
+        max_wait=options["max_wait"],
+        capacity=int(options["capacity"]),
+    )
+    batcher.start()
+    return batcher
+
+
+async def ask(batcher: Batcher[str], items: list[str]) -> Result:
+    with batcher.admit() as ticket:
+        return await ticket.run(items)
+
+
+async def test_a_client_batch_larger_than_max_items_is_split_and_answered_in_order() -> None:
+    calls: Calls = []
+    batcher = make(echo(calls), max_items=4)
+    items = ["x" * n for n in range(1, 11)]
+    result = await ask(batcher, items)
+    assert [int(row[0]) for row in result.outputs] == list(range(1, 11))
+    assert sorted(len(c) for c in calls) == [2, 4, 4]
+    await batcher.close()
+
+
+async def test_a_batch_closes_on_the_padded_token_budget_but_one_sequence_always_fits() -> None:
+    calls: Calls = []
+    batcher = make(echo(calls), max_tokens=250)
+    await ask(batcher, ["x" * 100] * 5)
+    assert [len(c) for c in calls] == [2, 2, 1]  # 3 x 100 padded tokens would exceed 250
+    calls.clear()
+    await ask(batcher, ["x" * 400])  # longer than the budget on its own: runs alone
+    assert [len(c) for c in calls] == [1]
+    await batcher.close()
+
+
+async def test_sequences_of_similar_length_share_batches() -> None:
+    calls: Calls = []
+    gate = threading.Event()
+
+    def run(batch: list[str]) -> np.ndarray:
+        gate.wait(5)  # hold the first batch so that everything else queues up behind it
+        return echo(calls)(batch)
+
+    batcher = make(run, max_items=3)
+    first = asyncio.ensure_future(ask(batcher, ["warm"]))
+    await asyncio.sleep(0.05)
+    lengths = [5, 100, 6, 101, 7, 102]
+    others = [asyncio.ensure_future(ask(batcher, ["x" * n])) for n in lengths]
+    await asyncio.sleep(0.05)
+    gate.set()
+    await asyncio.gather(first, *others)
+    grouped = sorted(sorted(len(s) for s in c) for c in calls[1:])
+    assert grouped == [[5, 6, 7], [100, 101, 102]]
+    await batcher.close()
+
+
+async def test_a_lone_request_never_waits_for_company() -> None:
+    batcher = make(echo([]), max_wait=2.0)
+    start = time.perf_counter()
+    await ask(batcher, ["alone"])
+    assert time.perf_counter() - start < 1.0
+    await batcher.close()
+
+
+async def test_the_batch_waits_for_requests_still_being_tokenized() -> None:
+    async def two_requests(max_wait: float) -> Calls:
+        calls: Calls = []
+        batcher = make(echo(calls), max_wait=max_wait)
+        early, late = batcher.admit(), batcher.admit()  # both admitted: one queues now, one "tokenizes" a bit
+
+        async def slow() -> Result:
+            with late:
+                await asyncio.sleep(0.005)
+                return await late.run(["b"])
+
+        with early:
+            results = await asyncio.gather(early.run(["a"]), slow())
+        assert [r.outputs[0][0] for r in results] == [1.0, 1.0]
+        await batcher.close()
+        return calls
+
+    assert [len(c) for c in await two_requests(max_wait=0.5)] == [2]
+    assert [len(c) for c in await two_requests(max_wait=0.0)] == [1, 1]
+
+
+async def test_token_level_rows_are_trimmed_to_each_sequence() -> None:
+    def run(batch: list[str]) -> np.ndarray:
+        longest = max(len(s) for s in batch)
+        return np.ones((len(batch), longest, 3), dtype=np.float32)
+
+    batcher = make(run)
+    result = await ask(batcher, ["abc", "a", "abcdef"])
+    assert [r.shape for r in result.outputs] == [(3, 3), (1, 3), (6, 3)]
+    await batcher.close()
+
+
+async def test_a_failing_batch_fails_its_callers_only_and_the_loop_goes_on() -> None:
+    def run(batch: list[str]) -> np.ndarray:
+        if "boom" in batch:
+            raise RuntimeError("kernel exploded")
+        return echo([])(batch)
+
+    batcher = make(run, max_items=2)
+    results = await asyncio.gather(
+        ask(batcher, ["boom"]), ask(batcher, ["fine", "boom"]), ask(batcher, ["ok"]), return_exceptions=True
+    )
+    assert isinstance(results[0], InferenceFailed) and "kernel exploded" in results[0].message
+    assert isinstance(results[1], InferenceFailed)
+    assert batcher.healthy
+    assert (await ask(batcher, ["later"])).outputs[0][0] == 5.0
+    await batcher.close()
+
+
+async def test_hare_errors_from_the_model_keep_their_type() -> None:
+    def run(batch: list[str]) -> np.ndarray:
+        raise InputError("bad feeds")
+
+    batcher = make(run)
+    with pytest.raises(InputError, match="bad feeds"):
+        await ask(batcher, ["x"])
+    await batcher.close()
+
+
+async def test_a_model_returning_the_wrong_number_of_rows_is_an_inference_failure() -> None:
+    batcher = make(lambda batch: np.zeros((len(batch) + 1, 1), dtype=np.float32))
+    with pytest.raises(InferenceFailed, match="rows"):
+        await ask(batcher, ["x"])
+    await batcher.close()
+
+
+async def test_requests_whose_caller_left_are_skipped() -> None:
+    calls: Calls = []
+    gate = threading.Event()
+
+    def run(batch: list[str]) -> np.ndarray:
+        gate.wait(5)
+        return echo(calls)(batch)
+
+    batcher = make(run, max_items=1)
+    first = asyncio.ensure_future(ask(batcher, ["first"]))
+    await asyncio.sleep(0.05)
+    gone = asyncio.ensure_future(ask(batcher, ["gone"]))
+    kept = asyncio.ensure_future(ask(batcher, ["kept"]))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    gate.set()
+    await asyncio.gather(first, kept)
+    assert calls == [["first"], ["kept"]]
+    assert batcher.held == 0 and batcher.backlog == 0
+    await batcher.close()
+
+
+async def test_admission_refuses_beyond_capacity_at_once() -> None:
+    batcher = make(echo([]), capacity=2)
+    with batcher.admit(), batcher.admit():
+        with pytest.raises(Overloaded) as refused:
+            batcher.admit()
+        assert refused.value.details["retry_after"] == 1
+    with batcher.admit():  # places are given back on leaving
+        pass
+    await batcher.close()
+
+
+async def test_closing_fails_waiting_requests_and_refuses_new_ones() -> None:
+    gate = threading.Event()
+
+    def run(batch: list[str]) -> np.ndarray:
+        gate.wait(5)
+        return echo([])(batch)
+
+    batcher = make(run, max_items=1)
+    first = asyncio.ensure_future(ask(batcher, ["first"]))
+    await asyncio.sleep(0.05)
+    waiting = asyncio.ensure_future(ask(batcher, ["waiting"]))
+    await asyncio.sleep(0.01)
+    await batcher.close()
+    gate.set()
+    for caller in (first, waiting):  # the running batch's request too: nobody is left waiting
+        with pytest.raises(NotReady):
+            await caller
+    with pytest.raises(NotReady):
+        batcher.admit()
+
+
+async def test_batch_statistics_are_reported() -> None:
+    seen: list[BatchStats] = []
+    batcher: Batcher[str] = Batcher(
+        echo([]), max_items=8, max_tokens=1000, max_wait=0.0, capacity=8, on_batch=seen.append
+    )
+    batcher.start()
+    await ask(batcher, ["ab", "abcd"])
+    await asyncio.sleep(0)  # statistics are reported after the answers
+    assert [(s.size, s.padded_tokens, s.tokens) for s in seen] == [(2, 8, 6)]
+    await batcher.close()

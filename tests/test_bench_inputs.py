@@ -1,0 +1,44 @@
+"""Inputs with exact token counts for each tokenizer family, Comet's sentences, and /predict bodies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.inputs import TextMaker, comet_texts, load_tokenizer, make_bodies
+from tests.conftest import ModelFactory
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta", "xlm-roberta"])
+def test_exact_token_counts(tiny_model: ModelFactory, arch: str) -> None:
+    tok = load_tokenizer(tiny_model("text-classification", arch))
+    maker = TextMaker(tok, seed=3)
+    for n in (4, 8, 16, 57):
+        texts = maker.texts(n, 40)
+        if n >= 8:  # two-word texts from a 300-word toy vocabulary repeat by chance
+            assert len(set(texts)) >= 38, "inputs must vary per request"
+        assert {len(e.ids) for e in tok.encode_batch(texts)} == {n}
+    pairs = maker.pairs(24, 10)
+    assert {len(e.ids) for e in tok.encode_batch(pairs)} == {24}
+
+
+def test_comet_sentences_have_45_to_55_words() -> None:
+    texts = comet_texts(50, seed=1)
+    assert all(45 <= len(t.split()) <= 55 for t in texts)
+    assert len(set(texts)) > 40
+
+
+def test_bodies_per_task(tiny_model: ModelFactory) -> None:
+    maker = TextMaker(load_tokenizer(tiny_model("text-classification")))
+    single = make_bodies("text-classification", 1, 8, maker, count=10)
+    assert len(single.bodies) == 10 and isinstance(json.loads(single.bodies[0])["inputs"], str)
+    batched = make_bodies("feature-extraction", 4, 16, maker, count=10)
+    inputs = json.loads(batched.bodies[0])["inputs"]
+    assert isinstance(inputs, list) and len(inputs) == 4 and batched.tokens_per_sequence == 16
+    ranking = make_bodies("text-ranking", 3, 20, maker, count=10)
+    body = json.loads(ranking.bodies[0])["inputs"]
+    assert set(body) == {"query", "documents"} and len(body["documents"]) == 3
+    assert all(len(maker.tok.encode(body["query"], d).ids) == 20 for d in body["documents"])
+    comet = make_bodies("text-classification", 1, None, maker, count=10)
+    assert comet.tokens_per_sequence > 45

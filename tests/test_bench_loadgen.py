@@ -1,0 +1,67 @@
+"""The load generator against a trivial loopback server: counts add up, bounds hold, errors are counted."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from bench.loadgen import LoadSpec, latency_summary, run_load
+from bench.servers import ServerProcess, free_port, trivial_server
+
+BODY = [b'{"inputs": "I like you. I love you"}']
+
+
+@pytest.fixture(scope="module")
+def trivial() -> Iterator[ServerProcess]:
+    with trivial_server().start() as server:
+        server.wait_ready(timeout=20)
+        yield server
+
+
+def test_closed_loop_counts_add_up(trivial: ServerProcess) -> None:
+    start = time.perf_counter()
+    s = run_load(LoadSpec("127.0.0.1", trivial.port, "/predict", BODY, concurrency=3, warmup_s=0.2, duration_s=1.0))
+    assert time.perf_counter() - start < 5
+    assert s.ok > 100 and s.ok == s.requests == len(s.latencies) == len(s.compute)
+    assert s.errors() == {}
+    assert s.window_s == pytest.approx(1.0, abs=0.15)
+    lat = latency_summary(s)
+    assert 0 < lat.min <= lat.p50 <= lat.p99 <= lat.max
+    assert s.server_figures()["compute_p50"] == pytest.approx(0.01)
+    assert s.server_figures()["inference_avg"] == pytest.approx(0.005)
+    assert 0 < s.cpu_s / s.window_s < 1.5
+
+
+def test_max_requests_bounds_the_window(trivial: ServerProcess) -> None:
+    spec = LoadSpec("127.0.0.1", trivial.port, "/predict", BODY, concurrency=4, warmup_s=0.1, duration_s=30.0,
+                    max_requests=500)  # fmt: skip
+    start = time.perf_counter()
+    s = run_load(spec)
+    assert s.requests == 500 and time.perf_counter() - start < 10
+
+
+def test_open_loop_keeps_its_rate(trivial: ServerProcess) -> None:
+    spec = LoadSpec("127.0.0.1", trivial.port, "/predict", BODY, load="open", rate=300, warmup_s=0.2, duration_s=1.0)
+    s = run_load(spec)
+    assert 200 < s.ok < 400 and s.errors() == {}
+    assert latency_summary(s).min > 0
+
+
+def test_refused_connections_are_errors_and_the_loop_stops() -> None:
+    spec = LoadSpec("127.0.0.1", free_port(), "/predict", BODY, concurrency=2, warmup_s=0.0, duration_s=0.5)
+    start = time.perf_counter()
+    s = run_load(spec)
+    assert time.perf_counter() - start < 3
+    assert s.ok == 0 and s.requests > 0 and set(s.errors()) == {"connect"}
+
+
+def test_stop_event_cuts_a_point_short(trivial: ServerProcess) -> None:
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    spec = LoadSpec("127.0.0.1", trivial.port, "/predict", BODY, concurrency=1, warmup_s=0.0, duration_s=30.0)
+    start = time.perf_counter()
+    s = run_load(spec, stop=stop)
+    assert time.perf_counter() - start < 3 and s.ok > 0

@@ -1,0 +1,133 @@
+"""Quick mode end to end: a tiny bundle, two points, the vanilla baseline and the model-only figure, checked
+for consistency (not speed), with the JSON-lines progress the console reads and the SQLite rows it shows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.servers import trivial_server, wait_ready_once
+from bench.store import Store
+from container.cli import main as hare
+from tests.conftest import ModelFactory
+
+
+def bench(*args: str, timeout: float = 150) -> tuple[int, list[dict[str, Any]]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "container.cli", "bench", *args, "--progress", "jsonl"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert events, proc.stderr[-2000:]
+    return proc.returncode, events
+
+
+def check_events(events: list[dict[str, Any]], n: int) -> int:
+    assert events[0]["event"] == "start" and events[0]["n"] == n
+    assert events[-1]["event"] == "done" and events[-1]["status"] == "done", events[-1]
+    assert [e["k"] for e in events if e["event"] == "point"] == list(range(1, n + 1))
+    assert all(e["n"] == n for e in events if e["event"] in ("point_start", "tick", "point"))
+    return int(events[-1]["run_id"])
+
+
+def check_points(store: Store, run_id: int, targets: dict[str, int]) -> None:
+    points = store.points(run_id)
+    assert {t: sum(p.target == t for p in points) for t in targets} == targets
+    for p in points:
+        assert p.ok > 0 and p.ok + sum(p.errors.values()) == p.requests, p
+        assert p.lat_min <= p.lat_p50 <= p.lat_p90 <= p.lat_p95 <= p.lat_p99 <= p.lat_max
+        assert p.req_s == pytest.approx(p.ok / p.duration_s, rel=0.02)
+        assert p.seq_s == pytest.approx(p.req_s * p.batch) and p.tokens_s == pytest.approx(p.seq_s * p.seq_len)
+        assert p.seq_len in (8, 16) and p.client_cpu >= 0
+    run = store.run(run_id)
+    assert run.status == "done" and run.kind == "quick" and len(run.manifest_hash) == 64
+    assert run.machine["physical_cores"] >= 1 and "onnxruntime" in run.versions
+
+
+def test_quick_against_a_url_with_the_vanilla_baseline(
+    tiny_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The URL here is the trivial server (so this runs before `hare serve` exists); the baseline is real."""
+    bundle = tiny_bundle("text-classification")
+    db = tmp_path / "bench.db"
+    with trivial_server().start() as server:
+        server.wait_ready(timeout=20)
+        code, events = bench(
+            "run", server.url, "--bundle", str(bundle), "--quick", "--baseline", "vanilla", "--db", str(db)
+        )
+    assert code == 0
+    run_id = check_events(events, 6)
+    store = Store(db)
+    check_points(store, run_id, {"hare": 2, "vanilla": 2, "model-only": 2})
+    assert {e["target"]: e["state"] for e in events if e["event"] == "server"} == {"vanilla": "stopped"}
+    ratios = store.ratios(run_id)
+    assert [r.key["seq_len"] for r in ratios] == [8, 16] and all(r.req_s_ratio > 0 for r in ratios)
+    vanilla = [p for p in store.points(run_id) if p.target == "vanilla"]
+    assert all(p.server["compute_p50"] > 0 and p.server_cpu is not None for p in vanilla)
+
+    # The history commands read the same rows.
+    capsys.readouterr()
+    assert hare(["bench", "export", str(run_id), "--db", str(db), "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 7 and lines[0].startswith("run_id,idx,target")
+    assert hare(["bench", "export", str(run_id), "--db", str(db), "--format", "json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["points"]) == 6
+    for fmt in ("md", "html"):
+        out = tmp_path / f"report.{fmt}"
+        assert hare(["bench", "report", str(run_id), "--db", str(db), "--format", fmt, "--out", str(out)]) == 0
+        text = out.read_text()
+        assert "vanilla" in text and ("plot-1.png" in text or "data:image/png;base64" in text)
+    assert hare(["bench", "show", str(run_id), "--db", str(db)]) == 0
+    assert hare(["bench", "list", "--db", str(db)]) == 0
+    assert hare(["bench", "compare", str(run_id), str(run_id), "--db", str(db)]) == 0
+    assert hare(["bench", "show", "999", "--db", str(db)]) == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("api.serve") is None, reason="`hare serve` (api/serve.py) not built yet")
+def test_quick_starts_hare_serve_itself(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    db = tmp_path / "bench.db"
+    code, events = bench("run", str(tiny_bundle("text-classification")), "--quick", "--db", str(db))
+    assert code == 0
+    run_id = check_events(events, 4)
+    assert [e["state"] for e in events if e["event"] == "server"] == ["starting", "ready", "stopped"]
+    store = Store(db)
+    check_points(store, run_id, {"hare": 2, "model-only": 2})
+    hare_points = [p for p in store.points(run_id) if p.target == "hare"]
+    assert all(p.workers >= 1 and p.server_cpu is not None for p in hare_points)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("api.serve") is None, reason="`hare serve` (api/serve.py) not built yet")
+def test_sigterm_cancels_the_run_and_stops_the_server(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    """What the console does to a run it no longer wants: SIGTERM, then it reads the last line."""
+    db = tmp_path / "bench.db"
+    cmd = [sys.executable, "-m", "container.cli", "bench", "run", str(tiny_bundle("text-classification")),
+           "--seq", "8", "--concurrency", "1", "--warmup", "0.2", "--duration", "60", "--no-model-only",
+           "--db", str(db), "--progress", "jsonl"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    events = []
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:
+        events.append(json.loads(line))
+        if events[-1]["event"] == "tick" or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=30)
+    events += [json.loads(line) for line in rest.splitlines()]
+    assert proc.returncode == 130
+    assert events[-1]["event"] == "done" and events[-1]["status"] == "cancelled"
+    url = next(e["url"] for e in events if e["event"] == "server")
+    assert [e["state"] for e in events if e["event"] == "server"][-1] == "stopped"
+    assert not wait_ready_once(url), "the server the bench started must be gone"
+    run = Store(db).run(events[-1]["run_id"])
+    assert run.status == "cancelled" and run.finished_at

@@ -1,0 +1,74 @@
+"""The result store: the API the console builds on."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.store import Point, Store, default_db_path
+
+
+def point(run_id: int, idx: int, target: str, seq: int, req_s: float, p50: float, workers: int = 2) -> Point:
+    return Point(
+        run_id=run_id, idx=idx, target=target, load="closed", workers=workers, threads=1, seq_len=seq, batch=1,
+        concurrency=2, rate=0.0, duration_s=5.0, requests=10, ok=9, errors={"429": 1}, req_s=req_s,
+        seq_s=req_s, tokens_s=req_s * seq, lat_min=p50 / 2, lat_avg=p50, lat_p50=p50, lat_p90=p50 * 1.1,
+        lat_p95=p50 * 1.2, lat_p99=p50 * 1.3, lat_max=p50 * 2, server={"compute_p50": p50 / 2},
+        client_cpu=0.1, server_cpu=None, extra={"inputs": "exact"},
+    )  # fmt: skip
+
+
+def test_runs_points_compare_ratios(tmp_path: Path) -> None:
+    store = Store(tmp_path / "sub" / "bench.db")
+    a = store.create_run("run", task="text-classification", target="b", machine={"cpu": "x"}, settings={"k": 1})
+    store.add_point(point(a, 1, "hare", 8, 200.0, 5.0))
+    store.add_point(point(a, 2, "vanilla", 8, 40.0, 25.0, workers=1))
+    store.finish_run(a, "done")
+    b = store.create_run("run", task="text-classification")
+    store.add_point(point(b, 1, "hare", 8, 300.0, 4.0))
+    store.add_point(point(b, 2, "hare", 16, 100.0, 9.0))
+
+    assert [r.id for r in store.runs()] == [b, a]
+    run = store.run(a)
+    assert run.status == "done" and run.finished_at and run.machine == {"cpu": "x"} and run.settings == {"k": 1}
+    assert store.run(b).status == "running"
+    points = store.points(a)
+    assert [p.target for p in points] == ["hare", "vanilla"]
+    assert points[0].errors == {"429": 1} and points[0].server == {"compute_p50": 2.5} and points[0].id
+
+    (ratio,) = store.ratios(a)
+    assert ratio.baseline == "vanilla" and ratio.req_s_ratio == pytest.approx(5.0) and ratio.p50_ratio == 5.0
+
+    rows = {(c.target, c.key["seq_len"]): c for c in store.compare(a, b)}
+    assert rows["hare", 8].req_s_ratio == pytest.approx(1.5)
+    assert rows["hare", 8].p50_ratio == pytest.approx(0.8)
+    assert rows["hare", 16].a is None and rows["hare", 16].req_s_ratio is None
+    assert rows["vanilla", 8].b is None
+
+    store.update_run(a, summary={"goals": [{"goal": "g", "met": True}]})
+    assert store.run(a).summary["goals"][0]["met"] is True
+    with pytest.raises(KeyError):
+        store.run(999)
+    with pytest.raises(ValueError, match="unknown run columns"):
+        store.update_run(a, bogus=1)
+    store.delete_run(b)
+    assert store.points(b) == [] and [r.id for r in store.runs()] == [a]
+
+
+def test_nan_survives_the_round_trip(tmp_path: Path) -> None:
+    store = Store(tmp_path / "bench.db")
+    run = store.create_run("run")
+    p = point(run, 1, "hare", 8, 0.0, math.nan)
+    store.add_point(p)
+    assert math.isnan(store.points(run)[0].lat_p50)
+
+
+def test_default_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("HARE_BENCH_DB", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert default_db_path() == tmp_path / "hare" / "bench.db"
+    monkeypatch.setenv("HARE_BENCH_DB", str(tmp_path / "x.db"))
+    assert default_db_path() == tmp_path / "x.db"
+    assert Store().path == tmp_path / "x.db"

@@ -1,0 +1,290 @@
+"""Benchmarks: store rows into tables and charts, the background job, and the page with a stand-in bench."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from admin_ui import benchdata, charts
+from admin_ui.benchjob import BenchConfig, BenchJob, bundle_for, parse_ints, parse_seq_lens
+from bench.store import Store
+from tests.test_console_support import benchmarks_page, fake_appliance, fake_bench_argv, fill_store, info, make_point
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_job_left() -> Iterator[None]:
+    """The page keeps one job for the whole process: start each test without one, end it after."""
+    from admin_ui.views import benchmarks
+
+    benchmarks._slot.clear()
+    yield
+    job = benchmarks._slot()["job"]
+    if job is not None:
+        job.cancel(grace_s=5)
+    benchmarks._slot.clear()
+
+
+def test_point_rows_have_every_percentile_and_throughput() -> None:
+    rows = benchdata.point_rows([make_point(1, 0, seq_len=64, concurrency=4, errors={"503": 2})])
+    row = rows[0]
+    for col in ("min ms", "avg ms", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms", "req/s", "tokens/s"):
+        assert col in row
+    assert row["p50 ms"] == 6.0 and row["p99 ms"] == 12.0 and row["errors"] == 2
+    assert "rate/s" not in row
+    assert "rate/s" in benchdata.point_rows([make_point(1, 0, load="open", rate=50.0)])[0]
+    assert benchdata.point_rows([make_point(1, 0, lat_p99=float("nan"))])[0]["p99 ms"] is None
+
+
+def test_csv_has_a_header_and_one_line_per_point() -> None:
+    rows = benchdata.point_rows([make_point(1, 0), make_point(1, 1, seq_len=64)])
+    parsed = list(csv.DictReader(io.StringIO(benchdata.to_csv(rows))))
+    assert len(parsed) == 2 and parsed[1]["seq len"] == "64" and parsed[0]["p95 ms"] == "4.5"
+
+
+def test_constant_settings_leave_the_table() -> None:
+    rows = benchdata.point_rows([make_point(1, 0), make_point(1, 1, seq_len=64, workers=2)])
+    shared = benchdata.constant_settings(rows, ("load", "batch", "workers", "threads"))
+    assert shared == {"load": "closed", "batch": 1, "threads": 1}
+    compact = benchdata.drop_constant(rows, ("load", "batch", "workers", "threads"))
+    assert "load" not in compact[0] and compact[1]["workers"] == 2 and "p99 ms" in compact[0]
+    points = [make_point(1, 0, concurrency=4), make_point(1, 1), make_point(1, 2, load="in-process", concurrency=9)]
+    assert benchdata.values(points, "concurrency") == [1, 4]
+
+
+def test_headline_picks_the_lightest_point_and_the_peak() -> None:
+    points = [
+        make_point(1, 0, seq_len=64, concurrency=1),
+        make_point(1, 1, seq_len=16, concurrency=4),
+        make_point(1, 2, seq_len=16, concurrency=1),
+        make_point(1, 3, "vanilla", seq_len=8, concurrency=1),
+        make_point(1, 4, "model-only", seq_len=8, load="in-process"),
+    ]
+    h = benchdata.headline(points)
+    assert h is not None and h.point is points[2] and (h.p50, h.p95, h.p99) == (3.0, 4.5, 6.0)
+    assert h.peak_at is points[1] and h.peak_req_s == points[1].req_s
+    assert benchdata.headline(points[3:]) is None
+
+
+def test_chart_rows_and_specs() -> None:
+    points = [
+        make_point(1, i, t, s, c) for i, (t, s, c) in enumerate([("hare", 16, 1), ("vanilla", 16, 1), ("hare", 64, 4)])
+    ]
+    latency = benchdata.latency_rows(points)
+    assert len(latency) == 12 and {r["percentile"] for r in latency} == {"p50", "p90", "p95", "p99"}
+    throughput = benchdata.throughput_rows(points)
+    assert [r["target"] for r in throughput] == ["hare", "vanilla", "hare"]
+    assert charts.latency_lines(latency).to_dict()["encoding"]["strokeDash"]["field"] == "target"
+    assert charts.throughput_lines(throughput).to_dict()["encoding"]["x"]["field"] == "concurrency"
+    assert charts.target_bars(throughput).to_dict()["encoding"]["xOffset"]["field"] == "target"
+
+
+def test_history_comparison_and_baseline_rows(tmp_path: Path) -> None:
+    db = tmp_path / "bench.db"
+    a, b = fill_store(db, baselines=True)
+    store = Store(db)
+    history = benchdata.run_rows(store.runs())
+    assert [r["id"] for r in history] == [b, a] and history[0]["status"] == "done"
+    assert benchdata.run_label(store.run(a)).startswith(f"#{a} · x1.0 · done · text-classification")
+    rows = benchdata.comparison_rows(store.compare(a, b))
+    assert len(rows) == 8 and all(r["B/A req/s"] == 1.25 for r in rows)
+    ratios = benchdata.ratio_rows(store.ratios(b))
+    assert len(ratios) == 4 and all(r["throughput ×"] > 1 and r["p50 speed-up ×"] > 1 for r in ratios)
+
+
+def test_progress_folds_the_jsonl_stream() -> None:
+    point = make_point(7, 0).to_dict()
+    lines = [
+        json.dumps({"event": "start", "run_id": 7, "n": 4, "db": "x"}),
+        json.dumps({"event": "server", "target": "vanilla", "state": "starting", "url": "u"}),
+        json.dumps({"event": "point_start", "k": 1, "n": 4, "target": "hare", "settings": {"seq_len": 16, "batch": 1}}),
+        json.dumps(
+            {
+                "event": "tick",
+                "k": 1,
+                "n": 4,
+                "elapsed_s": 1.0,
+                "duration_s": 2.0,
+                "req_s": 50.0,
+                "p50_ms": 3.0,
+                "p99_ms": 8.0,
+            }
+        ),
+        "not json",
+    ]
+    p = benchdata.progress_from_lines(lines)
+    assert p.run_id == 7 and p.fraction == pytest.approx(0.5 / 4)
+    assert p.describe() == "point 1/4: hare (seq_len=16, batch=1) · 50.0 req/s · p50 3.0 ms · p99 8.0 ms"
+    assert p.servers == {"vanilla": "starting"} and p.log == ["not json"]
+    lines += [json.dumps({"event": "point", "k": 1, "n": 4, "point": point | {"new_field": 1}})]
+    lines += [json.dumps({"event": "done", "run_id": 7, "status": "failed", "message": "vanilla did not start"})]
+    p = benchdata.progress_from_lines(lines)
+    assert p.fraction == 0.25 and p.describe() == "run #7 failed: vanilla did not start"
+    assert [pt.seq_len for pt in benchdata.live_point_rows(p)] == [16]
+
+
+def test_bench_config_command_and_parsing(tmp_path: Path) -> None:
+    config = BenchConfig(
+        "http://h:1", task="text-ranking", model="/m", seq_lens=(16, "comet"), concurrency=(1, 4), duration_s=2.5,
+        baselines=("vanilla", "comet"), name="n",
+    )  # fmt: skip
+    argv = config.command(tmp_path / "b.db", "py")
+    assert argv[:6] == ["py", "-m", "container.cli", "bench", "run", "http://h:1"]
+    flags = dict(zip(argv[6::2], argv[7::2], strict=True))
+    assert flags == {
+        "--seq": "16,comet",
+        "--batch": "1",
+        "--concurrency": "1,4",
+        "--duration": "2.5",
+        "--warmup": "1",
+        "--progress": "jsonl",
+        "--db": str(tmp_path / "b.db"),
+        "--task": "text-ranking",
+        "--model": "/m",
+        "--baseline": "vanilla,comet",
+        "--name": "n",
+    }
+    assert parse_ints("16, 64 64", "x") == (16, 64)
+    assert parse_seq_lens("8, Comet,8") == (8, "comet")
+    with pytest.raises(ValueError, match="sequence lengths: 'a'"):
+        parse_seq_lens("16,a")
+    with pytest.raises(ValueError, match=r"outside 1\.\.10"):
+        parse_ints("0", "x", 1, 10)
+
+
+def test_bundle_for_finds_the_served_bundle(tmp_path: Path) -> None:
+    (tmp_path / "b" / "tiny-text-ranking").mkdir(parents=True)
+    (tmp_path / "b" / "tiny-text-ranking" / "hare.json").write_text(json.dumps({"task": "text-ranking"}))
+    folders = [tmp_path / "a", tmp_path / "b"]
+    assert bundle_for(info("text-ranking"), folders) == tmp_path / "b" / "tiny-text-ranking"
+    assert bundle_for(info("text-ranking") | {"task": "feature-extraction"}, folders) is None  # another task
+    assert bundle_for({"task": "text-ranking", "model": "../b/tiny-text-ranking"}, folders) is None
+    assert bundle_for({"task": "text-ranking"}, folders) is None
+
+
+def test_job_runs_and_records(tmp_path: Path) -> None:
+    job = BenchJob(fake_bench_argv(tmp_path / "b.db"), cwd=REPO)
+    assert job.wait(60) == 0
+    progress = job.progress()
+    assert progress.status == "done" and progress.done_points == 2 and len(progress.points) == 2
+    assert len(Store(tmp_path / "b.db").points(progress.run_id or 0)) == 2
+
+
+def test_job_failure_keeps_the_message(tmp_path: Path) -> None:
+    job = BenchJob(fake_bench_argv(tmp_path / "b.db", "fail"), cwd=REPO)
+    job.wait(60)
+    progress = job.progress()
+    assert progress.status == "failed" and "cannot reach http://127.0.0.1:1" in progress.message
+
+
+def test_job_cancel_stops_the_process_group(tmp_path: Path) -> None:
+    job = BenchJob(fake_bench_argv(tmp_path / "b.db", "slow"), cwd=REPO)
+    deadline = time.monotonic() + 30
+    while "tick" not in "".join(job.lines()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job.cancel(grace_s=10)
+    job.wait(10)
+    assert job.returncode == 130 and job.progress().status == "cancelled"
+
+
+def _page(db: Path, monkeypatch: pytest.MonkeyPatch, url: str = "http://127.0.0.1:9") -> AppTest:
+    monkeypatch.setenv("HARE_CONSOLE_BENCH_DB", str(db))
+    monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", url)
+    return AppTest.from_function(benchmarks_page, default_timeout=30).run()
+
+
+def _until_done(at: AppTest, timeout: float = 60) -> AppTest:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        at.run()
+        if not any(getattr(p, "proto", None) is not None for p in at.get("progress")):
+            return at
+        time.sleep(0.2)
+    raise AssertionError("the stand-in bench did not finish")
+
+
+def _stand_in(monkeypatch: pytest.MonkeyPatch, mode: str = "ok") -> list[BenchConfig]:
+    """Replace `hare bench run` by the stand-in; returns the configs the page asked for."""
+    asked: list[BenchConfig] = []
+
+    def command(self: BenchConfig, db: Path, python: str = "") -> list[str]:
+        asked.append(self)
+        return fake_bench_argv(db, mode)
+
+    monkeypatch.setattr(BenchConfig, "command", command)
+    return asked
+
+
+def test_page_runs_a_benchmark_and_shows_percentiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _stand_in(monkeypatch)
+    served = tmp_path / "bundles" / "tiny-token-classification"
+    served.mkdir(parents=True)
+    (served / "hare.json").write_text(json.dumps({"task": "token-classification"}))
+    monkeypatch.setenv("HARE_CONSOLE_BUNDLE_DIRS", str(tmp_path / "bundles"))
+    with fake_appliance("token-classification") as fake:
+        at = _page(tmp_path / "bench.db", monkeypatch, fake.url)
+        assert "No benchmark run yet" in at.info[0].value
+        assert at.text_input(key=f"hare-bench-bundle-{fake.url}").value == str(served)  # offered
+        at.button[0].click().run()  # Start benchmark
+    assert asked[0].target == fake.url and asked[0].task == "token-classification"
+    assert asked[0].bundle == str(served)
+    assert asked[0].seq_lens == (16, 64) and asked[0].concurrency == (1, 4)
+    at = _until_done(at)
+    assert not at.exception and not at.error
+    assert at.success[0].value == "run #1 done"
+    metrics = {m.label: m.value for m in at.metric}
+    assert (metrics["p50"], metrics["p95"], metrics["p99"]) == ("3.00 ms", "4.50 ms", "6.00 ms")
+    results = at.dataframe[1].value  # [0] is the run's live table, [1] the Results tab's
+    assert list(results["p50 ms"]) == [3.0, 4.5] and "p99 ms" in results and "req/s" in results
+    assert at.get("download_button")
+    assert at.selectbox(key="hare-bench-run").value == 1
+
+
+def test_page_shows_a_failed_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _stand_in(monkeypatch, "fail")
+    with fake_appliance("text-classification") as fake:
+        at = _page(tmp_path / "bench.db", monkeypatch, fake.url)
+        at.button[0].click().run()
+    at = _until_done(at)
+    assert "The benchmark failed: hare bench: error: cannot reach" in at.error[0].value and not at.exception
+
+
+def test_page_refuses_bad_input_before_starting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _stand_in(monkeypatch)
+    at = _page(tmp_path / "bench.db", monkeypatch)
+    at.text_input(key="hare-bench-seq").input("16, big")
+    at.button[0].click().run()
+    assert at.error[0].value == "Cannot start: sequence lengths: 'big' is not a whole number"
+    at.text_input(key="hare-bench-seq").input("16")
+    at.button[0].click().run()
+    assert at.error[0].value.startswith("Cannot start: cannot reach http://127.0.0.1:9")
+    at.multiselect(key="hare-bench-baselines").select("vanilla")
+    at.button[0].click().run()
+    assert "baselines load the original model" in at.error[0].value
+    at.text_input(key="hare-bench-target").input(str(tmp_path / "missing"))
+    at.multiselect(key="hare-bench-baselines").set_value([])
+    at.button[0].click().run()
+    assert "is neither a URL nor a folder" in at.error[0].value
+    assert asked == [] and not at.exception
+
+
+def test_page_history_and_comparison(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "bench.db"
+    a, b = fill_store(db, baselines=True)
+    at = _page(db, monkeypatch)
+    assert not at.exception and not at.error
+    tables = [d.value for d in at.dataframe]
+    results, ratios, history, comparison = tables
+    assert len(results) == 8 and set(results["target"]) == {"hare", "vanilla"}
+    assert set(ratios["baseline"]) == {"vanilla"}
+    assert list(history["id"]) == [b, a]
+    assert list(comparison["B/A req/s"]) == [1.25] * 8
+    assert len(at.get("download_button")) == 2

@@ -1,0 +1,143 @@
+"""`hare console`, its settings and token gate, and the app's entry script."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from admin_ui import auth, cli
+from admin_ui.settings import ConsoleSettings, SettingsError
+from container.cli import main as hare
+from tests.test_console_support import fake_appliance
+
+APP = str(Path(__file__).resolve().parents[1] / "admin_ui" / "app.py")
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    cli.configure(p)
+    return p.parse_args(list(argv))
+
+
+def test_streamlit_command_is_headless_without_usage_stats() -> None:
+    argv = cli.streamlit_command(_args("--port", "8600"), python="py")
+    assert argv[:5] == ["py", "-m", "streamlit", "run", str(cli.APP)]
+    options = dict(zip(argv[5::2], argv[6::2], strict=True))
+    assert options["--server.port"] == "8600" and options["--server.address"] == "127.0.0.1"
+    assert options["--server.headless"] == "true" and options["--browser.gatherUsageStats"] == "false"
+
+
+def test_flags_become_settings() -> None:
+    argv = (
+        "--appliance",
+        "h1:8080",
+        "--appliance",
+        "http://h2:9/",
+        "--db",
+        "x.db",
+        "--bundles",
+        "b1",
+        "--bundles",
+        "b2",
+    )
+    settings = ConsoleSettings.from_env(cli.console_env(_args(*argv), {}))
+    assert settings.appliances == ("http://h1:8080", "http://h2:9")
+    assert settings.bench_db == Path("x.db").resolve()
+    assert settings.bundle_dirs == (Path("b1").resolve(), Path("b2").resolve())
+    assert ConsoleSettings.from_env(cli.console_env(_args(), {})).bundle_dirs == (Path("bundles").resolve(),)
+
+
+def test_listening_beyond_loopback_needs_a_token() -> None:
+    with pytest.raises(Exception, match="set HARE_CONSOLE_TOKEN"):
+        cli.console_env(_args("--address", "0.0.0.0"), {})
+    assert cli.console_env(_args("--address", "0.0.0.0"), {"HARE_CONSOLE_TOKEN": "t"})["HARE_CONSOLE_TOKEN"] == "t"
+    assert hare(["console", "--address", "0.0.0.0"]) == 2  # InputError: exit status 2, no Streamlit started
+
+
+def test_main_starts_streamlit(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        calls.append(argv)
+
+    monkeypatch.setattr(os, "execve", execve)
+    monkeypatch.delenv("HARE_CONSOLE_TOKEN", raising=False)
+    assert hare(["console", "--port", "8765", "--appliance", "localhost:8080"]) == 0
+    assert calls[0][calls[0].index("--server.port") + 1] == "8765"
+    assert hare(["console", "--appliance", "ftp://x"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("address", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("10.1.1.1", False),
+        ("host", False),
+    ],
+)
+def test_is_loopback(address: str, loopback: bool) -> None:
+    assert auth.is_loopback(address) is loopback
+
+
+def test_settings_from_env_and_errors() -> None:
+    s = ConsoleSettings.from_env({})
+    assert s.appliances == ("http://localhost:8080",) and s.token is None and s.timeout_s == 5.0
+    s = ConsoleSettings.from_env({"HARE_ADMIN_TOKEN": "a", "HARE_CONSOLE_IMAGE": "hare:gpu"})
+    assert s.appliance_token == "a" and s.image == "hare:gpu"
+    assert (
+        ConsoleSettings.from_env({"HARE_ADMIN_TOKEN": "a", "HARE_CONSOLE_APPLIANCE_TOKEN": "b"}).appliance_token == "b"
+    )
+    with pytest.raises(SettingsError, match="HARE_CONSOLE_TIMEOUT must be a positive number"):
+        ConsoleSettings.from_env({"HARE_CONSOLE_TIMEOUT": "-1"})
+    with pytest.raises(SettingsError, match="HARE_CONSOLE_APPLIANCES: 'ftp://x'"):
+        ConsoleSettings.from_env({"HARE_CONSOLE_APPLIANCES": "ftp://x"})
+
+
+def test_app_opens_on_the_overview(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HARE_CONSOLE_TOKEN", raising=False)
+    with fake_appliance("feature-extraction") as fake:
+        monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
+        at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception
+    assert at.title[0].value == "Overview"
+    assert at.sidebar.selectbox[0].value == fake.url
+
+
+def test_app_asks_for_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARE_CONSOLE_TOKEN", "correct horse")
+    monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", "http://127.0.0.1:9")
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert [t.value for t in at.title] == ["hare console"] and not at.dataframe
+    at.text_input[0].input("wrong")
+    at.button[0].click().run()
+    assert at.error[0].value == "That is not the console token." and at.title[0].value == "hare console"
+    at.text_input[0].input("correct horse")
+    at.button[0].click().run()
+    assert at.title[0].value == "Overview" and not at.exception
+
+
+def test_app_reports_a_bad_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HARE_CONSOLE_TOKEN", raising=False)
+    monkeypatch.setenv("HARE_CONSOLE_TIMEOUT", "soon")
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert "HARE_CONSOLE_TIMEOUT must be a positive number" in at.error[0].value and not at.exception
+
+
+def test_console_imports_no_model_code() -> None:
+    code = (
+        "import sys, admin_ui.app, admin_ui.cli\n"
+        "from admin_ui.views import benchmarks, containers, live, overview, playground\n"
+        "heavy = [m for m in ('onnxruntime', 'torch', 'transformers', 'tokenizers') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

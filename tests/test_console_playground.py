@@ -1,0 +1,131 @@
+"""Playground: request building, answer shaping for each task, and the page end to end against a fake."""
+
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from admin_ui import charts
+from admin_ui import playground as pg
+from tests.test_console_support import closed_port_url, fake_appliance, playground_page
+
+
+def test_build_inputs_per_task() -> None:
+    assert pg.build_inputs("text-classification", "hi") == "hi"
+    assert pg.build_inputs("feature-extraction", "a\n\n b \n") == ["a", "b"]
+    assert pg.build_inputs("feature-extraction", "only one") == "only one"
+    assert pg.build_inputs("text-ranking", " q ", "d1\nd2") == {"query": "q", "documents": ["d1", "d2"]}
+    with pytest.raises(ValueError, match="at least one document"):
+        pg.build_inputs("text-ranking", "q", "  ")
+    with pytest.raises(ValueError, match="type some text"):
+        pg.build_inputs("token-classification", " ")
+
+
+def test_classification_rows_sorted_and_unwrapped() -> None:
+    answer = [[{"label": "a", "score": 0.1}, {"label": "b", "score": 0.9}]]
+    assert pg.classification_rows(answer) == [{"label": "b", "score": 0.9}, {"label": "a", "score": 0.1}]
+    assert pg.classification_rows({"label": "x", "score": 1}) == [{"label": "x", "score": 1.0}]
+    with pytest.raises(pg.ShapeError, match="label, score"):
+        pg.classification_rows([[0.1, 0.2]])
+
+
+def test_entities_become_highlighted_segments() -> None:
+    text = "Ada met <Bob> in Paris"
+    rows = pg.entity_rows(
+        [
+            {"entity_group": "LOC", "score": 0.8, "word": "Paris", "start": 17, "end": 22},
+            {"entity_group": "PER", "score": 0.9, "word": "Ada", "start": 0, "end": 3},
+            {"entity_group": "PER", "score": 0.5, "word": "da", "start": 1, "end": 3},  # overlaps: skipped
+        ]
+    )
+    parts = pg.segments(text, rows)
+    assert [(p.text, p.label) for p in parts] == [("Ada", "PER"), (" met <Bob> in ", None), ("Paris", "LOC")]
+    html = pg.highlight_html(parts)
+    assert "&lt;Bob&gt;" in html and "<Bob>" not in html
+    assert html.count('class="hare-entity"') == 2 and "PER</small>" in html
+
+
+def test_vectors_and_cosine_heatmap() -> None:
+    vecs = pg.vectors([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    m = pg.cosine_matrix(vecs)
+    assert m[0][0] == pytest.approx(1.0) and m[0][1] == pytest.approx(0.0) and m[0][2] == pytest.approx(0.7071, 1e-3)
+    assert pg.vectors([0.5, 0.5]) == [[0.5, 0.5]]
+    assert pg.cosine_matrix([[0.0, 0.0], [1.0, 0.0]])[0] == [0.0, 0.0]
+    rows = pg.similarity_rows(["a", "a", "c"], m)
+    assert len(rows) == 9 and rows[1] == {"a": "1. a", "b": "2. a", "similarity": 0.0}
+    spec = charts.heatmap(rows).to_dict()
+    assert spec["layer"][0]["mark"]["type"] == "rect"
+    with pytest.raises(pg.ShapeError, match="different lengths"):
+        pg.vectors([[1.0], [1.0, 2.0]])
+    with pytest.raises(pg.ShapeError, match="feature-extraction"):
+        pg.vectors([{"label": "x"}])
+
+
+def test_ranking_rows_attach_documents() -> None:
+    rows = pg.ranking_rows([{"index": 1, "score": 0.2}, {"index": 0, "score": 3.5}], ["first", "second"])
+    assert rows == [
+        {"rank": 1, "index": 0, "document": "first", "score": 3.5},
+        {"rank": 2, "index": 1, "document": "second", "score": 0.2},
+    ]
+    with pytest.raises(pg.ShapeError, match="names document 5"):
+        pg.ranking_rows([{"index": 5, "score": 1.0}], ["a"])
+
+
+def test_timing_rows_in_pipeline_order() -> None:
+    rows = pg.timing_rows({"inference": 2.0, "zeta": 0.1, "tokenize": 0.3})
+    assert [r["phase"] for r in rows] == ["tokenize", "inference", "zeta"]
+    spec = charts.timing_bar(rows).to_dict()
+    assert spec["mark"]["type"] == "bar" and spec["encoding"]["x"]["stack"] == "zero"
+    assert spec["encoding"]["y"]["field"] == "bar"  # one category, or Vega-Lite draws no bar at all
+
+
+def _send(at: AppTest) -> AppTest:
+    return at.button[0].click().run()  # the form's Send button
+
+
+@pytest.mark.parametrize("task", ["text-classification", "token-classification", "feature-extraction", "text-ranking"])
+def test_page_sends_and_shows_each_task(monkeypatch: pytest.MonkeyPatch, task: str) -> None:
+    with fake_appliance(task) as fake:
+        monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
+        at = _send(AppTest.from_function(playground_page, default_timeout=30).run())
+    assert not at.exception and not at.error
+    assert fake.requests and "inputs" in fake.requests[0]
+    if task == "text-classification":
+        assert fake.requests[0]["parameters"] == {"top_k": None}  # every label's bar
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["x-compute-time"] == "2.20 ms"
+    assert metrics["server phases"] == "2.20 ms"
+    if task == "token-classification":
+        assert "Ada Lovelace" in at.get("html")[0].proto.body
+        assert list(at.dataframe[0].value["entity"]) == ["PER", "LOC"]
+    if task == "text-ranking":
+        assert list(at.dataframe[0].value["rank"]) == [1, 2, 3]
+    if task == "feature-extraction":
+        assert any("3 vector(s) of 3 dimensions" in c.value for c in at.caption)
+
+
+def test_page_reports_problems_without_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    with fake_appliance("text-classification", mode="error") as fake:
+        monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
+        at = _send(AppTest.from_function(playground_page, default_timeout=30).run())
+        assert [e.value for e in at.error] == [
+            "POST /predict failed (422 input_too_long): input 0 has 900 tokens; this model takes 128"
+        ]
+        at.text_area(key="hare-pg-params-text-classification").input("[1, 2]")
+        at = _send(at)
+        assert "not a JSON object" in at.error[0].value
+        at.text_area(key="hare-pg-params-text-classification").input("{}")
+        at.text_area(key="hare-pg-text-text-classification").input("   ")
+        at = _send(at)
+        assert at.warning[0].value == "Type some text first"
+    monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", closed_port_url())
+    at = AppTest.from_function(playground_page, default_timeout=30).run()
+    assert "cannot reach" in at.error[0].value and not at.exception
+
+
+def test_page_reports_an_answer_of_the_wrong_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    with fake_appliance("text-classification") as fake:
+        monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
+        monkeypatch.setattr("tests.test_console_support.predict_output", lambda task, inputs: [[0.1, 0.9]])
+        at = _send(AppTest.from_function(playground_page, default_timeout=30).run())
+    assert "does not fit its task" in at.error[0].value and not at.exception

@@ -1,0 +1,98 @@
+"""The tasks' serving side as pure functions: parameter parsing, window merging, entity grouping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from tasks import entities, params
+from tasks.base import Vocab
+from tasks.errors import InputError, InvalidRequest
+from tasks.registry import TASKS
+from tasks.windows import Tokens, combine_vectors, content_tokens
+from tests.tiny_models import _wordpiece
+
+VOCAB = Vocab(unk_id=None, word_aware=True, decode=lambda tokens: " ".join(tokens).replace(" ##", ""))
+
+
+def test_texts() -> None:
+    assert params.texts("a").single and params.texts(["a", "b"]).texts == ["a", "b"]
+    with pytest.raises(InputError, match="empty"):
+        params.texts("")
+    with pytest.raises(InvalidRequest, match=r"inputs\[1\] must be a string, got a number"):
+        params.texts(["a", 1])
+    with pytest.raises(InvalidRequest, match="got an object"):
+        params.texts({"a": 1})
+
+
+def test_parameter_helpers_name_the_field() -> None:
+    assert params.integer({"k": 3.0}, "k", 1) == 3
+    assert params.integer({"k": None}, "k", 1, nullable=True) is None
+    with pytest.raises(InvalidRequest, match=r"parameters\.k must be an integer or null"):
+        params.integer({"k": True}, "k", 1, nullable=True)
+    with pytest.raises(InvalidRequest, match="between 1 and 5"):
+        params.integer({"k": 9}, "k", 1, minimum=1, maximum=5)
+    assert params.choice({"c": "MAX"}, "c", ("max", "min"), "min") == "max"
+    with pytest.raises(InvalidRequest, match="one of max, min; got 'x'"):
+        params.choice({"c": "x"}, "c", ("max", "min"), "min")
+    with pytest.raises(InvalidRequest, match="list of strings"):
+        params.string_list({"l": "O"}, "l", ())
+
+
+def test_every_task_declares_its_serving_side() -> None:
+    for task in TASKS.values():
+        assert task.parameters and all(help for help in task.parameters.values())
+        assert callable(task.parse_inputs) and callable(task.parse_params) and callable(task.postprocess)
+    assert [t.name for t in TASKS.values() if t.embeddings] == ["feature-extraction"]
+    assert [t.name for t in TASKS.values() if not t.windows] == ["text-ranking"]
+
+
+@pytest.mark.parametrize("stride", [0, 1, 2, 3, 5])
+def test_window_merge_keeps_every_token_once(stride: int) -> None:
+    tok = _wordpiece()
+    text = "Angela Merkel met Emmanuel Macron in Paris and Berlin yesterday morning."
+    whole = tok.encode(text)
+    content = tok.encode(text, add_special_tokens=False)
+    content.truncate(8, stride=stride)
+    first = tok.post_process(content)
+    windows = [first, *first.overflowing]
+    # Each window's rows carry the token ids, so the merge's choices can be checked.
+    rows = [np.array(w.ids, dtype=np.float32)[:, None] for w in windows]
+    merged = content_tokens(windows, rows, stride)
+    assert merged.ids == whole.ids[1:-1] and merged.tokens == whole.tokens[1:-1]
+    assert merged.offsets == whole.offsets[1:-1] and merged.index == list(range(1, len(whole.ids) - 1))
+    assert merged.rows[:, 0].tolist() == whole.ids[1:-1]
+
+
+def test_combine_vectors() -> None:
+    a, b = np.array([1.0, 0.0], np.float32), np.array([0.0, 1.0], np.float32)
+    assert np.allclose(combine_vectors([a, b], [3, 1], "mean"), [0.75, 0.25])
+    assert np.allclose(combine_vectors([a, b], [3, 1], "max"), [1, 1])
+    assert combine_vectors([a], [3], "mean") is a
+
+
+def test_entities_group_b_and_i_tags() -> None:
+    labels = ("O", "B-PER", "I-PER", "B-LOC")
+    text = "Angela Merkel in Paris"
+    tokens = Tokens(
+        ids=[1, 2, 3, 4],
+        tokens=["Angela", "Merkel", "in", "Paris"],
+        offsets=[(0, 6), (7, 13), (14, 16), (17, 22)],
+        index=[1, 2, 3, 4],
+        rows=np.zeros((4, 4), np.float32),
+    )
+    scores = np.eye(4, dtype=np.float32)[[1, 2, 0, 3]] * 0.9 + 0.025
+    found = entities.aggregate(text, tokens, scores, "simple", labels, VOCAB, ("O",))
+    assert [(e["entity_group"], e["word"], e["start"], e["end"]) for e in found] == [
+        ("PER", "Angela Merkel", 0, 13),
+        ("LOC", "Paris", 17, 22),
+    ]
+    each = entities.aggregate(text, tokens, scores, "none", labels, VOCAB, ())
+    assert [e["entity"] for e in each] == ["B-PER", "I-PER", "O", "B-LOC"]
+    assert all(isinstance(e["score"], float) for e in each)
+
+
+def test_the_tokenizers_decoder_rebuilds_words() -> None:
+    tok: Tokenizer = _wordpiece()
+    assert tok.decoder is not None and tok.decoder.decode(["mer", "##k", "##el"]) == "merkel"
