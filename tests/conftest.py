@@ -29,9 +29,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ModelFactory:
     return get
 
 
-@pytest.fixture(scope="session")
-def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_model: ModelFactory) -> ModelFactory:
-    """tiny_bundle(task, arch="bert") -> a bundle from the real optimizer (fp32 and int8 candidates, quick tuning)."""
+def _bundle_factory(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: ModelFactory, variants: list[str]
+) -> ModelFactory:
+    """Bundles of tiny models from the real optimizer, limited to `variants`, with quick tuning; cached."""
     from container.optimize.pipeline import OptimizeOptions, optimize
     from tasks.registry import get_task
 
@@ -40,17 +41,16 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_model: ModelFacto
     def get(task: str, arch: str = "bert") -> Path:
         if (task, arch) not in cache:
             out = tmp_path_factory.mktemp("bundles") / f"{arch}-{task}"
-            optimize(
-                OptimizeOptions(
-                    model_dir=tiny_model(task, arch),
-                    task=get_task(task),
-                    out=out,
-                    only=["fp32", "int8"],
-                    tune_lengths=[8],
-                    tune_batches=[1],
-                    tune_seconds=0.01,
-                )
+            options = OptimizeOptions(
+                model_dir=tiny_model(task, arch),
+                task=get_task(task),
+                out=out,
+                only=variants,
+                tune_lengths=[8],
+                tune_batches=[1],
+                tune_seconds=0.01,
             )
+            optimize(options)
             cache[task, arch] = out
         return cache[task, arch]
 
@@ -58,29 +58,13 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_model: ModelFacto
 
 
 @pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_model: ModelFactory) -> ModelFactory:
+    """tiny_bundle(task, arch="bert") -> a bundle from the real optimizer (fp32 and int8 candidates, quick tuning)."""
+    return _bundle_factory(tmp_path_factory, tiny_model, ["fp32", "int8"])
+
+
+@pytest.fixture(scope="session")
 def fp32_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_model: ModelFactory) -> ModelFactory:
     """fp32_bundle(task, arch="bert") -> a bundle of the fp32 export only, for exact parity with transformers
     (tiny random models score near-uniformly, so int8 noise could flip their labels)."""
-    from container.optimize.pipeline import OptimizeOptions, optimize
-    from tasks.registry import get_task
-
-    cache: dict[tuple[str, str], Path] = {}
-
-    def get(task: str, arch: str = "bert") -> Path:
-        if (task, arch) not in cache:
-            out = tmp_path_factory.mktemp("fp32-bundles") / f"{arch}-{task}"
-            optimize(
-                OptimizeOptions(
-                    model_dir=tiny_model(task, arch),
-                    task=get_task(task),
-                    out=out,
-                    only=["fp32"],
-                    tune_lengths=[8],
-                    tune_batches=[1],
-                    tune_seconds=0.01,
-                )
-            )
-            cache[task, arch] = out
-        return cache[task, arch]
-
-    return get
+    return _bundle_factory(tmp_path_factory, tiny_model, ["fp32"])
