@@ -5,14 +5,13 @@ Reads `bench.store` types only; nothing here starts a process or touches Streaml
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.report import rows_to_csv
 from bench.store import Comparison, Point, Ratio, Run
 
 PERCENTILES = ("p50", "p90", "p95", "p99")
@@ -106,14 +105,8 @@ def error_summary(points: Iterable[Point]) -> dict[str, int]:
 
 
 def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Rows -> CSV text with a header of every column seen, in first-seen order."""
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: "" if r.get(k) is None else r.get(k) for k in columns})
-    return buf.getvalue()
+    """Rows -> CSV text with a header of every column seen, in first-seen order (the bench's own writer)."""
+    return rows_to_csv([dict(r) for r in rows])
 
 
 def latency_rows(points: Iterable[Point]) -> list[dict[str, Any]]:

@@ -42,7 +42,11 @@ def flat_point(p: Point) -> dict[str, Any]:
 
 
 def export_csv(store: Store, run_id: int) -> str:
-    rows = [flat_point(p) for p in store.points(run_id)]
+    return rows_to_csv([flat_point(p) for p in store.points(run_id)])
+
+
+def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows -> CSV text with a header of every column seen, in first-seen order (None as empty)."""
     columns = list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")

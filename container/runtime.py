@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +57,3 @@ class OnnxModel:
         except Exception as exc:  # ORT raises its own untyped errors; keep the message for the operator.
             raise InferenceFailed(f"inference failed: {exc}") from exc
         return np.asarray(result, dtype=np.float32)
-
-    def input_shapes(self) -> Sequence[Sequence[object]]:
-        return [i.shape for i in self.session.get_inputs()]
