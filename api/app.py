@@ -77,12 +77,13 @@ def create_app(settings: Settings) -> Starlette:
             await warm_up(res)
             res.ready = True
             log.info(
-                "ready: %s %s (%s, %s) pid %d, %d ORT thread(s), providers %s",
+                "ready: %s %s (%s, %s) pid %d, %d stream(s) of %d ORT thread(s), providers %s",
                 res.task.name,
                 res.model_name,
                 res.manifest.variant,
                 res.manifest.precision,
                 os.getpid(),
+                settings.streams,
                 settings.threads,
                 ",".join(res.runtime.providers),
             )
@@ -137,6 +138,7 @@ async def load(settings: Settings) -> Resources:
         capacity=settings.queue_size,
         on_batch=metrics.observe_batch,
         on_depth=metrics.queue_depth.set,
+        streams=settings.streams,
     )
     batcher.start()
     res = Resources(
@@ -190,7 +192,9 @@ async def warm_up(res: Resources) -> None:
             inputs = Inputs([text] * batch, single=False, query="hello" if res.task.pairs else None)
             request = PredictRequest(inputs, True, None, params)
             encoded = res.encoder.encode(request.inputs, request.truncate)
-            rows = await res.batcher.run_direct(encoded.sequences)
+            # Once on every model thread, so none of them pays its first call while serving.
+            runs = [res.batcher.run_direct(encoded.sequences) for _ in range(res.settings.streams)]
+            rows = (await asyncio.gather(*runs))[0]
             token_level = rows.ndim > 2
             arrays = [[rows[i, : len(e)] if token_level else rows[i]] for i, e in enumerate(encoded.sequences)]
             res.task.postprocess(Outputs(inputs, encoded.windows, arrays, encoded.truncated), params, res.model)
@@ -230,6 +234,7 @@ def _info(res: Resources) -> dict[str, object]:
         "providers": res.runtime.providers,
         "profile": s.profile,
         "workers": s.workers,
+        "streams": s.streams,
         "threads": s.threads,
         "batching": s.batching,
         "limits": {

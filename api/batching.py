@@ -1,6 +1,6 @@
 """Dynamic batching in one worker: the sequences of concurrent requests share model calls.
 
-    request ── admit() ──> Ticket ── run(sequences) ──> queue (buckets by length) ──> loop ──> executor
+    request ── admit() ──> Ticket ── run(sequences) ──> queue (buckets by length) ──> loop ──> model threads
       429 here if the worker                              │ batches close on max_items, on the
       already holds `capacity`                            │ padded-token budget, or after max_wait
                                                           └─ every request's future: its rows or the error
@@ -10,11 +10,17 @@
 - A batch starts from the oldest waiting sequence and fills up with sequences of similar length (buckets of
   `bucket` tokens, nearest first), up to `max_items` and `max_tokens` padded tokens (longest x count); one
   sequence always fits. A request with more sequences than `max_items` simply spans several batches.
-- Waiting: the loop waits (at most `max_wait` seconds) only while other admitted requests are still being
-  read or tokenized, i.e. when waiting can actually fill the batch; a lone request never waits.
-- The model runs in a single executor thread (ONNX Runtime's threads are set per session), off the event
-  loop. Every request's future gets its rows or the error; a failing batch fails only its requests, and
-  the loop goes on. Requests whose caller went away (cancelled) are skipped.
+- Streams: `streams` model threads call the model at once (one shared ONNX Runtime session, whose run() is
+  thread-safe and releases the GIL), each with its own intra-op threads. A batch leaves as soon as a thread
+  is free, so with as many users as streams every request runs at once on its own core, and with more users
+  batches fill while every thread is busy. One process with N streams, rather than N processes, because
+  keep-alive connections stick to the process that accepted them: a few clients can all land on one
+  process and leave the others idle (measured: 2 workers, 2 users, half the throughput at random).
+- Waiting: the loop waits (at most `max_wait` seconds) only when its last free thread is about to take a
+  batch and other admitted requests are still being read or tokenized, i.e. when waiting can actually fill
+  the batch; a lone request never waits, and neither does one that another free thread could take.
+- The model runs off the event loop. Every request's future gets its rows or the error; a failing batch
+  fails only its requests, and the loop goes on. Requests whose caller went away (cancelled) are skipped.
 """
 
 from __future__ import annotations
@@ -65,15 +71,19 @@ class Result:
     inference_seconds: float
 
 
-class ModelThread(Generic[T]):
-    """The one thread that calls the model, off the event loop. Leaner than a ThreadPoolExecutor on the hot
-    path: one queue put there, one call_soon_threadsafe back, no concurrent.futures chaining."""
+class ModelThreads(Generic[T]):
+    """The threads that call the model, off the event loop, all taking jobs from one queue. Leaner than a
+    ThreadPoolExecutor on the hot path: one queue put there, one call_soon_threadsafe back, no
+    concurrent.futures chaining."""
 
-    def __init__(self, run: Callable[[list[T]], Array]) -> None:
+    def __init__(self, run: Callable[[list[T]], Array], count: int) -> None:
         self._run = run
         self._jobs: SimpleQueue[tuple[list[T], asyncio.AbstractEventLoop, asyncio.Future[Array]] | None] = SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="hare-model", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"hare-model-{i}", daemon=True) for i in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, items: list[T]) -> asyncio.Future[Array]:
         loop = asyncio.get_running_loop()
@@ -82,7 +92,8 @@ class ModelThread(Generic[T]):
         return future
 
     def stop(self) -> None:
-        self._jobs.put(None)
+        for _ in self._threads:
+            self._jobs.put(None)
 
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -168,6 +179,7 @@ class Batcher(Generic[T]):
         on_batch: Callable[[BatchStats], None] | None = None,
         on_depth: Callable[[int], None] | None = None,
         bucket: int = 16,
+        streams: int = 1,
     ) -> None:
         self._max_items = max_items
         self._max_tokens = max_tokens
@@ -182,7 +194,9 @@ class Batcher(Generic[T]):
         self._arriving = 0  # admitted requests that have not queued their sequences yet
         self._order = 0
         self._reported = 0  # the depth last reported (reports only on change: each is a metrics write)
-        self._model = ModelThread(run)
+        self._model = ModelThreads(run, streams)
+        self._idle = streams  # model threads free to take a batch
+        self._running: set[asyncio.Task[None]] = set()  # batches on the model threads
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -198,9 +212,10 @@ class Batcher(Generic[T]):
     async def close(self) -> None:
         """Refuse new requests, stop the loop, and fail whatever still waits (NotReady)."""
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [*self._running, *([self._task] if self._task is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._fail_pending(NotReady("the server is shutting down; retry on another instance"))
         self._model.stop()
 
@@ -229,7 +244,7 @@ class Batcher(Generic[T]):
         return self._held
 
     async def run_direct(self, items: list[T]) -> Array:
-        """Run the model on the model thread, bypassing the queue (warm-up, before serving)."""
+        """Run the model on a model thread, bypassing the queue (warm-up, before serving)."""
         return await self._model.submit(items)
 
     # ---- admission -------------------------------------------------------------------------------------
@@ -278,22 +293,28 @@ class Batcher(Generic[T]):
 
     async def _loop(self) -> None:
         while True:
-            if not self._pending:
+            if not self._pending or not self._idle:
                 self._report_depth()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self._max_wait > 0 and self._arriving and self._pending < self._max_items:
+            if self._max_wait > 0 and self._idle == 1 and self._arriving and self._pending < self._max_items:
                 await self._gather()
             try:
                 batch = self._take()
                 if batch:
                     self._report_depth()
-                    await self._execute(batch)
-            except asyncio.CancelledError:
-                raise
+                    self._idle -= 1
+                    task = asyncio.get_running_loop().create_task(self._execute(batch))
+                    self._running.add(task)
+                    task.add_done_callback(self._finished)
             except Exception:  # a bug here must not stop the loop: the requests concerned fail, others go on
                 log.exception("batching loop error")
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._idle += 1
+        self._wake.set()
 
     async def _gather(self) -> None:
         """Give requests still being read or tokenized a moment to join; perf_counter, not the loop's clock,
@@ -303,7 +324,11 @@ class Batcher(Generic[T]):
             await asyncio.sleep(0)
 
     def _take(self) -> list[_Entry[T]]:
-        """The next batch: the oldest live sequence, then its nearest-length neighbours within the limits."""
+        """The next batch: the oldest live sequence, then its nearest-length neighbours within the limits.
+
+        With several model threads free, the waiting sequences are shared among them rather than packed into
+        one batch: two requests that arrive together run side by side on two cores, not as a batch of two on
+        one while the other idles."""
         first, oldest = None, None
         for key in list(self._buckets):
             queue = self._drop_cancelled(key)
@@ -311,11 +336,12 @@ class Batcher(Generic[T]):
                 first, oldest = key, queue[0].order
         if first is None:
             return []
+        limit = min(self._max_items, -(-self._pending // max(self._idle, 1)))
         batch: list[_Entry[T]] = []
         longest = 0
         for key in sorted(self._buckets, key=lambda k: (abs(k - first), k)):
             queue = self._buckets[key]
-            while queue and len(batch) < self._max_items:
+            while queue and len(batch) < limit:
                 entry = queue[0]
                 if entry.job.future.done():
                     queue.popleft()
@@ -330,7 +356,7 @@ class Batcher(Generic[T]):
                 longest = top
             if not queue:
                 del self._buckets[key]
-            if len(batch) >= self._max_items:
+            if len(batch) >= limit:
                 break
         return batch
 
@@ -345,15 +371,10 @@ class Batcher(Generic[T]):
         return queue
 
     async def _execute(self, batch: list[_Entry[T]]) -> None:
+        """Run one batch on a model thread; whatever happens, every request in it gets its rows or an error."""
         jobs = list(dict.fromkeys(e.job for e in batch))
-        start = time.perf_counter()
-        for job in jobs:
-            if job.started is None:
-                job.started = start
         try:
-            out = await self._model.submit([e.item for e in batch])
-            if len(out) != len(batch):
-                raise InferenceFailed(f"the model returned {len(out)} rows for {len(batch)} sequences")
+            await self._run_batch(batch, jobs)
         except asyncio.CancelledError:
             for job in jobs:  # closing mid-batch: its requests must not wait forever
                 _fail(job, NotReady("the server is shutting down; retry on another instance"))
@@ -362,7 +383,15 @@ class Batcher(Generic[T]):
             log.error("a batch of %d sequences failed: %s", len(batch), exc, exc_info=exc)
             for job in jobs:
                 _fail(job, exc)
-            return
+
+    async def _run_batch(self, batch: list[_Entry[T]], jobs: list[_Job]) -> None:
+        start = time.perf_counter()
+        for job in jobs:
+            if job.started is None:
+                job.started = start
+        out = await self._model.submit([e.item for e in batch])
+        if len(out) != len(batch):
+            raise InferenceFailed(f"the model returned {len(out)} rows for {len(batch)} sequences")
         seconds = time.perf_counter() - start
         token_level = out.ndim > 2
         for row, entry in enumerate(batch):

@@ -18,6 +18,11 @@ from container.machine import physical_cores
 from tasks.errors import InputError
 
 PROFILES = ("throughput", "latency")
+# Throughput profile: one worker process per this many physical cores, each running one model stream per
+# core it owns. Streams in one process share the cores without the keep-alive imbalance of processes (see
+# api/batching.py); the event loop that parses HTTP and tokenizes is one thread per process, and at ~0.3 ms
+# of Python per small request four streams keep it well under one core.
+CORES_PER_WORKER = 4
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _UNSET = object()
 
@@ -91,12 +96,19 @@ class Settings:
     profile: str = _setting(
         "HARE_PROFILE",
         _choice(PROFILES),
-        "throughput: one worker per physical core, one ORT thread each; latency: one worker using every core",
+        "throughput: one worker per 4 physical cores, one model stream per core, one ORT thread each; "
+        "latency: one worker, one stream using every core",
         "throughput",
     )
     workers: int = _setting("HARE_WORKERS", _int(0), "worker processes (0: from the profile)", 0)
+    streams: int = _setting(
+        "HARE_STREAMS",
+        _int(0),
+        "model calls one worker runs at once, each on its own thread (0: from the profile)",
+        0,
+    )
     threads: int = _setting(
-        "HARE_THREADS", _int(0), "ONNX Runtime intra-op threads per worker (0: from the profile)", 0
+        "HARE_THREADS", _int(0), "ONNX Runtime intra-op threads per model stream (0: from the profile)", 0
     )
     target: str | None = _setting(
         "HARE_TARGET", _optional, "cpu or gpu execution provider (empty: the bundle's target)", None
@@ -168,13 +180,13 @@ class Settings:
         public = _read(env, _fields()["public"], False)
         values = {f.name: _read(env, f, public) for f in dataclasses.fields(cls)}
         settings = cls(**values)
-        cores = physical_cores()
-        latency = settings.profile == "latency"
+        workers, streams, threads = layout(settings.profile, physical_cores(), settings.workers)
         return dataclasses.replace(
             settings,
             bundle=settings.bundle.expanduser(),
-            workers=settings.workers or (1 if latency else cores),
-            threads=settings.threads or (cores if latency else 1),
+            workers=workers,
+            streams=settings.streams or streams,
+            threads=settings.threads or threads,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -201,6 +213,15 @@ class Settings:
             "max_wait_ms": self.max_wait_ms,
             "queue_size": self.queue_size,
         }
+
+
+def layout(profile: str, cores: int, workers: int = 0) -> tuple[int, int, int]:
+    """(workers, streams per worker, ORT threads per stream) for a profile on `cores` physical cores; `workers`
+    given (non-zero) is kept and the cores are shared among them."""
+    if profile == "latency":
+        return workers or 1, 1, cores
+    workers = workers or max(1, cores // CORES_PER_WORKER)
+    return workers, max(1, cores // workers), 1
 
 
 def _fields() -> dict[str, dataclasses.Field[Any]]:

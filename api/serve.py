@@ -29,6 +29,7 @@ FLAGS = {
     "host": "HARE_HOST",
     "port": "HARE_PORT",
     "workers": "HARE_WORKERS",
+    "streams": "HARE_STREAMS",
     "threads": "HARE_THREADS",
     "profile": "HARE_PROFILE",
     "target": "HARE_TARGET",
@@ -44,8 +45,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle_dir", nargs="?", type=Path, help=f"bundle from `hare optimize` (default {DEFAULT_BUNDLE})")
     p.add_argument("--host", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, help="port (default 8080)")
-    p.add_argument("--workers", type=int, help="worker processes (default: physical cores; latency profile: 1)")
-    p.add_argument("--threads", type=int, help="ONNX Runtime threads per worker (default: 1; latency: all cores)")
+    p.add_argument("--workers", type=int, help="worker processes (default: one per 4 physical cores; latency: 1)")
+    p.add_argument("--streams", type=int, help="model calls at once per worker (default: its share of the cores)")
+    p.add_argument("--threads", type=int, help="ONNX Runtime threads per stream (default: 1; latency: all cores)")
     p.add_argument("--profile", choices=PROFILES, help="throughput (default) or latency")
     p.add_argument("--target", choices=["cpu", "gpu"], help="execution provider (default: the bundle's target)")
     p.add_argument("--max-batch-size", type=int, help="sequences per model call (default 32)")

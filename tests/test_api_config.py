@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from api import serve
-from api.config import Settings, describe
+from api.config import Settings, describe, layout
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
 from tasks.errors import InputError
@@ -22,14 +22,24 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def test_defaults() -> None:
     s = Settings.from_env({})
     assert s.bundle == DEFAULT_BUNDLE and s.port == 8080 and s.host == "0.0.0.0"
-    assert s.profile == "throughput" and s.workers == physical_cores() and s.threads == 1
+    assert s.profile == "throughput" and s.threads == 1
+    assert (s.workers, s.streams) == layout("throughput", physical_cores())[:2]
     assert 0 < s.max_wait_ms < 1 and s.truncate and not s.public and s.admin_token is None
     assert s.rate_limit == 0 and s.max_inputs == 10_000
 
 
+def test_throughput_runs_a_stream_per_core_in_one_worker_per_four_cores() -> None:
+    assert layout("throughput", 1) == (1, 1, 1)
+    assert layout("throughput", 2) == (1, 2, 1)  # this machine: one process, both cores as streams
+    assert layout("throughput", 8) == (2, 4, 1)
+    assert layout("throughput", 16) == (4, 4, 1)
+    assert layout("throughput", 2, workers=2) == (2, 1, 1)  # workers asked for: the cores are shared out
+    assert Settings.from_env({"HARE_STREAMS": "3"}).streams == 3
+
+
 def test_the_latency_profile_is_one_worker_with_every_core() -> None:
     s = Settings.from_env({"HARE_PROFILE": "latency"})
-    assert (s.workers, s.threads) == (1, physical_cores())
+    assert (s.workers, s.streams, s.threads) == (1, 1, physical_cores())
     assert Settings.from_env({"HARE_PROFILE": "latency", "HARE_THREADS": "2"}).threads == 2
 
 

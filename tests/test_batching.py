@@ -29,13 +29,14 @@ def echo(calls: Calls) -> Callable[[list[str]], np.ndarray]:
 
 
 def make(run: Callable[[list[str]], np.ndarray], **limits: float) -> Batcher[str]:
-    options = {"max_items": 8, "max_tokens": 10_000, "max_wait": 0.0, "capacity": 64} | limits
+    options = {"max_items": 8, "max_tokens": 10_000, "max_wait": 0.0, "capacity": 64, "streams": 1} | limits
     batcher: Batcher[str] = Batcher(
         run,
         max_items=int(options["max_items"]),
         max_tokens=int(options["max_tokens"]),
         max_wait=options["max_wait"],
         capacity=int(options["capacity"]),
+        streams=int(options["streams"]),
     )
     batcher.start()
     return batcher
@@ -117,6 +118,31 @@ async def test_the_batch_waits_for_requests_still_being_tokenized() -> None:
     assert [len(c) for c in await two_requests(max_wait=0.0)] == [1, 1]
 
 
+async def test_with_two_streams_two_requests_run_side_by_side_not_as_one_batch() -> None:
+    calls: Calls = []
+    both = threading.Barrier(2, timeout=5)
+
+    def run(batch: list[str]) -> np.ndarray:
+        both.wait()  # passes only when two model calls are in flight at once
+        return echo(calls)(batch)
+
+    batcher = make(run, streams=2, max_wait=0.5)
+    start = time.perf_counter()
+    results = await asyncio.gather(ask(batcher, ["a"]), ask(batcher, ["bb"]))
+    assert [r.outputs[0][0] for r in results] == [1.0, 2.0]
+    assert sorted(len(c) for c in calls) == [1, 1] and time.perf_counter() - start < 2.0
+    await batcher.close()
+
+
+async def test_free_streams_share_the_waiting_sequences() -> None:
+    calls: Calls = []
+    batcher = make(echo(calls), streams=2, max_items=8)
+    result = await ask(batcher, ["x" * n for n in range(1, 9)])
+    assert [int(row[0]) for row in result.outputs] == list(range(1, 9))
+    assert sorted(len(c) for c in calls) == [4, 4]
+    await batcher.close()
+
+
 async def test_token_level_rows_are_trimmed_to_each_sequence() -> None:
     def run(batch: list[str]) -> np.ndarray:
         longest = max(len(s) for s in batch)
@@ -195,21 +221,22 @@ async def test_admission_refuses_beyond_capacity_at_once() -> None:
     await batcher.close()
 
 
-async def test_closing_fails_waiting_requests_and_refuses_new_ones() -> None:
+@pytest.mark.parametrize("streams", [1, 2])
+async def test_closing_fails_waiting_requests_and_refuses_new_ones(streams: int) -> None:
     gate = threading.Event()
 
     def run(batch: list[str]) -> np.ndarray:
         gate.wait(5)
         return echo([])(batch)
 
-    batcher = make(run, max_items=1)
-    first = asyncio.ensure_future(ask(batcher, ["first"]))
+    batcher = make(run, max_items=1, streams=streams)
+    running = [asyncio.ensure_future(ask(batcher, [f"running {i}"])) for i in range(streams)]
     await asyncio.sleep(0.05)
     waiting = asyncio.ensure_future(ask(batcher, ["waiting"]))
     await asyncio.sleep(0.01)
     await batcher.close()
     gate.set()
-    for caller in (first, waiting):  # the running batch's request too: nobody is left waiting
+    for caller in (*running, waiting):  # the running batches' requests too: nobody is left waiting
         with pytest.raises(NotReady):
             await caller
     with pytest.raises(NotReady):
