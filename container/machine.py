@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from functools import cache
@@ -21,10 +22,34 @@ INTERESTING_FLAGS = (
 )
 
 
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def cpu_quota(root: Path = CGROUP) -> int | None:
+    """CPUs the cgroup lets this process use (`docker run --cpus`, a Kubernetes CPU limit), rounded up; None
+    when there is no limit. Without this a 2-CPU pod on a 64-core node would size itself for 64 cores."""
+    try:
+        fields = (root / "cpu.max").read_text().split()  # cgroup v2: "max 100000" or "200000 100000"
+    except OSError:
+        try:  # cgroup v1
+            fields = [(root / "cpu" / f"cpu.cfs_{k}_us").read_text().strip() for k in ("quota", "period")]
+        except OSError:
+            return None
+    try:
+        quota, period = int(fields[0]), int(fields[1])
+    except (ValueError, IndexError):  # "max", or a format this code does not know: no limit
+        return None
+    return max(1, math.ceil(quota / period)) if quota > 0 and period > 0 else None
+
+
 @cache
 def physical_cores() -> int:
-    """Physical cores (not hyper-threads) this process may use; the serving default is one worker each."""
+    """Physical cores (not hyper-threads) this process may use, within its cgroup's CPU quota: the serving
+    default is one model stream each."""
     usable = len(os.sched_getaffinity(0))
+    quota = cpu_quota()
+    if quota is not None:
+        usable = min(usable, quota)
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.is_file():
         return usable
