@@ -1,5 +1,9 @@
 """The model-only figure: the bundle's ONNX session called in this process on pre-tokenized inputs, no HTTP,
-no tokenizer, no queue. End-to-end latency minus this is what serving costs."""
+no tokenizer, no queue. End-to-end latency minus this is what serving costs.
+
+With `streams` > 1, that many threads call the one session at once, as the server's model streams do: two
+runs side by side on two cores are each slower than one alone (they share the memory bus and the L3 cache),
+and that part of the end-to-end latency is the hardware's, not serving's."""
 
 from __future__ import annotations
 
@@ -36,8 +40,10 @@ def measure(
     warmup_s: float,
     duration_s: float,
     stop: threading.Event | None = None,
+    streams: int = 1,
 ) -> ModelOnly:
-    """Time `session.run` on batches of `batch` inputs of `seq_len` tokens (None: Comet's sentences)."""
+    """Time `session.run` on batches of `batch` inputs of `seq_len` tokens (None: Comet's sentences), from
+    `streams` threads at once."""
     manifest = read_manifest(bundle)
     model = OnnxModel(bundle / MODEL_FILE, manifest.target, threads, manifest.output)
     n = 16
@@ -57,22 +63,36 @@ def measure(
         encodings = tok.encode_batch(group)
         feeds.append(pad_batch(encodings, model.input_names))
         tokenize.append((time.perf_counter() - t0) * 1000.0)
-    end_warmup = time.perf_counter() + warmup_s
-    i = 0
-    while time.perf_counter() < end_warmup:
-        model.run(feeds[i % n])
-        i += 1
-    latencies: list[float] = []
-    start, cpu0 = time.perf_counter(), time.process_time()
+    start = time.perf_counter() + warmup_s
     deadline = start + duration_s
-    while len(latencies) < MAX_ITERATIONS and not (stop is not None and stop.is_set()):
-        t0 = time.perf_counter()
-        model.run(feeds[len(latencies) % n])
-        t1 = time.perf_counter()
-        latencies.append((t1 - t0) * 1000.0)
-        if t1 >= deadline:
-            break
-    return ModelOnly(latencies, mean(tokenize), time.perf_counter() - start, time.process_time() - cpu0)
+    per_stream: list[list[float]] = [[] for _ in range(streams)]
+    cpu0 = [0.0]
+
+    def stream(k: int) -> None:
+        mine, i = per_stream[k], k
+        while time.perf_counter() < start:  # warm-up, unrecorded
+            model.run(feeds[i % n])
+            i += 1
+        if k == 0:
+            cpu0[0] = time.process_time()  # the process's CPU clock: every stream's work from here on
+        while len(mine) < MAX_ITERATIONS // streams and not (stop is not None and stop.is_set()):
+            t0 = time.perf_counter()
+            model.run(feeds[i % n])
+            t1 = time.perf_counter()
+            mine.append((t1 - t0) * 1000.0)
+            i += 1
+            if t1 >= deadline:
+                break
+
+    others = [threading.Thread(target=stream, args=(k,), name=f"model-only-{k}") for k in range(1, streams)]
+    for other in others:
+        other.start()
+    stream(0)
+    for other in others:
+        other.join()
+    window = time.perf_counter() - start
+    latencies = [x for mine in per_stream for x in mine]
+    return ModelOnly(latencies, mean(tokenize), window, time.process_time() - cpu0[0])
 
 
 def summary(result: ModelOnly) -> Summary:

@@ -90,7 +90,11 @@ def plan(options: RunOptions) -> list[Planned]:
         w = 1 if name == "vanilla" else options.comet_workers
         points += [Planned(name, w, None, s, b, c, r) for s, b, c, r in shape]
     if options.model_only and options.subject.bundle is not None:
-        points += [Planned("model-only", 1, None, s, b, 1, 0.0) for s in grid.seq_lens for b in grid.batches]
+        # One stream alone, and as many side by side as the load keeps busy (at most one per core).
+        streams = sorted({1} | {min(c, physical_cores()) for c, _ in grid.loads() if c > 0})
+        points += [
+            Planned("model-only", 1, None, s, b, n, 0.0) for s in grid.seq_lens for b in grid.batches for n in streams
+        ]
     return points
 
 
@@ -335,6 +339,7 @@ class Runner:
             warmup_s=min(g.warmup_s, 1.0),
             duration_s=min(g.duration_s, 3.0),
             stop=self.stop,
+            streams=p.concurrency,
         )
         window = max(result.window_s, 1e-9)
         req_s = len(result.latencies_ms) / window
@@ -349,7 +354,7 @@ class Runner:
             threads=threads,
             seq_len=_seq_len(p.seq_len, tokens),
             batch=p.batch,
-            concurrency=1,
+            concurrency=p.concurrency,
             rate=0.0,
             duration_s=round(result.window_s, 3),
             requests=len(result.latencies_ms),

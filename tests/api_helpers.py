@@ -32,7 +32,9 @@ class AppClient(httpx.AsyncClient):
 @asynccontextmanager
 async def serve(bundle: Path, **env: str) -> AsyncIterator[AppClient]:
     """A client of a fresh app on `bundle` (HARE_* overrides in `env`), its lifespan run around it."""
-    settings = Settings.from_env({"HARE_BUNDLE": str(bundle), "HARE_WORKERS": "1", "HARE_STREAMS": "2", "HARE_THREADS": "1", **env})
+    settings = Settings.from_env(
+        {"HARE_BUNDLE": str(bundle), "HARE_WORKERS": "1", "HARE_STREAMS": "2", "HARE_THREADS": "1", **env}
+    )
     app = create_app(settings)
     async with app.router.lifespan_context(app), AppClient(app) as client:
         yield client

@@ -19,12 +19,13 @@ def test_goals_met_and_missed() -> None:
     cls = [
         pt("hare", 8, 300, 6.2),
         pt("vanilla", 8, 40, 50),
-        pt("model-only", 8, 400, 6.0),
+        pt("model-only", 8, 400, 6.0, conc=1),
+        pt("model-only", 8, 700, 6.1),  # two streams side by side: not what the goal compares with
         pt("hare", 16, 200, 9),
         pt("vanilla", 16, 40, 50),
         pt("hare", 128, 30, 60, p99=120),
         pt("vanilla", 128, 9, 200),
-        pt("model-only", 128, 20, 50),
+        pt("model-only", 128, 20, 50, conc=1),
     ]
     emb = [pt("hare", 8, 500, 30, conc=16), pt("hare", 128, 60, 250, conc=16)]
     goals = {g["goal"]: g for g in evaluate(cls, emb, cores=2)}
@@ -41,4 +42,7 @@ def test_goals_met_and_missed() -> None:
     assert goals["p99 / p50 (worst: seq 128)"]["value"] == 2.0
     assert goals["embeddings, 16 users, 8 tokens"]["met"] and not goals["embeddings, 16 users, 128 tokens"]["met"]
     assert goals_table(list(goals.values())).row_count == len(goals)
-    assert headline_table(cls, emb).row_count == 5
+    table = headline_table(cls, emb)
+    assert table.row_count == 5
+    side_by_side = list(table.columns[9].cells)
+    assert side_by_side[0] == "6.10 (x2)" and side_by_side[2] == "-"

@@ -1,0 +1,31 @@
+"""The model-only figure: the bundle's session in process, one stream or several side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import modelonly
+from bench.inputs import TextMaker, load_tokenizer
+from bench.runner import Grid, RunOptions, plan
+from bench.subjects import Subject
+from container.machine import physical_cores
+from tests.conftest import ModelFactory
+
+
+def test_streams_side_by_side_each_record_their_calls(tiny_bundle: ModelFactory) -> None:
+    bundle = tiny_bundle("text-classification")
+    maker = TextMaker(load_tokenizer(bundle))
+    one = modelonly.measure(bundle, maker, 8, 1, 1, warmup_s=0.05, duration_s=0.3)
+    two = modelonly.measure(bundle, maker, 8, 1, 1, warmup_s=0.05, duration_s=0.3, streams=2)
+    for result in (one, two):
+        assert result.latencies_ms and min(result.latencies_ms) > 0
+        assert 0.25 < result.window_s < 1.0 and result.cpu_s > 0
+    # Two streams record two loops' worth of calls over the same window (not necessarily twice as fast).
+    assert len(two.latencies_ms) > len(one.latencies_ms) / 2
+
+
+def test_model_only_is_planned_alone_and_with_as_many_streams_as_users_keep_busy(tmp_path: Path) -> None:
+    subject = Subject("text-classification", bundle=tmp_path)
+    options = RunOptions(subject=subject, grid=Grid(seq_lens=[8], concurrencies=[1, 16]))
+    streams = sorted(p.concurrency for p in plan(options) if p.target == "model-only")
+    assert streams == sorted({1, min(16, physical_cores())})
