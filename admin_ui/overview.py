@@ -44,8 +44,8 @@ def summary_rows(info: Mapping[str, Any]) -> list[dict[str, str]]:
         ("max length", info.get("max_length")),
         ("variant", " ".join(str(x) for x in (info.get("variant"), info.get("precision"), info.get("target")) if x)),
         (
-            "workers × threads",
-            f"{info.get('workers', '-')} × {info.get('threads', '-')}"
+            "workers × streams × threads",
+            f"{info.get('workers', '-')} × {info.get('streams', '-')} × {info.get('threads', '-')}"
             + (f" ({info['profile']} profile)" if info.get("profile") else ""),
         ),
         ("execution providers", info.get("providers")),

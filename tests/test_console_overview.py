@@ -17,7 +17,7 @@ def test_summary_rows_name_what_is_served() -> None:
     assert rows["labels"] == "2: NEGATIVE, POSITIVE"
     assert rows["max length"] == "128"
     assert rows["variant"] == "int8 int8 cpu"
-    assert rows["workers × threads"] == "1 × 1"
+    assert rows["workers × streams × threads"] == "1 × 2 × 1"
     assert "max_batch_size=32" in rows["batching"]
     assert "pooling" not in rows
 
@@ -27,7 +27,7 @@ def test_summary_rows_of_an_embedder_show_pooling_and_tolerate_gaps() -> None:
     assert rows["pooling"] == "mean, normalized"
     assert rows["labels"] == "-"
     sparse = {r["field"]: r["value"] for r in overview.summary_rows({"task": "text-ranking"})}
-    assert sparse["max length"] == "-" and sparse["workers × threads"] == "- × -"
+    assert sparse["max length"] == "-" and sparse["workers × streams × threads"] == "- × - × -"
 
 
 @pytest.mark.parametrize(

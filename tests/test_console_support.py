@@ -65,6 +65,7 @@ def info(task: str) -> dict[str, Any]:
         "pooling": "mean" if task == "feature-extraction" else None,
         "normalize": task == "feature-extraction",
         "workers": 1,
+        "streams": 2,
         "threads": 1,
         "batching": {"max_batch_size": 32, "max_batch_tokens": 8192, "max_wait_ms": 2.0, "max_queue": 256},
         "versions": VERSIONS,
