@@ -19,6 +19,8 @@
 - Waiting: the loop waits (at most `max_wait` seconds) only when its last free thread is about to take a
   batch and other admitted requests are still being read or tokenized, i.e. when waiting can actually fill
   the batch; a lone request never waits, and neither does one that another free thread could take.
+- A request that finds a free thread and no reason to wait goes straight to it from `submit`; the loop task
+  starts only what must wait (for a thread, or for company), so the common case costs no task switch.
 - The model runs off the event loop. Every request's future gets its rows or the error; a failing batch
   fails only its requests, and the loop goes on. Requests whose caller went away (cancelled) are skipped.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -71,6 +74,10 @@ class Result:
     inference_seconds: float
 
 
+# Called on the event loop with a model call's rows, or with the error it raised.
+Done = Callable[[Array | None, BaseException | None], None]
+
+
 class ModelThreads(Generic[T]):
     """The threads that call the model, off the event loop, all taking jobs from one queue. Leaner than a
     ThreadPoolExecutor on the hot path: one queue put there, one call_soon_threadsafe back, no
@@ -78,17 +85,20 @@ class ModelThreads(Generic[T]):
 
     def __init__(self, run: Callable[[list[T]], Array], count: int) -> None:
         self._run = run
-        self._jobs: SimpleQueue[tuple[list[T], asyncio.AbstractEventLoop, asyncio.Future[Array]] | None] = SimpleQueue()
+        self._jobs: SimpleQueue[tuple[list[T], asyncio.AbstractEventLoop, Done] | None] = SimpleQueue()
         self._threads = [
             threading.Thread(target=self._serve, name=f"hare-model-{i}", daemon=True) for i in range(count)
         ]
         for thread in self._threads:
             thread.start()
 
+    def call(self, items: list[T], done: Done) -> None:
+        """Run the model on `items` on the next free thread; `done(rows, error)` then runs on this event loop."""
+        self._jobs.put((items, asyncio.get_running_loop(), done))
+
     def submit(self, items: list[T]) -> asyncio.Future[Array]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Array] = loop.create_future()
-        self._jobs.put((items, loop, future))
+        future: asyncio.Future[Array] = asyncio.get_running_loop().create_future()
+        self.call(items, functools.partial(_settle, future))
         return future
 
     def stop(self) -> None:
@@ -97,15 +107,15 @@ class ModelThreads(Generic[T]):
 
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
-            items, loop, future = job
+            items, loop, done = job
             result: Array | None = None
             error: BaseException | None = None
             try:
                 result = self._run(items)
-            except BaseException as exc:  # handed to the waiting coroutine, which decides
+            except BaseException as exc:  # handed to the event loop, which decides
                 error = exc
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (shutdown): nobody waits
-                loop.call_soon_threadsafe(_settle, future, result, error)
+                loop.call_soon_threadsafe(done, result, error)
 
 
 def _settle(future: asyncio.Future[Array], result: Array | None, exc: BaseException | None) -> None:
@@ -196,7 +206,8 @@ class Batcher(Generic[T]):
         self._reported = 0  # the depth last reported (reports only on change: each is a metrics write)
         self._model = ModelThreads(run, streams)
         self._idle = streams  # model threads free to take a batch
-        self._running: set[asyncio.Task[None]] = set()  # batches on the model threads
+        self._running: dict[int, list[_Job]] = {}  # the requests of each batch on the model threads, by number
+        self._batches = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -212,10 +223,13 @@ class Batcher(Generic[T]):
     async def close(self) -> None:
         """Refuse new requests, stop the loop, and fail whatever still waits (NotReady)."""
         self._closed = True
-        tasks = [*self._running, *([self._task] if self._task is not None else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for jobs in self._running.values():  # mid-batch: their requests must not wait for a model that stops
+            for job in jobs:
+                _fail(job, NotReady("the server is shutting down; retry on another instance"))
+        self._running.clear()
         self._fail_pending(NotReady("the server is shutting down; retry on another instance"))
         self._model.stop()
 
@@ -279,7 +293,10 @@ class Batcher(Generic[T]):
                 queue = self._buckets[key] = deque()
             queue.append(entry)
         self._pending += len(items)
-        self._wake.set()
+        if self._idle and not self._worth_waiting():
+            self._dispatch()  # straight to a free model thread, without a hop through the loop task
+        if self._pending:
+            self._wake.set()
         return job
 
     def _leave(self, job: _Job | None) -> None:
@@ -292,29 +309,69 @@ class Batcher(Generic[T]):
     # ---- the loop --------------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        """Starts what `_submit` could not: batches waiting for a free model thread, and the last free thread's
+        batch after it gave late arrivals a moment."""
         while True:
             if not self._pending or not self._idle:
                 self._report_depth()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self._max_wait > 0 and self._idle == 1 and self._arriving and self._pending < self._max_items:
+            if self._worth_waiting():
                 await self._gather()
-            try:
-                batch = self._take()
-                if batch:
-                    self._report_depth()
-                    self._idle -= 1
-                    task = asyncio.get_running_loop().create_task(self._execute(batch))
-                    self._running.add(task)
-                    task.add_done_callback(self._finished)
-            except Exception:  # a bug here must not stop the loop: the requests concerned fail, others go on
-                log.exception("batching loop error")
+            self._dispatch()
 
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
+    def _worth_waiting(self) -> bool:
+        """Whether the last free model thread should give requests still being read or tokenized a moment."""
+        return self._max_wait > 0 and self._idle == 1 and self._arriving > 0 and self._pending < self._max_items
+
+    def _dispatch(self) -> None:
+        """Start the next batch on a free model thread, if one is free (`_submit` may have taken the last one
+        while the loop was gathering)."""
+        if not self._idle:
+            return
+        try:
+            batch = self._take()
+        except Exception:  # a bug here must not stop serving: the requests concerned fail, others go on
+            log.exception("batching error")
+            return
+        if not batch:
+            return
+        self._report_depth()
+        jobs = list(dict.fromkeys(e.job for e in batch))
+        start = time.perf_counter()
+        for job in jobs:
+            if job.started is None:
+                job.started = start
+        self._idle -= 1
+        self._batches += 1
+        self._running[self._batches] = jobs
+        done = functools.partial(self._finish, self._batches, batch, jobs, start)
+        self._model.call([e.item for e in batch], done)
+
+    def _finish(
+        self,
+        number: int,
+        batch: list[_Entry[T]],
+        jobs: list[_Job],
+        start: float,
+        out: Array | None,
+        error: BaseException | None,
+    ) -> None:
+        """On the event loop when a model thread is done: every request in the batch gets its rows or an error."""
+        self._running.pop(number, None)
         self._idle += 1
-        self._wake.set()
+        if self._pending:
+            self._wake.set()
+        if error is None:
+            try:
+                self._deliver(batch, jobs, start, out)
+                return
+            except Exception as exc:
+                error = exc
+        log.error("a batch of %d sequences failed: %s", len(batch), error, exc_info=error)
+        for job in jobs:
+            _fail(job, error)
 
     async def _gather(self) -> None:
         """Give requests still being read or tokenized a moment to join; perf_counter, not the loop's clock,
@@ -370,28 +427,10 @@ class Batcher(Generic[T]):
             return None
         return queue
 
-    async def _execute(self, batch: list[_Entry[T]]) -> None:
-        """Run one batch on a model thread; whatever happens, every request in it gets its rows or an error."""
-        jobs = list(dict.fromkeys(e.job for e in batch))
-        try:
-            await self._run_batch(batch, jobs)
-        except asyncio.CancelledError:
-            for job in jobs:  # closing mid-batch: its requests must not wait forever
-                _fail(job, NotReady("the server is shutting down; retry on another instance"))
-            raise
-        except Exception as exc:
-            log.error("a batch of %d sequences failed: %s", len(batch), exc, exc_info=exc)
-            for job in jobs:
-                _fail(job, exc)
-
-    async def _run_batch(self, batch: list[_Entry[T]], jobs: list[_Job]) -> None:
-        start = time.perf_counter()
-        for job in jobs:
-            if job.started is None:
-                job.started = start
-        out = await self._model.submit([e.item for e in batch])
-        if len(out) != len(batch):
-            raise InferenceFailed(f"the model returned {len(out)} rows for {len(batch)} sequences")
+    def _deliver(self, batch: list[_Entry[T]], jobs: list[_Job], start: float, out: Array | None) -> None:
+        if out is None or len(out) != len(batch):
+            rows = "no" if out is None else len(out)
+            raise InferenceFailed(f"the model returned {rows} rows for {len(batch)} sequences")
         seconds = time.perf_counter() - start
         token_level = out.ndim > 2
         for row, entry in enumerate(batch):
