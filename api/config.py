@@ -180,7 +180,8 @@ class Settings:
         public = _read(env, _fields()["public"], False)
         values = {f.name: _read(env, f, public) for f in dataclasses.fields(cls)}
         settings = cls(**values)
-        workers, streams, threads = layout(settings.profile, physical_cores(), settings.workers)
+        gpu = settings.target == "gpu"
+        workers, streams, threads = layout(settings.profile, physical_cores(), settings.workers, gpu)
         return dataclasses.replace(
             settings,
             bundle=settings.bundle.expanduser(),
@@ -215,9 +216,14 @@ class Settings:
         }
 
 
-def layout(profile: str, cores: int, workers: int = 0) -> tuple[int, int, int]:
+def layout(profile: str, cores: int, workers: int = 0, gpu: bool = False) -> tuple[int, int, int]:
     """(workers, streams per worker, ORT threads per stream) for a profile on `cores` physical cores; `workers`
-    given (non-zero) is kept and the cores are shared among them."""
+    given (non-zero) is kept and the cores are shared among them.
+
+    On a GPU the device does the work and batching feeds it: one worker (one copy of the model in device
+    memory) with two streams, so one batch's host-side work overlaps the other's kernels."""
+    if gpu:
+        return workers or 1, 2, 1
     if profile == "latency":
         return workers or 1, 1, cores
     workers = workers or max(1, cores // CORES_PER_WORKER)

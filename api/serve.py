@@ -78,8 +78,10 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings.from_env(env)
     if not settings.bundle.exists() and "HARE_BUNDLE" not in env and args.bundle_dir is None:
         build_default_bundle(settings.bundle)
-    read_manifest(settings.bundle)  # refuse a broken bundle here, with its reason, not in every worker
+    manifest = read_manifest(settings.bundle)  # refuse a broken bundle here, with its reason, not in every worker
     env["HARE_BUNDLE"] = str(settings.bundle.resolve())
+    # Name the bundle's target when none was asked for: gunicorn sizes its workers for a GPU differently.
+    env["HARE_TARGET"] = settings.target or manifest.target
     # Fresh metrics for this run: gunicorn_conf makes (and later removes) the folder.
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     argv = [sys.executable, "-m", "gunicorn", "-c", CONFIG, APP]

@@ -35,6 +35,10 @@ def test_throughput_runs_a_stream_per_core_in_one_worker_per_four_cores() -> Non
     assert layout("throughput", 16) == (4, 4, 1)
     assert layout("throughput", 2, workers=2) == (2, 1, 1)  # workers asked for: the cores are shared out
     assert Settings.from_env({"HARE_STREAMS": "3"}).streams == 3
+    # A GPU: one copy of the model on the device, two streams, whatever the cores.
+    assert layout("throughput", 16, gpu=True) == layout("latency", 16, gpu=True) == (1, 2, 1)
+    gpu = Settings.from_env({"HARE_TARGET": "gpu"})
+    assert (gpu.workers, gpu.streams) == (1, 2)
 
 
 def test_the_latency_profile_is_one_worker_with_every_core() -> None:
@@ -108,13 +112,17 @@ def test_serve_builds_the_default_bundle_when_missing_then_execs_gunicorn(
         shutil.copytree(tiny_bundle("feature-extraction"), out)
 
     monkeypatch.setattr(serve, "build_default_bundle", build)
-    monkeypatch.setattr(os, "execvpe", lambda file, argv, env: execs.append([*argv, env["HARE_BUNDLE"]]))
+    monkeypatch.setattr(
+        os, "execvpe", lambda file, argv, env: execs.append([*argv, env["HARE_BUNDLE"], env["HARE_TARGET"]])
+    )
     parser = argparse.ArgumentParser()
     serve.configure(parser)
     assert serve.main(parser.parse_args(["--port", "9002"])) == 0
     assert built == [DEFAULT_BUNDLE]
     (argv,) = execs
-    assert argv[1:] == ["-m", "gunicorn", "-c", serve.CONFIG, serve.APP, str((tmp_path / DEFAULT_BUNDLE).resolve())]
+    bundle = str((tmp_path / DEFAULT_BUNDLE).resolve())
+    # The bundle's target is passed on, so gunicorn and the workers size themselves for it.
+    assert argv[1:] == ["-m", "gunicorn", "-c", serve.CONFIG, serve.APP, bundle, "cpu"]
     # An explicit bundle that does not exist is an error, never a build.
     built.clear()
     with pytest.raises(InputError, match="does not exist"):
