@@ -88,7 +88,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--concurrency", type=_ints, default=[physical_cores()], help="closed-loop users")
     grid.add_argument("--load", choices=["closed", "open"], default="closed", help="closed loop or Poisson arrivals")
     grid.add_argument("--rate", type=_floats, default=[], help="open loop: requests per second (comma-separated)")
-    grid.add_argument("--workers", type=_ints, default=None, help="hare server workers to try (default: its own)")
+    grid.add_argument(
+        "--workers",
+        type=_ints,
+        default=None,
+        help="hare server workers to try, sharing the cores' streams (default: its own)",
+    )
     grid.add_argument("--threads", type=_ints, default=None, help="ORT threads per worker to try (default: its own)")
     grid.add_argument("--warmup", type=float, default=2.0, help="seconds of unrecorded load before each point")
     grid.add_argument("--duration", type=float, default=10.0, help="seconds recorded per point")

@@ -103,7 +103,7 @@ def test_quick_starts_hare_serve_itself(tiny_bundle: ModelFactory, tmp_path: Pat
     store = Store(db)
     check_points(store, run_id, {"hare": 2, "model-only": 2})
     hare_points = [p for p in store.points(run_id) if p.target == "hare"]
-    assert all(p.workers >= 1 and p.server_cpu is not None for p in hare_points)
+    assert all(p.workers >= 1 and p.extra["streams"] >= 1 and p.server_cpu is not None for p in hare_points)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("api.serve") is None, reason="`hare serve` (api/serve.py) not built yet")
