@@ -13,9 +13,9 @@
 - Streams: `streams` model threads call the model at once (one shared ONNX Runtime session, whose run() is
   thread-safe and releases the GIL), each with its own intra-op threads. A batch leaves as soon as a thread
   is free, so with as many users as streams every request runs at once on its own core, and with more users
-  batches fill while every thread is busy. One process with N streams, rather than N processes, because
-  keep-alive connections stick to the process that accepted them: a few clients can all land on one
-  process and leave the others idle (measured: 2 workers, 2 users, half the throughput at random).
+  batches fill while every thread is busy. Streams matter because keep-alive connections stick to the
+  worker process that accepted them, and the kernel often hands several to one worker: with one stream, two
+  clients on one worker ran at half the speed of the machine (measured: 2 workers, 2 users).
 - Waiting: the loop waits (at most `max_wait` seconds) only when its last free thread is about to take a
   batch and other admitted requests are still being read or tokenized, i.e. when waiting can actually fill
   the batch; a lone request never waits, and neither does one that another free thread could take.

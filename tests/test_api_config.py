@@ -28,12 +28,12 @@ def test_defaults() -> None:
     assert s.rate_limit == 0 and s.max_inputs == 10_000
 
 
-def test_throughput_runs_a_stream_per_core_in_one_worker_per_four_cores() -> None:
+def test_throughput_runs_a_worker_per_core_each_with_two_streams() -> None:
     assert layout("throughput", 1) == (1, 1, 1)
-    assert layout("throughput", 2) == (1, 2, 1)  # this machine: one process, both cores as streams
-    assert layout("throughput", 8) == (2, 4, 1)
-    assert layout("throughput", 16) == (4, 4, 1)
-    assert layout("throughput", 2, workers=2) == (2, 1, 1)  # workers asked for: the cores are shared out
+    assert layout("throughput", 2) == (2, 2, 1)  # this machine: two clients on one worker still use both cores
+    assert layout("throughput", 16) == (16, 2, 1)
+    assert layout("throughput", 2, workers=1) == (1, 2, 1)  # fewer workers: each gets streams for its share
+    assert layout("throughput", 16, workers=4) == (4, 4, 1)
     assert Settings.from_env({"HARE_STREAMS": "3"}).streams == 3
     # A GPU: one copy of the model on the device, two streams, whatever the cores.
     assert layout("throughput", 16, gpu=True) == layout("latency", 16, gpu=True) == (1, 2, 1)

@@ -87,8 +87,8 @@ def test_deployment_probes_resources_and_settings() -> None:
     resources = container["resources"]
     assert set(resources["requests"]) == set(resources["limits"]) == {"cpu", "memory"}
     env = env_of(container)
-    # One model stream per CPU of the limit, stated beside it.
-    assert env["HARE_STREAMS"] == resources["limits"]["cpu"]
+    # One worker per CPU of the limit, stated beside it.
+    assert env["HARE_WORKERS"] == resources["limits"]["cpu"]
     assert env["HARE_PUBLIC"] in ("0", "1")
     assert env["HARE_ADMIN_TOKEN"]["secretKeyRef"]["optional"] is True
     spec = deployment["spec"]["template"]["spec"]
