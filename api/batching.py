@@ -332,8 +332,9 @@ class Batcher(Generic[T]):
             return
         try:
             batch = self._take()
-        except Exception:  # a bug here must not stop serving: the requests concerned fail, others go on
+        except Exception:  # a bug here must not stop serving, nor spin: the waiting requests fail, later ones go on
             log.exception("batching error")
+            self._fail_pending(InferenceFailed("the server could not batch this request; see the server log"))
             return
         if not batch:
             return

@@ -45,8 +45,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle_dir", nargs="?", type=Path, help=f"bundle from `hare optimize` (default {DEFAULT_BUNDLE})")
     p.add_argument("--host", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, help="port (default 8080)")
-    p.add_argument("--workers", type=int, help="worker processes (default: one per 4 physical cores; latency: 1)")
-    p.add_argument("--streams", type=int, help="model calls at once per worker (default: its share of the cores)")
+    p.add_argument("--workers", type=int, help="worker processes (default: one per physical core; latency: 1)")
+    p.add_argument(
+        "--streams", type=int, help="model calls at once per worker (default: 2, or the worker's share of the cores)"
+    )
     p.add_argument("--threads", type=int, help="ONNX Runtime threads per stream (default: 1; latency: all cores)")
     p.add_argument("--profile", choices=PROFILES, help="throughput (default) or latency")
     p.add_argument("--target", choices=["cpu", "gpu"], help="execution provider (default: the bundle's target)")

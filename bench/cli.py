@@ -92,7 +92,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=_ints,
         default=None,
-        help="hare server workers to try, sharing the cores' streams (default: its own)",
+        help="hare server workers to try, each with the server's streams for its share (default: its own)",
     )
     grid.add_argument("--threads", type=_ints, default=None, help="ORT threads per worker to try (default: its own)")
     grid.add_argument("--warmup", type=float, default=2.0, help="seconds of unrecorded load before each point")

@@ -171,6 +171,20 @@ async def test_a_failing_batch_fails_its_callers_only_and_the_loop_goes_on() -> 
     await batcher.close()
 
 
+async def test_a_batching_bug_fails_the_waiting_requests_instead_of_hanging_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batcher = make(echo([]))
+    take = batcher._take
+    monkeypatch.setattr(batcher, "_take", lambda: (_ for _ in ()).throw(RuntimeError("bug")))
+    with pytest.raises(InferenceFailed, match="could not batch"):
+        await asyncio.wait_for(ask(batcher, ["x"]), 5)
+    monkeypatch.setattr(batcher, "_take", take)
+    assert batcher.healthy and batcher.backlog == 0
+    assert (await asyncio.wait_for(ask(batcher, ["later"]), 5)).outputs[0][0] == 5.0
+    await batcher.close()
+
+
 async def test_hare_errors_from_the_model_keep_their_type() -> None:
     def run(batch: list[str]) -> np.ndarray:
         raise InputError("bad feeds")
