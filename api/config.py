@@ -102,7 +102,14 @@ class Settings:
         "latency: one worker, one stream using every core",
         "throughput",
     )
-    workers: int = _setting("HARE_WORKERS", _int(0), "worker processes (0: from the profile)", 0)
+    workers: int = _setting(
+        "HARE_WORKERS",
+        _int(0),
+        "worker processes (0: from the profile; public: one, so that the per-client rate limit, which each "
+        "worker keeps, is exact)",
+        0,
+        public=1,
+    )
     streams: int = _setting(
         "HARE_STREAMS",
         _int(0),

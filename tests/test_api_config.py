@@ -39,6 +39,10 @@ def test_throughput_runs_a_worker_per_core_each_with_two_streams() -> None:
     assert layout("throughput", 16, gpu=True) == layout("latency", 16, gpu=True) == (1, 2, 1)
     gpu = Settings.from_env({"HARE_TARGET": "gpu"})
     assert (gpu.workers, gpu.streams) == (1, 2)
+    # The public demo: one worker, so the rate limit it keeps sees every request; its streams use the cores.
+    public = Settings.from_env({"HARE_PUBLIC": "1"})
+    assert (public.workers, public.streams) == layout("throughput", physical_cores(), workers=1)[:2]
+    assert Settings.from_env({"HARE_PUBLIC": "1", "HARE_WORKERS": "3"}).workers == 3
 
 
 def test_the_latency_profile_is_one_worker_with_every_core() -> None:
