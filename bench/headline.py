@@ -293,7 +293,7 @@ def goals_table(goals: list[dict[str, Any]]) -> Table:
 def headline_table(cls: list[Point], emb: list[Point]) -> Table:
     table = Table(title="headline: DistilBERT-base text-classification (batch 1, users = cores) and MiniLM")
     cols = ["part", "seq", "hare req/s", "vanilla req/s", "x", "hare p50", "hare p99", "vanilla p50"]
-    for col in [*cols, "model p50", "model p50 xN", "overhead p50", "overhead xN", "client cpu"]:
+    for col in [*cols, "model p50", "model p50 xN", "overhead p50", "overhead xN", "server cpu", "client cpu"]:
         table.add_column(col, justify="left" if col == "part" else "right")
 
     def ms(p: Point | None) -> str:
@@ -301,6 +301,13 @@ def headline_table(cls: list[Point], emb: list[Point]) -> Table:
 
     def over(h: Point | None, m: Point | None) -> str:
         return f"{h.lat_p50 - m.lat_p50:+.2f}" if h and m else "-"
+
+    def by_worker(p: Point | None) -> str:
+        """Cores used by each worker, busiest first: "0.99+0.98" when the clients' connections spread over
+        the workers, "1.65+0.00" when the kernel handed them all to one."""
+        if p is None or not p.extra.get("server_cpu_by_process"):
+            return "-"
+        return "+".join(f"{c:.2f}" for c in p.extra["server_cpu_by_process"][: max(p.workers, 1)])
 
     for seq in sorted({p.seq_len for p in cls}):
         h, v = _find(cls, "hare", seq), _find(cls, "vanilla", seq)
@@ -318,6 +325,7 @@ def headline_table(cls: list[Point], emb: list[Point]) -> Table:
             f"{ms(mn)} (x{mn.concurrency})" if mn else "-",
             over(h, m),
             over(h, mn),
+            by_worker(h),
             f"{h.client_cpu:.2f}" if h else "-",
         )
     for p in (p for p in emb if p.target == "hare"):
@@ -335,10 +343,12 @@ def headline_table(cls: list[Point], emb: list[Point]) -> Table:
             f"{ms(mn)} (x{mn.concurrency})" if mn else "-",
             "-",
             "-",
+            by_worker(p),
             f"{p.client_cpu:.2f}",
         )
     table.caption = (
         "latency in ms; model p50: the ONNX session alone in process, one stream, and xN: N streams side by side "
-        "(as the server runs them); overhead = hare e2e p50 - model p50; client cpu in cores"
+        "(as the server runs them); overhead = hare e2e p50 - model p50; server cpu: cores used by each worker, "
+        "busiest first (one near 0: the connections all landed on one worker); client cpu in cores"
     )
     return table

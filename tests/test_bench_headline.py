@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bench.headline import evaluate, goals_table, headline_table
 from bench.store import Point
 
@@ -17,7 +19,7 @@ def pt(target: str, seq: int, req_s: float, p50: float, p99: float | None = None
 
 def test_goals_met_and_missed() -> None:
     cls = [
-        pt("hare", 8, 300, 6.2),
+        replace(pt("hare", 8, 300, 6.2), extra={"server_cpu_by_process": [1.62, 0.01, 0.0]}),
         pt("vanilla", 8, 40, 50),
         pt("model-only", 8, 400, 6.0, conc=1),
         pt("model-only", 8, 700, 6.1),  # two streams side by side: not what the goal compares with
@@ -46,3 +48,6 @@ def test_goals_met_and_missed() -> None:
     assert table.row_count == 5
     side_by_side = list(table.columns[9].cells)
     assert side_by_side[0] == "6.10 (x2)" and side_by_side[2] == "-"
+    # Cores by worker, busiest first: here both clients' connections landed on one of the two workers.
+    by_worker = list(table.columns[12].cells)
+    assert by_worker[0] == "1.62+0.01" and by_worker[1] == "-"
