@@ -2,7 +2,8 @@
 from the same HARE_* environment the app reads (api/config.py), so the CLI and a container entrypoint that
 calls gunicorn directly behave the same.
 
-- uvicorn workers (uvicorn-worker's UvicornWorker, uvloop + httptools), one per physical core by default.
+- uvicorn workers (uvicorn-worker's UvicornWorker, uvloop + httptools), one per physical core by default,
+  each running HARE_STREAMS model threads (api/batching.py).
 - Graceful drain: on SIGTERM gunicorn stops accepting, each worker finishes its in-flight requests (up to
   HARE_GRACEFUL_TIMEOUT seconds), then exits; gunicorn restarts a worker that dies.
 - Prometheus multiprocess mode: every worker writes its samples under PROMETHEUS_MULTIPROC_DIR, a fresh
