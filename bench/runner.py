@@ -312,7 +312,7 @@ class Runner:
             extra={
                 "inputs": "exact" if p.seq_len is not None else "comet",
                 "url": url,
-                "streams": info.get("streams"),  # model streams per worker (hare only; the cores shared out)
+                "streams": info.get("streams"),  # model streams per worker (hare servers only)
                 "server_cpu_by_process": by_process,
             },
         )
