@@ -205,7 +205,7 @@ class Batcher(Generic[T]):
         self._order = 0
         self._reported = 0  # the depth last reported (reports only on change: each is a metrics write)
         self._model = ModelThreads(run, streams)
-        self._idle = streams  # model threads free to take a batch
+        self._streams = streams
         self._running: dict[int, list[_Job]] = {}  # the requests of each batch on the model threads, by number
         self._batches = 0
         self._wake = asyncio.Event()
@@ -237,6 +237,11 @@ class Batcher(Generic[T]):
     def healthy(self) -> bool:
         """Accepting work: neither closed (draining) nor broken."""
         return not self._closed and not self._broken
+
+    @property
+    def _idle(self) -> int:
+        """Model threads free to take a batch."""
+        return self._streams - len(self._running)
 
     @property
     def broken(self) -> bool:
@@ -344,7 +349,6 @@ class Batcher(Generic[T]):
         for job in jobs:
             if job.started is None:
                 job.started = start
-        self._idle -= 1
         self._batches += 1
         self._running[self._batches] = jobs
         done = functools.partial(self._finish, self._batches, batch, jobs, start)
@@ -361,7 +365,6 @@ class Batcher(Generic[T]):
     ) -> None:
         """On the event loop when a model thread is done: every request in the batch gets its rows or an error."""
         self._running.pop(number, None)
-        self._idle += 1
         if self._pending:
             self._wake.set()
         if error is None:

@@ -205,15 +205,16 @@ def run_headline(options: HeadlineOptions, store: Store, stop: threading.Event) 
 # -- goals -----------------------------------------------------------------------------------------------------
 
 
-def _find(points: list[Point], target: str, seq: int, streams: int | None = None) -> Point | None:
-    """The batch-1 point of `target` at `seq` tokens; for model-only, the one with `streams` streams (default 1)."""
-    if target == "model-only" and streams is None:
-        streams = 1
+def _find(points: list[Point], target: str, seq: int) -> Point | None:
+    """The batch-1 point of `target` at `seq` tokens; for model-only, its one-stream figure."""
     return next(
         (
             p
             for p in points
-            if p.target == target and p.seq_len == seq and p.batch == 1 and streams in (None, p.concurrency)
+            if p.target == target
+            and p.seq_len == seq
+            and p.batch == 1
+            and (target != "model-only" or p.concurrency == 1)
         ),
         None,
     )
