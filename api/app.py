@@ -31,7 +31,7 @@ from api.pipeline import Pipeline
 from api.public import RateLimiter
 from api.schemas import COMMON, Limits, PredictRequest
 from api.state import Resources
-from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, read_manifest
+from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
 from container.runtime import OnnxModel
 from tasks.base import Array, Inputs, ModelInfo, Outputs
 from tasks.errors import InputError
@@ -127,6 +127,7 @@ async def load(settings: Settings) -> Resources:
         normalize=manifest.normalize,
         max_length=manifest.max_length,
         vocab=vocab(tokenizer),
+        **model_head(settings.bundle, manifest),
     )
     encoder = Encoder(tokenizer, manifest.max_length, task.windows)
     metrics = Metrics()

@@ -149,6 +149,8 @@ def _checked(
     elif "stride" in raw:
         raise InvalidRequest('parameters.stride applies to long_input "window" only; add "long_input": "window"')
     task_params = task.parse_params({k: v for k, v in raw.items() if k in task.parameters}, model)
+    if task.prepare is not None:
+        inputs = task.prepare(inputs, task_params)
     return PredictRequest(inputs, truncate, stride, task_params)
 
 

@@ -1,6 +1,7 @@
-"""The bundle format `hare optimize` writes and `hare serve` reads: model.onnx, tokenizer.json, hare.json.
+"""The bundle format `hare optimize` writes and `hare serve` reads: model.onnx, tokenizer.json, hare.json,
+and dense.npz when a sentence-transformers model has Dense modules after pooling.
 
-Loading a bundle needs onnxruntime and tokenizers only.
+Loading a bundle needs onnxruntime, tokenizers and numpy only.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tasks.errors import InputError
+from tasks.ops import Dense
 
 MODEL_FILE = "model.onnx"
 TOKENIZER_FILE = "tokenizer.json"
 MANIFEST_FILE = "hare.json"
+DENSE_FILE = "dense.npz"
 FORMAT_VERSION = 1
 
 
@@ -29,6 +34,12 @@ class Manifest:
     max_length: tokens per sequence, special tokens included; the tokenizer truncates there.
     inputs/output: the graph's input names and the output the task reads.
     target: cpu or gpu; variant: the chosen variant's name; variants: every candidate's metrics and timings.
+    dense: sentence-transformers Dense modules after pooling, in order ({in_features, out_features, bias,
+      activation}); their weights are dense.npz's "{i}.weight" / "{i}.bias".
+    prompts/default_prompt_name: sentence-transformers' named prompts (prepended to the text) and the one used
+      when a request names none.
+    activation: ranking only: what turns the relevance logit into a score (CrossEncoder's activation_fn).
+    source: where the model came from, and fused_operators: what ONNX Runtime's fusion found in its graph.
     """
 
     task: str
@@ -48,6 +59,10 @@ class Manifest:
     machine: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
+    dense: list[dict[str, Any]] = field(default_factory=list)
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    activation: str | None = None
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
@@ -78,3 +93,24 @@ def read_manifest(bundle: Path) -> Manifest:
             "rebuild it with `hare optimize`"
         )
     return manifest
+
+
+def read_dense(bundle: Path, manifest: Manifest) -> tuple[Dense, ...]:
+    """The Dense modules the embedding passes through after pooling (none for most models)."""
+    if not manifest.dense:
+        return ()
+    with np.load(bundle / DENSE_FILE, allow_pickle=False) as arrays:
+        return tuple(
+            Dense(arrays[f"{i}.weight"], arrays[f"{i}.bias"] if d["bias"] else None, d["activation"])
+            for i, d in enumerate(manifest.dense)
+        )
+
+
+def model_head(bundle: Path, manifest: Manifest) -> dict[str, Any]:
+    """What post-processing needs beyond the graph, as ModelInfo's keyword arguments."""
+    return {
+        "dense": read_dense(bundle, manifest),
+        "prompts": dict(manifest.prompts),
+        "default_prompt_name": manifest.default_prompt_name,
+        "activation": manifest.activation or "sigmoid",
+    }

@@ -10,6 +10,8 @@ import numpy as np
 from numpy.typing import NDArray
 from tokenizers import Encoding
 
+from tasks.ops import Dense
+
 Array = NDArray[np.float32]
 
 
@@ -60,6 +62,9 @@ class ModelInfo:
     """The served model, as post-processing sees it (built by the server from the bundle's manifest).
 
     labels: label names in class-id order (empty for embeddings).
+    dense: embeddings: sentence-transformers Dense modules applied after pooling, before normalizing.
+    prompts/default_prompt_name: embeddings: named prompts prepended to the texts, and the default one.
+    activation: ranking: the name (tasks.ops.ACTIVATIONS) of what turns a one-logit head's logit into a score.
     """
 
     labels: tuple[str, ...]
@@ -68,6 +73,10 @@ class ModelInfo:
     normalize: bool
     max_length: int
     vocab: Vocab
+    dense: tuple[Dense, ...] = ()
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    activation: str = "sigmoid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +136,7 @@ class TaskSpec:
     parameters: the task's request parameters, name -> one-line help (the API documentation uses these).
     parse_inputs: the request's `inputs` value -> Inputs.
     parse_params: the request's task parameters (already checked against `parameters`) -> a params object.
+    prepare: (inputs, params) -> the inputs the model reads (embeddings prepend the prompt); None: as sent.
     postprocess: (outputs, params, model) -> Answer in the Hugging Face pipeline's shape.
     windows: long inputs may be read as overlapping windows and merged (long_input="window").
     embeddings: the task answers OpenAI's /v1/embeddings too.
@@ -144,5 +154,6 @@ class TaskSpec:
     parse_inputs: Callable[[object], Inputs] = field(kw_only=True)
     parse_params: Callable[[Mapping[str, object], ModelInfo], Any] = field(kw_only=True)
     postprocess: Callable[[Outputs, Any, ModelInfo], Answer] = field(kw_only=True)
+    prepare: Callable[[Inputs, Any], Inputs] | None = field(default=None, kw_only=True)
     windows: bool = field(default=True, kw_only=True)
     embeddings: bool = field(default=False, kw_only=True)

@@ -1,4 +1,5 @@
-"""Embeddings: token states pooled (and usually normalized) into one vector per text."""
+"""Embeddings, as sentence-transformers computes them: the prompt prepended to each text, token states
+pooled into one vector, the model's Dense modules (numpy, weights from the bundle), then normalized."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tasks import params
-from tasks.base import Answer, Array, Gate, ModelInfo, Outputs, ParityInput, TaskSpec
+from tasks.base import Answer, Array, Gate, Inputs, ModelInfo, Outputs, ParityInput, TaskSpec
 from tasks.errors import InvalidRequest
-from tasks.ops import POOLINGS, cosine, normalize_vector, pool, pool_tokens
+from tasks.ops import POOLINGS, Dense, cosine, normalize_vector, pool, pool_tokens
 from tasks.windows import combine_vectors
 
 ENCODINGS = ("float", "base64")
@@ -34,6 +35,8 @@ class Params:
     normalize: bool
     dimensions: int | None
     encoding: str
+    dense: tuple[Dense, ...] = ()
+    prompt: str = ""
 
 
 PARAMETERS = {
@@ -41,7 +44,29 @@ PARAMETERS = {
     "normalize": "scale each vector to unit length (default: the bundle's)",
     "dimensions": "keep the first N dimensions (Matryoshka), re-normalized when normalize is on",
     "encoding_format": "float (JSON numbers, default) or base64 (little-endian float32 bytes, as OpenAI's API)",
+    "prompt_name": "a prompt the model declares (config_sentence_transformers.json), prepended to every text "
+    "(default: the model's default_prompt_name, if any)",
+    "prompt": "a literal text prepended to every text, instead of a named prompt",
 }
+
+
+def _prompt(raw: Mapping[str, object], model: ModelInfo) -> str:
+    """The prompt as sentence-transformers picks it: a literal prompt, else the named one, else the default."""
+    if "prompt" in raw and "prompt_name" in raw:
+        raise InvalidRequest("send parameters.prompt or parameters.prompt_name, not both")
+    if "prompt" in raw:
+        value = raw["prompt"]
+        if not isinstance(value, str):
+            raise InvalidRequest(f"parameters.prompt must be a string, got {params.kind(value)}")
+        return value
+    name = raw.get("prompt_name", model.default_prompt_name)
+    if name is None:
+        return ""
+    if not isinstance(name, str) or name not in model.prompts:
+        known = ", ".join(model.prompts) or "none (this model declares no prompts)"
+        shown = repr(name) if isinstance(name, str) and len(name) <= 40 else params.kind(name)
+        raise InvalidRequest(f"parameters.prompt_name must be one of the model's prompts: {known}; got {shown}")
+    return model.prompts[name]
 
 
 def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
@@ -50,7 +75,16 @@ def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
         params.boolean(raw, "normalize", model.normalize),
         params.integer(raw, "dimensions", None, minimum=1),
         params.choice(raw, "encoding_format", ENCODINGS, "float"),
+        model.dense,
+        _prompt(raw, model),
     )
+
+
+def prepare(inputs: Inputs, p: Params) -> Inputs:
+    """Prepend the prompt to every text, as sentence-transformers does before tokenizing."""
+    if not p.prompt:
+        return inputs
+    return Inputs([p.prompt + t for t in inputs.texts], inputs.single, inputs.query)
 
 
 def embed(out: Outputs, p: Params) -> list[Array]:
@@ -59,6 +93,8 @@ def embed(out: Outputs, p: Params) -> list[Array]:
     for windows, rows in zip(out.windows, out.arrays, strict=True):
         pooled = [pool_tokens(r, p.pooling) for r in rows]
         vector = combine_vectors(pooled, [len(w) for w in windows], p.pooling)
+        for layer in p.dense:
+            vector = layer(vector)
         if p.dimensions is not None:
             if p.dimensions > len(vector):
                 raise InvalidRequest(f"parameters.dimensions is {p.dimensions}; the vectors have {len(vector)}")
@@ -89,5 +125,6 @@ SPEC = TaskSpec(
     parse_inputs=params.texts,
     parse_params=parse_params,
     postprocess=postprocess,
+    prepare=prepare,
     embeddings=True,
 )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -10,8 +12,10 @@ from numpy.typing import NDArray
 from tokenizers import Encoding
 
 Array = NDArray[np.float32]
-Pooling = Literal["mean", "cls", "max", "mean_sqrt_len"]
-POOLINGS: tuple[str, ...] = ("mean", "cls", "max", "mean_sqrt_len")
+Pooling = Literal["mean", "cls", "max", "mean_sqrt_len", "weightedmean", "lasttoken"]
+# sentence-transformers' pooling modes: weightedmean weighs token i by i+1 (SGPT), lasttoken takes the last
+# real token (decoder embedders).
+POOLINGS: tuple[str, ...] = ("mean", "cls", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 
 
 def softmax(x: Array, axis: int = -1) -> Array:
@@ -23,6 +27,34 @@ def softmax(x: Array, axis: int = -1) -> Array:
 
 def sigmoid(x: Array) -> Array:
     return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+# Activations a model's config may name (sentence-transformers Dense modules, CrossEncoder heads), by the
+# short name the manifest stores. GELU is the exact (erf) form, as torch.nn.GELU() computes by default.
+ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "identity": lambda x: x,
+    "sigmoid": lambda x: sigmoid(x),
+    "tanh": lambda x: np.tanh(x).astype(np.float32),
+    "relu": lambda x: np.maximum(x, 0).astype(np.float32),
+    "gelu": lambda x: (0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))).astype(np.float32),
+}
+
+
+@dataclass(frozen=True)
+class Dense:
+    """A sentence-transformers Dense module: activation(weight @ x + bias); weight is [out, in]."""
+
+    weight: Array
+    bias: Array | None
+    activation: str
+
+    def __call__(self, vector: Array) -> Array:
+        y = self.weight @ vector
+        if self.bias is not None:
+            y = y + self.bias
+        return ACTIVATIONS[self.activation](y.astype(np.float32))
 
 
 def l2_normalize(x: Array, axis: int = -1) -> Array:
@@ -43,6 +75,13 @@ def pool(hidden: Array, mask: NDArray[np.int64], mode: str) -> Array:
         return (summed / counts).astype(np.float32)
     if mode == "mean_sqrt_len":
         return (summed / np.sqrt(counts)).astype(np.float32)
+    if mode == "weightedmean":
+        w = m * np.arange(1, hidden.shape[1] + 1, dtype=np.float32)[None, :, None]
+        return ((hidden * w).sum(axis=1) / np.maximum(w.sum(axis=1), 1e-9)).astype(np.float32)
+    if mode == "lasttoken":
+        # Right padding: the last real token sits at count - 1 (left padding would put it at the end).
+        last = np.maximum(mask.sum(axis=1) - 1, 0)
+        return hidden[np.arange(len(hidden)), last].astype(np.float32)
     raise ValueError(f"unknown pooling {mode!r}; choose one of {', '.join(POOLINGS)}")
 
 
@@ -60,6 +99,11 @@ def pool_tokens(states: Array, mode: str) -> Array:
         return np.maximum.reduce(states, axis=0)
     if mode == "mean_sqrt_len":
         return np.add.reduce(states, axis=0) / np.float32(np.sqrt(len(states)))
+    if mode == "weightedmean":
+        w = np.arange(1, len(states) + 1, dtype=np.float32)
+        return (w @ states) / np.float32(w.sum())
+    if mode == "lasttoken":
+        return states[-1]
     raise ValueError(f"unknown pooling {mode!r}; choose one of {', '.join(POOLINGS)}")
 
 

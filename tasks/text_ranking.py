@@ -11,7 +11,7 @@ import numpy as np
 from tasks import params
 from tasks.base import Answer, Gate, Inputs, ModelInfo, Outputs, ParityInput, TaskSpec
 from tasks.errors import InvalidRequest
-from tasks.ops import sigmoid, softmax, spearman
+from tasks.ops import ACTIVATIONS, softmax, spearman
 
 
 def parity(p: ParityInput) -> dict[str, float]:
@@ -27,12 +27,13 @@ class Params:
     top_n: int | None
     return_documents: bool
     raw_scores: bool
+    activation: str = "sigmoid"
 
 
 PARAMETERS = {
     "top_n": "how many documents to return, best first (default: all)",
     "return_documents": "include each document's text in its entry (default false)",
-    "raw_scores": "true returns the logit instead of its sigmoid",
+    "raw_scores": "true returns the relevance logit instead of the score (the model's activation of it)",
 }
 
 
@@ -61,16 +62,23 @@ def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
         params.integer(raw, "top_n", None, minimum=1, nullable=True),
         params.boolean(raw, "return_documents", False),
         params.boolean(raw, "raw_scores", False),
+        model.activation,
     )
 
 
 def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:
-    """Documents sorted by relevance. One-logit heads score sigmoid(logit); two-or-more-label heads score the
-    last label's probability (the "relevant" class of binary cross-encoders)."""
+    """Documents sorted by relevance, scored as sentence-transformers' CrossEncoder scores them.
+
+    One-logit heads: the model's activation of the logit (CrossEncoder's activation_fn; sigmoid unless the
+    config names another). Heads with two or more labels: the last label's softmax probability. Binary
+    cross-encoders are trained with label 1 = relevant (CrossEncoder's own training, ms-marco's 2-class
+    heads), and the last label of a graded head is its most relevant grade; CrossEncoder.predict would answer
+    every logit, which cannot be ranked.
+    """
     logits = np.stack([rows[0] for rows in out.arrays])
     if logits.shape[1] == 1:
         raw = logits[:, 0]
-        scores = raw if p.raw_scores else sigmoid(raw)
+        scores = raw if p.raw_scores else ACTIVATIONS[p.activation](raw)
     else:
         raw = logits[:, -1]
         scores = raw if p.raw_scores else softmax(logits)[:, -1]

@@ -58,10 +58,10 @@ def content_tokens(windows: Sequence[Encoding], arrays: Sequence[Array], stride:
 
 
 def combine_vectors(vectors: Sequence[Array], weights: Sequence[int], mode: str) -> Array:
-    """One vector from the windows' pooled vectors: elementwise max for max pooling, else the mean weighted
-    by each window's token count (so a short last window counts for less)."""
-    if len(vectors) == 1:
-        return vectors[0]
+    """One vector from the windows' pooled vectors: elementwise max for max pooling, the last window's for
+    last-token pooling, else the mean weighted by each window's token count (a short last window counts less)."""
+    if len(vectors) == 1 or mode == "lasttoken":
+        return vectors[-1]
     stacked = np.stack(vectors)
     if mode == "max":
         return stacked.max(axis=0)

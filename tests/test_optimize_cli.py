@@ -83,7 +83,7 @@ def test_a_variant_that_fails_the_gate_is_never_chosen(
     monkeypatch.setattr(
         pipeline,
         "variants_for",
-        lambda target, family: [*original(target, family)[:2], pipeline.Variant("broken", "int8", "fp32", _broken)],
+        lambda target, family="bert": [*original(target)[:2], pipeline.Variant("broken", "int8", "fp32", _broken)],
     )
     out = tmp_path / "bundle"
     assert run(tiny_model("feature-extraction"), "--task", "feature-extraction", "--out", out, *QUICK) == 0
@@ -118,8 +118,9 @@ def _copy(model: Path, dst: Path) -> Path:
         (lambda d: (d / "model.safetensors").unlink(), "text-classification", "has no weights"),
         (lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"), "text-classification", "pickle"),
         (lambda d: None, "token-classification", "has no token-classification head"),
-        (lambda d: _edit_config(d, auto_map={"AutoModel": "x.Y"}), "text-classification", "trust_remote_code"),
-        (lambda d: _edit_config(d, model_type="gpt2"), "text-classification", "supported: bert, distilbert"),
+        (lambda d: _edit_config(d, auto_map={"AutoModel": "x.Y"}), "text-classification", "--trust-remote-code"),
+        # No family list: a type transformers does not know fails its first stage, which the message names.
+        (lambda d: _edit_config(d, model_type="hare-unknown"), "text-classification", "stage export failed"),
         (
             lambda d: [(d / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json")],
             "text-classification",

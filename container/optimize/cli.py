@@ -34,6 +34,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help=f"bundle folder (default {DEFAULT_BUNDLE})")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--allow-pickle", action="store_true", help="accept pytorch_model.bin weights (unsafe)")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the model's own Python code (config auto_map) while building; the bundle stays plain ONNX",
+    )
     p.add_argument("--validation-file", type=Path, help="one text per line, or JSONL {text} / {query, documents}")
     p.add_argument("--variants", help="comma-separated variant names to try (default: all for the target)")
     p.add_argument("--tune-lengths", type=_ints, default=[16, 128, 384], help="sequence lengths timed")
@@ -74,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
             target=args.target,
             force=args.force,
             allow_pickle=args.allow_pickle,
+            trust_remote_code=args.trust_remote_code,
             validation_file=args.validation_file,
             thresholds=thresholds,
             only=args.variants.split(",") if args.variants else None,
@@ -96,11 +102,12 @@ def variant_table(manifest: Manifest) -> Table:
         table.add_column(col, justify="left" if col in ("variant", "gates") else "right")
     for v in manifest.variants:
         gates = ", ".join(f"{m}={g['value']:.4g}" for m, g in v["gates"].items() if m != "max_abs_diff")
+        diff = v["metrics"].get("max_abs_diff")
         table.add_row(
             ("* " if v["chosen"] else "  ") + v["name"],
             f"{v['size_mb']:.1f}",
-            f"{v['metrics']['max_abs_diff']:.2g}",
-            gates,
+            "-" if diff is None else f"{diff:.2g}",
+            gates or (f"build failed: {v['error']}"[:80] if v.get("error") else ""),
             "yes" if v["passed"] else "NO",
             *[f"{v['timings_ms'][p]:.2f}" if p in v["timings_ms"] else "-" for p in points],
         )

@@ -17,7 +17,9 @@ OPSET = 17
 
 
 def graph_inputs(source: SourceModel, forward_params: list[str]) -> list[str]:
-    """The inputs the graph takes: token_type_ids only where the model has more than one segment type."""
+    """The inputs the graph takes: token_type_ids only where forward() takes them and the model has more than
+    one segment type. With one type (RoBERTa, CamemBERT) or none (DeBERTa-v3: type_vocab_size 0) every id is
+    0, which is what the model uses when the input is left out; feeding it would only cost a copy."""
     names = ["input_ids", "attention_mask"]
     if "token_type_ids" in forward_params and source.config.get("type_vocab_size", 0) > 1:
         names.append("token_type_ids")
@@ -25,11 +27,15 @@ def graph_inputs(source: SourceModel, forward_params: list[str]) -> list[str]:
 
 
 def load_torch_model(source: SourceModel, task: TaskSpec):  # type: ignore[no-untyped-def]
-    """The PyTorch reference, in eval mode with eager attention (what the exporter traces best)."""
+    """The PyTorch reference through transformers' Auto class for the task's head, in eval mode with eager
+    attention: SDPA and flash kernels trace into graphs ORT cannot fuse (or cannot run), eager is plain ops.
+    A model's own code (trust_remote_code) runs here, at build time only."""
     import transformers
 
     auto = getattr(transformers, task.head)
-    return auto.from_pretrained(str(source.path), attn_implementation="eager").eval()
+    return auto.from_pretrained(
+        str(source.path), attn_implementation="eager", trust_remote_code=source.trust_remote_code
+    ).eval()
 
 
 def export_onnx(source: SourceModel, task: TaskSpec, out: Path) -> list[str]:

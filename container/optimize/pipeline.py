@@ -9,10 +9,11 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -22,14 +23,19 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
-from container.bundle import MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE, Manifest
+from container.bundle import DENSE_FILE, MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE, Manifest
 from container.machine import describe
 from container.optimize import autotune, export, fuse, quantize, source, textset, tokenizer, validate
 from container.runtime import PROVIDERS, available_targets
 from tasks.base import TaskSpec
-from tasks.errors import InputError, ValidationFailed
+from tasks.errors import HareError, InputError, UnsupportedModel, ValidationFailed
+
+# ONNX Runtime's transformer optimizer has one encoder model_type: "bert". Its fusions match subgraph patterns,
+# so they also fuse the BERT-shaped parts of other encoders (LayerNorm, Gelu, SkipLayerNorm; Attention where
+# the attention is BERT's); the fused-operator counts in the manifest say what was found.
+FUSION_MODEL_TYPE = "bert"
 
 
 @dataclass(frozen=True)
@@ -42,8 +48,10 @@ class Variant:
     build: Callable[[Path, Path], object]
 
 
-def variants_for(target: str, family: str) -> list[Variant]:
-    """The candidates worth trying per target; the export itself is always the fp32 baseline."""
+def variants_for(target: str, family: str = FUSION_MODEL_TYPE) -> list[Variant]:
+    """The candidates worth trying per target; the export itself is always the fp32 baseline. Every family
+    gets every candidate: a fusion that does not match a family's graph fuses less (or fails its build), and
+    the gates decide what ships."""
     fp32 = Variant("fp32", "fp32", None, lambda _p, _o: None)
     if target == "gpu":
         return [
@@ -82,6 +90,7 @@ class OptimizeOptions:
     validation_file: Path | None = None
     thresholds: Mapping[str, float] | None = None
     only: Sequence[str] | None = None
+    trust_remote_code: bool = False
     tune_lengths: Sequence[int] = (16, 128, 384)
     tune_batches: Sequence[int] = (1, 8)
     tune_threads: int = 1
@@ -137,106 +146,215 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
             f"--target {opts.target} validates and tunes on {PROVIDERS[opts.target][0]}, which this machine's "
             "onnxruntime lacks; run it where the GPU is (onnxruntime-gpu installed, e.g. the hare:gpu image)"
         )
-    task = opts.task
-    src = source.inspect_source(opts.model_dir, task, opts.allow_pickle)
-    family = source.SUPPORTED_MODEL_TYPES[src.model_type]
-    candidates = variants_for(opts.target, family)
+    src = source.inspect_source(opts.model_dir, opts.task, opts.allow_pickle, opts.trust_remote_code)
+    candidates = variants_for(opts.target)
     if opts.only:
         unknown = set(opts.only) - {v.name for v in candidates}
         if unknown:
             raise InputError(f"unknown variant(s) {sorted(unknown)}; for {opts.target}: {[v.name for v in candidates]}")
     opts.out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}.partial-", dir=opts.out.parent))
+    folder = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}.partial-", dir=opts.out.parent))
     try:
-        manifest = _run(opts, src, family, candidates, work, console)
+        work = Work(folder, opts, src, candidates)
+        _run(work, Stages(console))
+        assert work.manifest is not None
         if opts.out.exists():
             shutil.rmtree(opts.out)
-        os.replace(work / "bundle", opts.out)
-        return manifest
+        os.replace(folder / "bundle", opts.out)
+        return work.manifest
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run(
-    opts: OptimizeOptions,
-    src: source.SourceModel,
-    family: str,
-    candidates: list[Variant],
-    work: Path,
-    console: Console,
-) -> Manifest:
-    task = opts.task
-    files = {v.name: work / f"{v.name}.onnx" for v in candidates}
-    stages = Stages(console)
-    with stages.progress:
-        with stages.stage("export") as step:
-            inputs = export.export_onnx(src, task, files["fp32"])
-            step()
-        with stages.stage("tokenizer") as step:
-            tok_file = tokenizer.write_tokenizer(src, work / TOKENIZER_FILE)
-            tok = Tokenizer.from_file(str(tok_file))
-            step()
-        built = [v for v in candidates if v.parent is not None]
-        with stages.stage("fuse + quantize", total=len(built)) as step:
-            for v in built:
-                assert v.parent is not None
-                fused = v.build(files[v.parent], files[v.name])
-                step(f"{v.name} {fused}" if isinstance(fused, dict) else v.name)
-        fused_ops = _fused_counts(files)
-        samples = (
-            textset.file_samples(opts.validation_file, task.pairs)
-            if opts.validation_file
-            else textset.builtin_samples(tok, task.pairs)
+@dataclass
+class Work:
+    """The build's work folder and what the stages have made so far; each stage reads and fills its part."""
+
+    folder: Path
+    opts: OptimizeOptions
+    src: source.SourceModel
+    candidates: list[Variant]
+    inputs: list[str] = field(default_factory=list)
+    tokenizer: Tokenizer | None = None
+    samples: list[textset.Sample] = field(default_factory=list)
+    encodings: list[Encoding] = field(default_factory=list)
+    reference: Path | None = None
+    build_errors: dict[str, str] = field(default_factory=dict)
+    reports: list[validate.VariantReport] = field(default_factory=list)
+    manifest: Manifest | None = None
+
+    def file(self, variant: str) -> Path:
+        return self.folder / f"{variant}.onnx"
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.folder / TOKENIZER_FILE
+
+    @property
+    def chosen(self) -> list[Variant]:
+        return [v for v in self.candidates if not self.opts.only or v.name in self.opts.only]
+
+    @property
+    def to_build(self) -> list[Variant]:
+        """The chosen variants and their parents, but not the export (built by its own stage)."""
+        parents = {v.name: v.parent for v in self.candidates}
+        needed = set()
+        for v in self.chosen:
+            name: str | None = v.name
+            while name is not None:
+                needed.add(name)
+                name = parents[name]
+        return [v for v in self.candidates if v.name in needed and v.parent is not None]
+
+
+Step = Callable[..., None]
+
+
+def _export(w: Work, step: Step) -> None:
+    w.inputs = export.export_onnx(w.src, w.opts.task, w.file("fp32"))
+    step()
+
+
+def _tokenizer(w: Work, step: Step) -> None:
+    w.tokenizer = Tokenizer.from_file(str(tokenizer.write_tokenizer(w.src, w.tokenizer_file)))
+    step()
+
+
+def _build(w: Work, step: Step) -> None:
+    """Fused and quantized candidates. A build that fails (a fusion the graph does not fit, an operator the
+    quantizer cannot take) costs that variant and its children only; its error goes to the manifest."""
+    for v in w.to_build:
+        assert v.parent is not None
+        if v.parent in w.build_errors:
+            w.build_errors[v.name] = f"its parent {v.parent} failed to build"
+            continue
+        try:
+            fused = v.build(w.file(v.parent), w.file(v.name))
+        except Exception as exc:  # any failure of the fusion/quantization tools is this variant's failure
+            w.build_errors[v.name] = f"{type(exc).__name__}: {exc}"
+            fused = "failed"
+        step(f"{v.name} {fused}" if isinstance(fused, dict | str) else v.name)
+
+
+def _reference(w: Work, step: Step) -> None:
+    assert w.tokenizer is not None
+    task = w.opts.task
+    validation = w.opts.validation_file
+    w.samples = (
+        textset.file_samples(validation, task.pairs) if validation else textset.builtin_samples(w.tokenizer, task.pairs)
+    )
+    w.encodings = validate.encode_samples(w.tokenizer, w.samples)
+    w.reference = validate.reference_outputs(w.src, task, w.encodings, w.inputs, w.folder / "reference.npz")
+    step()
+
+
+def _validate(w: Work, step: Step) -> None:
+    assert w.reference is not None
+    parity = validate.Parity(
+        w.reference, w.encodings, w.samples, w.opts.task, w.src.pooling, w.opts.thresholds or {}, w.opts.target
+    )
+    for v in w.chosen:
+        if v.name in w.build_errors:
+            w.reports.append(validate.VariantReport.failed_build(v.name, v.precision, w.build_errors[v.name]))
+        else:
+            w.reports.append(validate.validate(w.file(v.name), v.name, v.precision, parity))
+        step(v.name)
+    if not any(r.passed for r in w.reports):
+        failures = "; ".join(
+            f"{r.name}: "
+            + (r.error or ", ".join(f"{m}={g['value']:.4g}" for m, g in r.gates.items() if not g["passed"]))
+            for r in w.reports
         )
-        encodings = validate.encode_samples(tok, samples)
-        with stages.stage("reference (PyTorch)") as step:
-            ref = validate.reference_outputs(src, task, encodings, inputs, work / "reference.npz")
-            step()
-        chosen_names = [v.name for v in candidates if not opts.only or v.name in opts.only]
-        reports: list[validate.VariantReport] = []
-        with stages.stage("validate", total=len(chosen_names)) as step:
-            for v in candidates:
-                if v.name not in chosen_names:
-                    continue
-                reports.append(
-                    validate.validate(
-                        files[v.name], v.name, v.precision, ref, encodings, samples, task,
-                        src.pooling, opts.thresholds or {}, opts.target,
-                    )
-                )  # fmt: skip
-                step(v.name)
-        passed = [r for r in reports if r.passed]
-        if not passed:
-            failures = "; ".join(
-                f"{r.name}: " + ", ".join(f"{m}={g['value']:.4g}" for m, g in r.gates.items() if not g["passed"])
-                for r in reports
+        raise ValidationFailed(f"no variant passed the parity gates ({failures})")
+
+
+def _autotune(w: Work, step: Step) -> None:
+    assert w.tokenizer is not None
+    o = w.opts
+    for r in w.reports:
+        if r.passed:
+            r.timings_ms = autotune.time_variant(
+                w.file(r.name), w.tokenizer, o.tune_lengths, o.tune_batches, o.tune_threads, o.target, o.tune_seconds
             )
-            raise ValidationFailed(f"no variant passed the parity gates ({failures})")
-        with stages.stage("autotune", total=len(passed)) as step:
-            for r in passed:
-                r.timings_ms = autotune.time_variant(
-                    files[r.name], tok, opts.tune_lengths, opts.tune_batches, opts.tune_threads,
-                    opts.target, opts.tune_seconds,
-                )  # fmt: skip
-                step(r.name)
-        best = min(passed, key=lambda r: autotune.score(r.timings_ms))
-        with stages.stage("bundle") as step:
-            bundle = work / "bundle"
-            bundle.mkdir()
-            shutil.copyfile(files[best.name], bundle / MODEL_FILE)
-            shutil.copyfile(tok_file, bundle / TOKENIZER_FILE)
-            manifest = _manifest(opts, src, inputs, best, reports, fused_ops)
-            (bundle / MANIFEST_FILE).write_text(manifest.to_json())
-            step()
-    return manifest
+            step(r.name)
 
 
-def _fused_counts(files: Mapping[str, Path]) -> dict[str, int]:
+def _bundle(w: Work, step: Step) -> None:
+    best = min((r for r in w.reports if r.passed), key=lambda r: autotune.score(r.timings_ms))
+    bundle = w.folder / "bundle"
+    bundle.mkdir()
+    shutil.copyfile(w.file(best.name), bundle / MODEL_FILE)
+    shutil.copyfile(w.tokenizer_file, bundle / TOKENIZER_FILE)
+    if w.src.dense:
+        # The Dense modules run in numpy after pooling (tasks/ops.Dense): their weights travel as plain arrays.
+        np.savez(bundle / DENSE_FILE, **source.dense_weights(w.src.dense))  # type: ignore[arg-type]
+    w.manifest = _manifest(w, best)
+    (bundle / MANIFEST_FILE).write_text(w.manifest.to_json())
+    step()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the build: its progress line, its function, and what to try when it fails."""
+
+    name: str
+    run: Callable[[Work, Step], None]
+    hint: str
+    steps: Callable[[Work], int] = lambda _w: 1
+
+
+STAGES = (
+    Stage(
+        "export",
+        _export,
+        "check that transformers loads the folder with the task's Auto class; a model with its own code needs "
+        "--trust-remote-code; an operator torch.onnx cannot export needs a newer torch",
+    ),
+    Stage("tokenizer", _tokenizer, "save a fast tokenizer (tokenizer.json) into the folder with transformers"),
+    Stage(
+        "fuse + quantize",
+        _build,
+        "pass --variants fp32 to skip optimized candidates",
+        lambda w: len(w.to_build),
+    ),
+    Stage(
+        "reference (PyTorch)",
+        _reference,
+        "check the model's max length (max_position_embeddings, tokenizer_config's model_max_length)",
+    ),
+    Stage("validate", _validate, "pass --variants fp32", lambda w: len(w.chosen)),
+    Stage("autotune", _autotune, "pass --variants fp32", lambda w: sum(r.passed for r in w.reports)),
+    Stage("bundle", _bundle, "check free disk space at --out"),
+)
+
+
+def _run(w: Work, stages: Stages) -> None:
+    """Each stage in order. An unexpected failure stops the build with the stage, the cause and what to try;
+    hare's own errors (gates not met, a refused input) pass through as they are."""
+    with stages.progress:
+        for stage in STAGES:
+            with stages.stage(stage.name, stage.steps(w)) as step:
+                try:
+                    stage.run(w, step)
+                except HareError:
+                    raise
+                except Exception as exc:
+                    raise UnsupportedModel(
+                        f"stage {stage.name} failed for {w.src.model_type} ({w.src.architecture}): "
+                        f"{type(exc).__name__}: {_first_line(exc)}; try: {stage.hint}"
+                    ) from exc
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else "(no message)"
+
+
+def _fused_counts(fused: Path) -> dict[str, int]:
     """Fused operator counts of the fused graph (what the fusion stage achieved)."""
     import onnx
 
-    fused = files.get("fused-fp32")
-    if fused is None or not fused.exists():
+    if not fused.exists():
         return {}
     counts: dict[str, int] = {}
     for node in onnx.load(str(fused), load_external_data=False).graph.node:
@@ -245,14 +363,8 @@ def _fused_counts(files: Mapping[str, Path]) -> dict[str, int]:
     return counts
 
 
-def _manifest(
-    opts: OptimizeOptions,
-    src: source.SourceModel,
-    inputs: list[str],
-    best: validate.VariantReport,
-    reports: list[validate.VariantReport],
-    fused_ops: dict[str, int],
-) -> Manifest:
+def _manifest(w: Work, best: validate.VariantReport) -> Manifest:
+    opts, src = w.opts, w.src
     return Manifest(
         task=opts.task.name,
         architecture=src.architecture,
@@ -262,18 +374,27 @@ def _manifest(
         pooling=src.pooling,
         normalize=src.normalize,
         max_length=src.max_length,
-        inputs=inputs,
+        inputs=w.inputs,
         output=opts.task.output,
         target=opts.target,
         variant=best.name,
         precision=best.precision,
-        variants=[asdict(r) | {"chosen": r.name == best.name} for r in reports],
+        variants=[asdict(r) | {"chosen": r.name == best.name} for r in w.reports],
         machine=describe() | {"tune_threads": opts.tune_threads},
         versions=_versions(),
         source={
             "path": str(src.path.resolve()),
             "weights": [p.name for p in src.weights],
             "weights_sha256": src.weights_sha256,
-            "fused_operators": fused_ops,
+            "trust_remote_code": src.trust_remote_code,
+            "fusion_model_type": FUSION_MODEL_TYPE,
+            "fused_operators": _fused_counts(w.file("fused-fp32")),
         },
+        dense=[
+            {"in_features": d.in_features, "out_features": d.out_features, "bias": d.bias, "activation": d.activation}
+            for d in src.dense
+        ],
+        prompts=src.prompts,
+        default_prompt_name=src.default_prompt_name,
+        activation=src.activation,
     )

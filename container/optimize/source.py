@@ -4,20 +4,31 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tasks.base import TaskSpec
 from tasks.errors import UnsupportedModel
 
-# model_type -> the family ORT's transformer optimizer fuses it as. These are the types whose export, fusion
-# and tokenizers are tested; MiniLM checkpoints are model_type "bert".
-SUPPORTED_MODEL_TYPES: dict[str, str] = {
-    "bert": "bert",
-    "distilbert": "bert",
-    "roberta": "bert",
-    "xlm-roberta": "bert",
+# Families whose position ids start after padding_idx (RoBERTa-style embeddings), so two positions are not
+# usable. Any other family is taken at its max_position_embeddings; a wrong guess fails the reference stage.
+PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "mpnet", "xlm-roberta-xl")
+# sentence-transformers / CrossEncoder activation class paths -> tasks.ops.ACTIVATIONS names.
+ACTIVATION_CLASSES = {
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.modules.activation.GELU": "gelu",
+}
+ST_POOLING_KEYS = {
+    "cls": "pooling_mode_cls_token",
+    "mean": "pooling_mode_mean_tokens",
+    "max": "pooling_mode_max_tokens",
+    "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens",
+    "weightedmean": "pooling_mode_weightedmean_tokens",
+    "lasttoken": "pooling_mode_lasttoken",
 }
 HUGE_MAX_LENGTH = 1_000_000
 
@@ -37,6 +48,22 @@ class SourceModel:
     max_length: int
     weights: list[Path]
     weights_sha256: str
+    dense: list[DenseModule] = field(default_factory=list)
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    activation: str | None = None
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class DenseModule:
+    """A sentence-transformers Dense module: its folder (weights read at bundle time) and its config."""
+
+    weights: Path
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -64,27 +91,100 @@ def _weights(folder: Path, allow_pickle: bool) -> list[Path]:
     raise UnsupportedModel(f"{folder} has no weights (model.safetensors or pytorch_model.bin)")
 
 
-def _pooling(folder: Path) -> tuple[str | None, bool]:
-    """Pooling and normalization from sentence-transformers' modules.json, else (None, False)."""
+def _activation(path: str, where: str) -> str:
+    name = ACTIVATION_CLASSES.get(path)
+    if name is None:
+        raise UnsupportedModel(
+            f"{where} uses activation {path!r}; hare applies {', '.join(ACTIVATION_CLASSES)} in numpy at serve time"
+        )
+    return name
+
+
+def _modules(folder: Path) -> list[dict[str, Any]]:
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
-        return None, False
+        return []
     modules = json.loads(modules_file.read_text())
-    types = {m.get("type", "").rsplit(".", 1)[-1]: m for m in modules}
-    pooling = None
-    if "Pooling" in types:
-        cfg = _read_json(folder / types["Pooling"]["path"] / "config.json")
-        modes = {
-            "cls": cfg.get("pooling_mode_cls_token"),
-            "mean": cfg.get("pooling_mode_mean_tokens"),
-            "max": cfg.get("pooling_mode_max_tokens"),
-            "mean_sqrt_len": cfg.get("pooling_mode_mean_sqrt_len_tokens"),
-        }
-        chosen = [name for name, on in modes.items() if on]
-        if len(chosen) != 1:
-            raise UnsupportedModel(f"{folder} pools with {chosen or 'no mode'}; hare supports exactly one mode")
-        pooling = chosen[0]
-    return pooling, "Normalize" in types
+    return sorted(modules, key=lambda m: int(m.get("idx", 0))) if isinstance(modules, list) else []
+
+
+def _pooling_mode(folder: Path, module: dict[str, Any]) -> str:
+    cfg = _read_json(folder / module["path"] / "config.json")
+    if cfg.get("include_prompt") is False:
+        raise UnsupportedModel(
+            f"{folder} pools without its prompt tokens (include_prompt false); hare pools every token"
+        )
+    if isinstance(cfg.get("pooling_mode"), str):
+        mode = cfg["pooling_mode"].removesuffix("_tokens")
+        chosen = [mode] if mode in ST_POOLING_KEYS else []
+    else:
+        chosen = [name for name, key in ST_POOLING_KEYS.items() if cfg.get(key)]
+    if len(chosen) != 1:
+        raise UnsupportedModel(
+            f"{folder} pools with {chosen or 'no mode'}; hare supports exactly one of {', '.join(ST_POOLING_KEYS)}"
+        )
+    return chosen[0]
+
+
+def _dense(folder: Path, module: dict[str, Any], allow_pickle: bool) -> DenseModule:
+    path = folder / module["path"]
+    cfg = _read_json(path / "config.json")
+    return DenseModule(
+        weights=_weights(path, allow_pickle)[0],
+        in_features=int(cfg["in_features"]),
+        out_features=int(cfg["out_features"]),
+        bias=bool(cfg.get("bias", True)),
+        activation=_activation(cfg.get("activation_function", "torch.nn.modules.activation.Tanh"), str(path)),
+    )
+
+
+def _sentence_transformers(folder: Path, allow_pickle: bool) -> tuple[str | None, list[DenseModule], bool]:
+    """Pooling, Dense modules and Normalize from sentence-transformers' modules.json, in their order.
+
+    Modules hare cannot apply (anything after the transformer but Pooling, Dense and Normalize) are refused:
+    serving without them would answer different vectors than the model's own library.
+    """
+    pooling, dense, normalize = None, [], False
+    for module in _modules(folder):
+        kind = module.get("type", "").rsplit(".", 1)[-1]
+        if kind == "Transformer" or (kind == "Pooling" and pooling is not None):
+            continue
+        if kind == "Pooling":
+            pooling = _pooling_mode(folder, module)
+        elif kind == "Dense":
+            dense.append(_dense(folder, module, allow_pickle))
+        elif kind == "Normalize":
+            normalize = True
+        else:
+            raise UnsupportedModel(
+                f"{folder} has a sentence-transformers module {kind!r} hare does not apply; supported after "
+                "the transformer: Pooling, Dense, Normalize"
+            )
+    return pooling, dense, normalize
+
+
+def _prompts(folder: Path) -> tuple[dict[str, str], str | None]:
+    """prompts and default_prompt_name from config_sentence_transformers.json."""
+    path = folder / "config_sentence_transformers.json"
+    if not path.is_file():
+        return {}, None
+    cfg = _read_json(path)
+    prompts = {str(k): str(v) for k, v in (cfg.get("prompts") or {}).items()}
+    default = cfg.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise UnsupportedModel(f"{path}: default_prompt_name {default!r} is not one of its prompts {list(prompts)}")
+    return prompts, default
+
+
+def _cross_encoder_activation(config: dict[str, Any]) -> str:
+    """The activation CrossEncoder.predict applies to the logits: the config's, else sigmoid for one logit
+    and identity for more (sentence-transformers' own default)."""
+    path = (config.get("sentence_transformers") or {}).get("activation_fn") or config.get(
+        "sbert_ce_default_activation_function"
+    )
+    if path:
+        return _activation(str(path), "the cross-encoder's config")
+    return "sigmoid" if len(config.get("id2label") or {0: ""}) == 1 else "identity"
 
 
 def _max_length(folder: Path, config: dict[str, Any]) -> int:
@@ -101,7 +201,7 @@ def _max_length(folder: Path, config: dict[str, Any]) -> int:
     positions = config.get("max_position_embeddings")
     if isinstance(positions, int):
         # RoBERTa-style models start positions after padding_idx, so two slots are not usable.
-        offset = config.get("pad_token_id", 0) + 1 if config["model_type"] in ("roberta", "xlm-roberta") else 0
+        offset = config.get("pad_token_id", 0) + 1 if config["model_type"] in PADDING_OFFSET_POSITIONS else 0
         limits.append(positions - offset)
     if not limits:
         raise UnsupportedModel(f"{folder} declares no maximum length (max_position_embeddings)")
@@ -117,22 +217,27 @@ def _sha256(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def inspect_source(folder: Path, task: TaskSpec, allow_pickle: bool = False) -> SourceModel:
-    """Check that `folder` is a model hare can optimize for `task`, and read what the bundle needs."""
+def inspect_source(
+    folder: Path, task: TaskSpec, allow_pickle: bool = False, trust_remote_code: bool = False
+) -> SourceModel:
+    """Check that `folder` is a model hare can optimize for `task`, and read what the bundle needs.
+
+    No family list: any model transformers' Auto classes load with the task's head goes on to export; a
+    family is refused only when a stage fails (the pipeline names it).
+    """
     if not folder.is_dir():
         raise UnsupportedModel(f"model folder {folder} does not exist")
     if not (folder / "config.json").is_file():
         raise UnsupportedModel(f"{folder} has no config.json; is it a Hugging Face model folder?")
     config = _read_json(folder / "config.json")
-    if "auto_map" in config:
+    if "auto_map" in config and not trust_remote_code:
         raise UnsupportedModel(
-            f"{folder} needs trust_remote_code (its config has auto_map); hare refuses to run a model's own code"
+            f"{folder} needs its own Python code (its config has auto_map); hare refuses to run a model's code "
+            "unless you pass --trust-remote-code, which runs it at build time only (the bundle is plain ONNX)"
         )
     model_type = config.get("model_type", "")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise UnsupportedModel(
-            f"architecture {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+    if not model_type:
+        raise UnsupportedModel(f"{folder}/config.json has no model_type; transformers cannot pick its classes")
     architectures = config.get("architectures") or []
     architecture = architectures[0] if architectures else f"{model_type} (base model)"
     if task.architectures and not any(a.endswith(task.architectures) for a in architectures):
@@ -141,8 +246,8 @@ def inspect_source(folder: Path, task: TaskSpec, allow_pickle: bool = False) -> 
             f"in {' or '.join(task.architectures)})"
         )
     weights = _weights(folder, allow_pickle)
-    pooling, normalize = _pooling(folder)
-    pooling = pooling or task.default_pooling
+    pooling, dense, normalize = _sentence_transformers(folder, allow_pickle) if task.embeddings else (None, [], False)
+    prompts, default_prompt = _prompts(folder) if task.embeddings else ({}, None)
     id2label = config.get("id2label") or {}
     return SourceModel(
         path=folder,
@@ -151,9 +256,32 @@ def inspect_source(folder: Path, task: TaskSpec, allow_pickle: bool = False) -> 
         architecture=architecture,
         labels={int(k): str(v) for k, v in id2label.items()} if task.architectures else {},
         multi_label=config.get("problem_type") == "multi_label_classification",
-        pooling=pooling,
+        pooling=pooling or task.default_pooling,
         normalize=normalize,
         max_length=_max_length(folder, config),
         weights=weights,
         weights_sha256=_sha256(weights),
+        dense=dense,
+        prompts=prompts,
+        default_prompt_name=default_prompt,
+        activation=_cross_encoder_activation(config) if task.pairs else None,
+        trust_remote_code=trust_remote_code,
     )
+
+
+def dense_weights(modules: list[DenseModule]) -> dict[str, Any]:
+    """The Dense modules' weights as numpy arrays, named "{i}.weight" / "{i}.bias" (the bundle's dense.npz)."""
+    arrays: dict[str, Any] = {}
+    for i, module in enumerate(modules):
+        if module.weights.suffix == ".safetensors":
+            from safetensors.numpy import load_file
+
+            tensors = load_file(str(module.weights))
+        else:  # pickle, accepted with --allow-pickle; weights_only keeps torch from running arbitrary code
+            import torch
+
+            tensors = {k: v.numpy() for k, v in torch.load(str(module.weights), weights_only=True).items()}
+        arrays[f"{i}.weight"] = tensors["linear.weight"].astype("float32")
+        if module.bias:
+            arrays[f"{i}.bias"] = tensors["linear.bias"].astype("float32")
+    return arrays

@@ -14,14 +14,14 @@ from container.optimize.source import SourceModel
 from tasks.errors import UnsupportedModel
 
 
-def _load(folder: Path) -> Tokenizer:
+def _load(folder: Path, trust_remote_code: bool = False) -> Tokenizer:
     if (folder / "tokenizer.json").is_file():
         return Tokenizer.from_file(str(folder / "tokenizer.json"))
     # No fast tokenizer file: let transformers convert the slow one (sentencepiece or vocab files).
     from transformers import AutoTokenizer
 
     try:
-        slow_or_fast = AutoTokenizer.from_pretrained(str(folder), use_fast=True)
+        slow_or_fast = AutoTokenizer.from_pretrained(str(folder), use_fast=True, trust_remote_code=trust_remote_code)
     except Exception as exc:
         raise UnsupportedModel(
             f"{folder} has no tokenizer.json and transformers could not load its tokenizer ({exc}); "
@@ -37,7 +37,7 @@ def _load(folder: Path) -> Tokenizer:
 
 def write_tokenizer(source: SourceModel, out: Path) -> Path:
     """Write the serving tokenizer for `source` to `out`."""
-    tokenizer = _load(source.path)
+    tokenizer = _load(source.path, source.trust_remote_code)
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=source.max_length)
     tokenizer.save(str(out))

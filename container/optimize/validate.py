@@ -34,6 +34,26 @@ class VariantReport:
     passed: bool
     size_mb: float
     timings_ms: dict[str, float] = field(default_factory=dict)
+    error: str | None = None  # the build (fusion, quantization) failed: why; nothing else was measured
+
+    @classmethod
+    def failed_build(cls, name: str, precision: str, error: str) -> VariantReport:
+        return cls(name, precision, {}, {}, False, 0.0, error=error)
+
+
+@dataclass(frozen=True)
+class Parity:
+    """What every candidate is checked against: the stored PyTorch reference, the samples it was computed on
+    (and their encodings), the task whose metrics and gates apply, gate overrides by metric name, and the
+    target whose execution provider runs the candidate."""
+
+    reference: Path
+    encodings: Sequence[Encoding]
+    samples: Sequence[Sample]
+    task: TaskSpec
+    pooling: str | None = None
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+    target: str = "cpu"
 
 
 def encode_samples(tokenizer: Tokenizer, samples: Sequence[Sample]) -> list[Encoding]:
@@ -62,33 +82,23 @@ def candidate_outputs(model: OnnxModel, encodings: Sequence[Encoding]) -> list[N
     return [model.run(pad_batch([enc], model.input_names))[0] for enc in encodings]
 
 
-def validate(
-    variant: Path,
-    name: str,
-    precision: str,
-    reference: Path,
-    encodings: Sequence[Encoding],
-    samples: Sequence[Sample],
-    task: TaskSpec,
-    pooling: str | None,
-    thresholds: Mapping[str, float],
-    target: str = "cpu",
-) -> VariantReport:
-    """Compare `variant` with the stored reference and apply the gates.
+def validate(variant: Path, name: str, precision: str, parity: Parity) -> VariantReport:
+    """Compare the graph at `variant` with the stored reference and apply the gates.
 
-    thresholds: overrides by metric name; `max_abs_diff` gates fp32 variants (default 1e-4).
+    `max_abs_diff` also gates fp32 variants (default 1e-4): an fp32 graph must be the model, not close to it.
     """
-    with np.load(reference) as stored:
-        ref = [stored[str(i)] for i in range(len(encodings))]
-    cand = candidate_outputs(OnnxModel(variant, target=target, output=task.output), encodings)
+    task = parity.task
+    with np.load(parity.reference) as stored:
+        ref = [stored[str(i)] for i in range(len(parity.encodings))]
+    cand = candidate_outputs(OnnxModel(variant, target=parity.target, output=task.output), parity.encodings)
     metrics = {"max_abs_diff": float(max(np.abs(r - c).max() for r, c in zip(ref, cand, strict=True)))}
-    metrics |= task.parity(ParityInput(ref, cand, [s.group for s in samples], pooling or "mean"))
+    metrics |= task.parity(ParityInput(ref, cand, [s.group for s in parity.samples], parity.pooling or "mean"))
     gates = list(task.gates)
     if precision == "fp32":
         gates.append(Gate("max_abs_diff", FP32_MAX_ABS_DIFF, False, "largest |output difference| vs PyTorch"))
     verdicts: dict[str, dict[str, float | bool]] = {}
     for gate in gates:
-        threshold = thresholds.get(gate.metric, gate.threshold)
+        threshold = parity.thresholds.get(gate.metric, gate.threshold)
         checked = Gate(gate.metric, threshold, gate.higher_is_better, gate.help)
         value = metrics[gate.metric]
         verdicts[gate.metric] = {"value": value, "threshold": threshold, "passed": checked.passes(value)}
