@@ -214,9 +214,10 @@ def make_model(folder: Path, task: str, arch: str = "bert", seed: int = 0, **con
     folder.mkdir(parents=True, exist_ok=True)
     ids = _save_tokenizer(family, folder)
     auto, labels = HEADS[task]
-    extra: dict[str, Any] = dict(config)
+    extra: dict[str, Any] = {}
     if labels:
-        extra |= {"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}
+        extra = {"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}
+    extra |= config  # the caller's configuration wins (another label set, sentence-transformers keys...)
     torch.manual_seed(seed)
     model = getattr(transformers, auto).from_config(_config(family, ids, extra)).eval()
     model.save_pretrained(str(folder), safe_serialization=True)
@@ -238,3 +239,31 @@ def _sentence_transformers_files(folder: Path) -> None:
         json.dumps({"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True})
     )
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64}))
+
+
+def make_sentence_transformer(
+    folder: Path,
+    base: Path,
+    pooling: str = "mean",
+    dense: Sequence[int] = (),
+    normalize: bool = True,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+) -> Path:
+    """A sentence-transformers folder saved by sentence-transformers itself: the transformer at `base`, then
+    Pooling(`pooling`), a Dense module (tanh, its default activation) per size in `dense`, and Normalize."""
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+
+    transformer = models.Transformer(str(base))
+    modules: list[Any] = [transformer, models.Pooling(transformer.get_word_embedding_dimension(), pooling)]
+    width = transformer.get_word_embedding_dimension()
+    torch.manual_seed(1)
+    for size in dense:
+        modules.append(models.Dense(width, size))
+        width = size
+    if normalize:
+        modules.append(models.Normalize())
+    model = SentenceTransformer(modules=modules, prompts=prompts, default_prompt_name=default_prompt_name, device="cpu")
+    model.save(str(folder))
+    return folder

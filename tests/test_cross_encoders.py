@@ -1,0 +1,70 @@
+"""Cross-encoders scored as sentence-transformers' CrossEncoder scores them: the activation from the model's
+config (activation_fn, or the pre-v4 sbert_ce_default_activation_function), sigmoid by default for one logit,
+and the last label's probability for two-label heads (fp32 bundles, within 1e-4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from container.bundle import read_manifest
+from container.optimize.pipeline import OptimizeOptions, optimize
+from tasks.registry import get_task
+from tests.api_helpers import serve
+from tests.tiny_models import make_model
+
+pytestmark = pytest.mark.anyio
+QUERY = "capital of France"
+DOCUMENTS = ["Paris is the capital of France", "The quick brown fox", "Berlin is in Germany", "hello"]
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _bundle(tmp_path: Path, **config: Any) -> tuple[Path, Path]:
+    model = make_model(tmp_path / "model", "text-ranking", "electra", **config)
+    out = tmp_path / "bundle"
+    optimize(OptimizeOptions(model, get_task("text-ranking"), out, only=["fp32"], tune_lengths=[8], tune_batches=[1]))
+    return model, out
+
+
+@pytest.mark.parametrize(
+    ("config", "activation"),
+    [
+        ({}, "sigmoid"),
+        ({"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}, "identity"),
+        ({"sbert_ce_default_activation_function": "torch.nn.modules.activation.Tanh"}, "tanh"),
+    ],
+)
+async def test_one_logit_scores_equal_cross_encoder_predict(
+    tmp_path: Path, config: dict[str, Any], activation: str
+) -> None:
+    from sentence_transformers import CrossEncoder
+
+    model, bundle = _bundle(tmp_path, **config)
+    assert read_manifest(bundle).activation == activation
+    expected = CrossEncoder(str(model), device="cpu").predict([(QUERY, d) for d in DOCUMENTS])
+    async with serve(bundle) as client:
+        response = await client.post("/predict", json={"inputs": {"query": QUERY, "documents": DOCUMENTS}})
+    ranked = response.json()
+    assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
+    assert np.allclose([r["score"] for r in ranked], np.sort(expected)[::-1], atol=TOL)
+
+
+async def test_two_label_heads_score_the_last_label(tmp_path: Path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    labels = {"id2label": {0: "irrelevant", 1: "relevant"}, "label2id": {"irrelevant": 0, "relevant": 1}}
+    model, bundle = _bundle(tmp_path, **labels)
+    expected = CrossEncoder(str(model), device="cpu").predict([(QUERY, d) for d in DOCUMENTS], apply_softmax=True)
+    assert expected.shape == (len(DOCUMENTS), 2)
+    async with serve(bundle) as client:
+        response = await client.post("/predict", json={"inputs": {"query": QUERY, "documents": DOCUMENTS}})
+    scores = {r["index"]: r["score"] for r in response.json()}
+    assert np.allclose([scores[i] for i in range(len(DOCUMENTS))], expected[:, 1], atol=TOL)

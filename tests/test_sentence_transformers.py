@@ -1,0 +1,152 @@
+"""sentence-transformers folders read in full: every pooling mode, Dense modules, Normalize and prompts,
+served equal to SentenceTransformer.encode on the same folder (fp32 bundles, within 1e-4)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from container.bundle import DENSE_FILE, read_manifest
+from container.optimize import source
+from container.optimize.pipeline import OptimizeOptions, optimize
+from tasks.errors import UnsupportedModel
+from tasks.ops import POOLINGS
+from tasks.registry import get_task
+from tests.api_helpers import serve
+from tests.conftest import ModelFactory
+from tests.tiny_models import make_sentence_transformer
+
+pytestmark = pytest.mark.anyio
+TOL = 1e-4
+TEXTS = ["Angela Merkel met Emmanuel Macron in Paris and Berlin.", "hello", "The quick brown fox jumps over it"]
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+ST_MODE = {"mean_sqrt_len": "mean_sqrt_len_tokens"}  # sentence-transformers' name where it differs
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def st_folder(tiny_model: ModelFactory, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MPNet, weighted-mean pooling, two Dense modules (tanh), Normalize, prompts with a default."""
+    return make_sentence_transformer(
+        tmp_path_factory.mktemp("st") / "model",
+        tiny_model("feature-extraction", "mpnet"),
+        pooling="weightedmean",
+        dense=(24, 16),
+        prompts=PROMPTS,
+        default_prompt_name="query",
+    )
+
+
+@pytest.fixture(scope="module")
+async def st_server(st_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+    out = tmp_path_factory.mktemp("st-bundle") / "bundle"
+    task = get_task("feature-extraction")
+    optimize(OptimizeOptions(st_folder, task, out, only=["fp32"], tune_lengths=[8], tune_batches=[1]))
+    async with serve(out) as client:
+        yield client
+
+
+async def predict(client: httpx.AsyncClient, inputs: object, **parameters: object) -> Any:
+    response = await client.post("/predict", json={"inputs": inputs, "parameters": parameters})
+    assert response.status_code == 200, response.text
+    return np.array(response.json(), dtype=np.float32)
+
+
+async def test_dense_normalize_and_prompts_equal_sentence_transformers(
+    st_server: httpx.AsyncClient, st_folder: Path
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(st_folder), device="cpu")
+    manifest = st_server.resources.manifest  # type: ignore[attr-defined]
+    assert [d["out_features"] for d in manifest.dense] == [24, 16] and manifest.pooling == "weightedmean"
+    cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({}, {}),  # the default prompt ("query: ") applies to both
+        ({"prompt_name": "passage"}, {"prompt_name": "passage"}),
+        ({"prompt": "search: "}, {"prompt": "search: "}),
+    ]
+    for ours_params, st_params in cases:
+        expected = reference.encode(TEXTS, **st_params)
+        got = await predict(st_server, TEXTS, **ours_params)
+        assert got.shape == expected.shape == (3, 16)
+        assert np.abs(got - expected).max() < TOL, ours_params
+    # The prompt matters: without it the vectors differ (so the test above could fail).
+    assert np.abs(await predict(st_server, TEXTS, prompt="") - reference.encode(TEXTS)).max() > 1e-3
+
+
+async def test_prompt_errors_name_the_choices(st_server: httpx.AsyncClient) -> None:
+    unknown = await st_server.post("/predict", json={"inputs": "hi", "parameters": {"prompt_name": "nope"}})
+    assert unknown.status_code == 422 and "query, document, passage" in unknown.json()["error"]
+    both = await st_server.post(
+        "/predict", json={"inputs": "hi", "parameters": {"prompt_name": "query", "prompt": "x"}}
+    )
+    assert both.status_code == 422 and "not both" in both.json()["error"]
+
+
+async def test_every_pooling_mode_equals_sentence_transformers(
+    fp32_bundle: ModelFactory, tiny_model: ModelFactory
+) -> None:
+    from sentence_transformers import SentenceTransformer, models
+
+    folder = tiny_model("feature-extraction")
+    transformer = models.Transformer(str(folder), max_seq_length=64)
+    async with serve(fp32_bundle("feature-extraction")) as client:
+        for mode in POOLINGS:
+            pooling = models.Pooling(transformer.get_word_embedding_dimension(), ST_MODE.get(mode, mode))
+            expected = SentenceTransformer(modules=[transformer, pooling], device="cpu").encode(TEXTS)
+            got = await predict(client, TEXTS, pooling=mode, normalize=False)
+            assert np.abs(got - expected).max() < TOL, mode
+
+
+def test_bundle_carries_the_dense_weights(st_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    optimize(OptimizeOptions(st_folder, get_task("feature-extraction"), out, only=["fp32"], tune_lengths=[8]))
+    assert (out / DENSE_FILE).is_file()
+    manifest = read_manifest(out)
+    assert manifest.prompts == {"query": "query: ", "document": "", "passage": "passage: "}
+    assert manifest.default_prompt_name == "query"
+    assert [d["activation"] for d in manifest.dense] == ["tanh", "tanh"]
+
+
+def _copy_with(folder: Path, dst: Path, path: str, edit: dict[str, Any]) -> Path:
+    shutil.copytree(folder, dst)
+    target = dst / path
+    target.write_text(json.dumps(json.loads(target.read_text()) | edit))
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("path", "edit", "message"),
+    [
+        ("1_Pooling/config.json", {"include_prompt": False}, "include_prompt"),
+        ("2_Dense/config.json", {"activation_function": "my.Activation"}, "my.Activation"),
+        ("config_sentence_transformers.json", {"default_prompt_name": "other"}, "default_prompt_name"),
+    ],
+)
+def test_what_hare_cannot_apply_is_refused(
+    st_folder: Path, tmp_path: Path, path: str, edit: dict[str, Any], message: str
+) -> None:
+    folder = _copy_with(st_folder, tmp_path / "model", path, edit)
+    with pytest.raises(UnsupportedModel, match=message):
+        source.inspect_source(folder, get_task("feature-extraction"))
+
+
+def test_an_unknown_module_is_refused(st_folder: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(st_folder, folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append({"idx": 9, "name": "9", "path": "9_X", "type": "sentence_transformers.models.LayerNorm"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(UnsupportedModel, match="'LayerNorm'"):
+        source.inspect_source(folder, get_task("feature-extraction"))
