@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Models with their own code (tests/test_remote_code.py) are copied here by transformers, not into ~/.cache.
+os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="hare-hf-modules-"))
 
 ModelFactory = Callable[..., Path]
 

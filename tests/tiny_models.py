@@ -267,3 +267,50 @@ def make_sentence_transformer(
     model = SentenceTransformer(modules=modules, prompts=prompts, default_prompt_name=default_prompt_name, device="cpu")
     model.save(str(folder))
     return folder
+
+
+REMOTE_CONFIG = """from transformers import BertConfig
+
+
+class XConfig(BertConfig):
+    model_type = "hare-custom"
+"""
+REMOTE_MODELING = """from pathlib import Path
+
+from transformers import BertForSequenceClassification
+
+from .configuration_x import XConfig
+
+# Proof of where this code runs: every import leaves a line in the marker file.
+with Path({marker!r}).open("a") as log:
+    log.write("imported\\n")
+
+
+class XForSequenceClassification(BertForSequenceClassification):
+    config_class = XConfig
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, **kwargs):
+        out = super().forward(input_ids, attention_mask, token_type_ids, **kwargs)
+        out.logits = out.logits * 3.0  # the custom code changes the answers, so parity shows it ran
+        return out
+"""
+
+
+def make_remote_code_model(folder: Path, marker: Path) -> Path:
+    """A classifier whose classes live in the folder's own code (configuration_x.py, modeling_x.py, reached
+    through config.json's auto_map), as NomicBERT or Jina checkpoints ship theirs. Importing modeling_x
+    appends a line to `marker`."""
+    make_model(folder, "text-classification", "bert")
+    (folder / "configuration_x.py").write_text(REMOTE_CONFIG)
+    (folder / "modeling_x.py").write_text(REMOTE_MODELING.format(marker=str(marker)))
+    config = json.loads((folder / "config.json").read_text())
+    config |= {
+        "model_type": "hare-custom",
+        "architectures": ["XForSequenceClassification"],
+        "auto_map": {
+            "AutoConfig": "configuration_x.XConfig",
+            "AutoModelForSequenceClassification": "modeling_x.XForSequenceClassification",
+        },
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
