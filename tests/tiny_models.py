@@ -192,9 +192,9 @@ def _config(family: Family, ids: dict[str, int], extra: dict[str, Any]) -> Any:
     )
     if family.model_type == "modernbert":
         special_ids |= dict(cls_token_id=ids["cls_token"], sep_token_id=ids["sep_token"])
-    return transformers.AutoConfig.for_model(
-        family.model_type, max_position_embeddings=MAX_POSITIONS, **family.config, **special_ids, **extra
-    )
+    # The caller's keys win over the family's (a bigger geometry for measurements, another label set).
+    merged = {"max_position_embeddings": MAX_POSITIONS, **family.config, **special_ids, **extra}
+    return transformers.AutoConfig.for_model(family.model_type, **merged)
 
 
 HEADS = {
