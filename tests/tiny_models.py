@@ -314,3 +314,43 @@ def make_remote_code_model(folder: Path, marker: Path) -> Path:
     }
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def make_sentencepiece_model(folder: Path, task: str = "text-classification") -> Path:
+    """A DeBERTa-v3-style folder with only a SentencePiece `spm.model` (no tokenizer.json), trained here:
+    [PAD]=0, [CLS]=1, [SEP]=2, [UNK]=3 as deberta-v3-base has them; hare must convert it at optimize time."""
+    import io
+
+    import sentencepiece as spm
+    import torch
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS),
+        model_writer=proto,
+        vocab_size=300,
+        model_type="unigram",
+        pad_id=0,
+        bos_id=1,
+        eos_id=2,
+        unk_id=3,
+        pad_piece="[PAD]",
+        bos_piece="[CLS]",
+        eos_piece="[SEP]",
+        unk_piece="[UNK]",
+        user_defined_symbols=["[MASK]"],
+        minloglevel=2,
+    )
+    (folder / "spm.model").write_bytes(proto.getvalue())
+    slow = transformers.DebertaV2Tokenizer(vocab_file=str(folder / "spm.model"), model_max_length=MAX_POSITIONS - 2)
+    slow.save_pretrained(str(folder))
+    auto, labels = HEADS[task]
+    family = FAMILIES["deberta-v2"]
+    ids = {"vocab_size": len(slow), "pad_token": 0, "cls_token": 1, "sep_token": 2}
+    extra = {"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}} if labels else {}
+    torch.manual_seed(0)
+    model = getattr(transformers, auto).from_config(_config(family, ids, extra)).eval()
+    model.save_pretrained(str(folder), safe_serialization=True)
+    return folder
