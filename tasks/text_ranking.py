@@ -9,14 +9,24 @@ from typing import Any
 import numpy as np
 
 from tasks import params
-from tasks.base import Answer, Gate, Inputs, ModelInfo, Outputs, ParityInput, TaskSpec
+from tasks.base import Answer, Array, Gate, Inputs, ModelInfo, Outputs, ParityInput, TaskSpec
 from tasks.errors import InvalidRequest
 from tasks.ops import ACTIVATIONS, softmax, spearman
 
 
+def relevance_logit(logits: Array) -> Array:
+    """The relevance logit of each pair from the head's [pairs, labels] output: the only logit of a one-logit
+    head, else the last label's log-odds against the others (what its softmax probability ranks by)."""
+    if logits.shape[1] == 1:
+        return logits[:, 0]
+    others = logits[:, :-1]
+    top = others.max(axis=1, keepdims=True)
+    return logits[:, -1] - (top[:, 0] + np.log(np.exp(others - top).sum(axis=1)))
+
+
 def parity(p: ParityInput) -> dict[str, float]:
-    ref = np.stack(p.reference)[:, 0]
-    cand = np.stack(p.candidate)[:, 0]
+    ref = relevance_logit(np.stack(p.reference))
+    cand = relevance_logit(np.stack(p.candidate))
     groups = np.asarray(p.groups)
     rhos = [spearman(ref[groups == g], cand[groups == g]) for g in np.unique(groups)]
     return {"spearman_min": float(min(rhos)), "spearman_mean": float(np.mean(rhos))}

@@ -9,7 +9,9 @@ from tokenizers import Tokenizer
 from tasks import entities, params
 from tasks.base import Vocab
 from tasks.errors import InputError, InvalidRequest
+from tasks.ops import POOLINGS, pool, pool_tokens, sigmoid, softmax
 from tasks.registry import TASKS
+from tasks.text_ranking import relevance_logit
 from tasks.windows import Tokens, combine_vectors, content_tokens
 from tests.tiny_models import _wordpiece
 
@@ -96,3 +98,21 @@ def test_entities_group_b_and_i_tags() -> None:
 def test_the_tokenizers_decoder_rebuilds_words() -> None:
     tok: Tokenizer = _wordpiece()
     assert tok.decoder is not None and tok.decoder.decode(["mer", "##k", "##el"]) == "merkel"
+
+
+@pytest.mark.parametrize("mode", POOLINGS)
+def test_padded_and_trimmed_pooling_agree(mode: str) -> None:
+    """The optimizer pools padded batches (pool), the server trimmed rows (pool_tokens): same vectors."""
+    rng = np.random.default_rng(0)
+    hidden = rng.standard_normal((2, 6, 4)).astype(np.float32)
+    mask = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    pooled = pool(hidden, mask, mode)
+    for i, n in enumerate(mask.sum(axis=1)):
+        assert np.allclose(pooled[i], pool_tokens(hidden[i, :n], mode), atol=1e-6)
+
+
+def test_multi_label_rankers_rank_by_the_last_label() -> None:
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((6, 3)).astype(np.float32)
+    assert np.allclose(sigmoid(relevance_logit(logits)), softmax(logits)[:, -1], atol=1e-6)
+    assert np.array_equal(relevance_logit(logits[:, :1]), logits[:, 0])
