@@ -34,6 +34,17 @@ HUGE_MAX_LENGTH = 1_000_000
 
 
 @dataclass(frozen=True)
+class DenseModule:
+    """A sentence-transformers Dense module: its folder (weights read at bundle time) and its config."""
+
+    weights: Path
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str
+
+
+@dataclass(frozen=True)
 class SourceModel:
     """What the optimizer learned from the folder; everything later stages need about the source."""
 
@@ -53,17 +64,6 @@ class SourceModel:
     default_prompt_name: str | None = None
     activation: str | None = None
     trust_remote_code: bool = False
-
-
-@dataclass(frozen=True)
-class DenseModule:
-    """A sentence-transformers Dense module: its folder (weights read at bundle time) and its config."""
-
-    weights: Path
-    in_features: int
-    out_features: int
-    bias: bool
-    activation: str
 
 
 def _read_json(path: Path) -> dict[str, Any]:
