@@ -154,6 +154,13 @@ class Settings:
         "when set, /metrics and /info need `Authorization: Bearer <token>`",
         None,
     )
+    api_key: str | None = _setting(
+        "HARE_API_KEY",
+        _optional,
+        "when set, every inference route (/predict, /v1/*, /v2/*, /embed, /rerank, /similarity, /tokenize, "
+        "/decode) needs `Authorization: Bearer <key>`; unset, an Authorization header is ignored",
+        None,
+    )
     public: bool = _setting(
         "HARE_PUBLIC",
         _bool,

@@ -53,7 +53,9 @@ def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
 
 
 def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:
-    """Per input, labels sorted by score; windows' scores are averaged."""
+    """Per input, labels sorted by score; windows' scores are averaged. Always a list per input, one text
+    included: the Hugging Face Inference API's shape (`[[{"label", "score"}]]`, which huggingface_hub's
+    InferenceClient indexes with [0]); transformers' pipeline answers one text with the inner list."""
     apply = FUNCTIONS[p.function]
     answers: list[list[dict[str, Any]]] = []
     predicted: list[str] = []
@@ -67,7 +69,7 @@ def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:
                 item["truncated"] = True
         answers.append(ranked)
         predicted.append(model.labels[order[0]])
-    return Answer(answers[0] if out.inputs.single else answers, predicted)
+    return Answer(answers, predicted)
 
 
 SPEC = TaskSpec(
