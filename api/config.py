@@ -157,8 +157,9 @@ class Settings:
     api_key: str | None = _setting(
         "HARE_API_KEY",
         _optional,
-        "when set, every inference route (/predict, /v1/*, /v2/*, /embed, /rerank, /similarity, /tokenize, "
-        "/decode) needs `Authorization: Bearer <key>`; unset, an Authorization header is ignored",
+        "when set, the inference and model routes (POST /, /predict, /similarity, /embed, /rerank, /tokenize, "
+        "/decode, /v1/*, /v2/rerank, /v2/models/*) need `Authorization: Bearer <key>` (health, /v2, /docs "
+        "stay open); unset, an Authorization header is ignored",
         None,
     )
     public: bool = _setting(

@@ -76,6 +76,7 @@ def _get(path: str, endpoint: Endpoint) -> Route:
 ROUTES: list[BaseRoute] = [
     # Hugging Face Inference API, and sentence similarity (also TEI's route)
     _post("/predict", hf.predict),
+    _post("/", hf.predict),  # an Inference Endpoint's URL: InferenceClient(model=URL) posts to it unchanged
     _post("/similarity", hf.similarity),
     # OpenAI
     _post("/v1/embeddings", openai.embeddings),

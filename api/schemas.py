@@ -101,15 +101,13 @@ def parse_json(body: bytes) -> dict[str, Any]:
     return data
 
 
-@dataclass(frozen=True, slots=True)
-class Similarity:
-    """A sentence-similarity request: the texts to embed are [source, *sentences]."""
-
-    request: PredictRequest
+def parse_predict(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> PredictRequest:
+    return parse_hf(body, task, model, limits)[0]
 
 
-def parse_predict(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> PredictRequest | Similarity:
-    """The Hugging Face Inference API body. Embedding bundles also take sentence-similarity's inputs."""
+def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> tuple[PredictRequest, bool]:
+    """The Hugging Face Inference API body, and whether it asks for sentence similarity (embedding bundles
+    take {"source_sentence", "sentences"} as inputs: the texts to embed are then [source, *sentences])."""
     data = parse_json(body)
     if "inputs" not in data:
         raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
@@ -127,8 +125,8 @@ def parse_predict(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits)
     raw = {**raw, **{k: v for k, v in root.items() if v is not None}}
     value = data["inputs"]
     if task.embeddings and isinstance(value, dict):
-        return Similarity(checked(similarity_inputs(value), raw, task, model, limits))
-    return checked(task.parse_inputs(value), raw, task, model, limits)
+        return checked(similarity_inputs(value), raw, task, model, limits), True
+    return checked(task.parse_inputs(value), raw, task, model, limits), False
 
 
 def parameters(value: object, name: str = "parameters") -> dict[str, Any]:

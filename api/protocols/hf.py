@@ -15,17 +15,14 @@ from starlette.responses import Response
 from api import schemas
 from api.protocols.base import Call, embeddings, infer, reply
 from api.protocols.vectors import as_vector
-from api.schemas import PredictRequest, Similarity
+from api.schemas import PredictRequest
 from api.state import Resources
 from tasks import params
 from tasks.errors import InvalidRequest
 
 
 def _predict(body: bytes, res: Resources) -> tuple[PredictRequest, bool]:
-    parsed = schemas.parse_predict(body, res.task, res.model, res.limits)
-    if isinstance(parsed, Similarity):
-        return parsed.request, True
-    return parsed, False
+    return schemas.parse_hf(body, res.task, res.model, res.limits)
 
 
 async def predict(request: Request) -> Response:
