@@ -60,6 +60,10 @@ async def docs(request: Request) -> Response:
     return HTMLResponse(docs_page(orjson.loads(resources(request).openapi)))
 
 
+async def root(request: Request) -> Response:
+    return await (hf.predict(request) if request.method == "POST" else index(request))
+
+
 async def index(request: Request) -> Response:
     res = resources(request)
     return Response(orjson.dumps({"hare": res.task.name, "model": res.model_name, "docs": "/docs"}), media_type=JSON)
@@ -76,7 +80,6 @@ def _get(path: str, endpoint: Endpoint) -> Route:
 ROUTES: list[BaseRoute] = [
     # Hugging Face Inference API, and sentence similarity (also TEI's route)
     _post("/predict", hf.predict),
-    _post("/", hf.predict),  # an Inference Endpoint's URL: InferenceClient(model=URL) posts to it unchanged
     _post("/similarity", hf.similarity),
     # OpenAI
     _post("/v1/embeddings", openai.embeddings),
@@ -107,5 +110,6 @@ ROUTES: list[BaseRoute] = [
     _get("/metrics", metrics),
     _get("/openapi.json", openapi),
     _get("/docs", docs),
-    _get("/", index),
+    # GET: what this server is; POST: an Inference Endpoint's URL, which InferenceClient(model=URL) posts to
+    Route("/", root, methods=["GET", "POST"]),
 ]

@@ -21,17 +21,28 @@ from tasks import params
 from tasks.base import Inputs, ModelInfo, TaskSpec
 from tasks.errors import ClientGone, InputTooLong, InvalidRequest
 
-COMMON = {
-    "truncate": "cut inputs longer than the model's maximum (default true); false answers 413 instead",
-    "truncation_direction": 'which end a too-long input loses: "right" only (TEI and the Hugging Face client '
-    "send Right or Left; hare keeps the start of a text, as transformers' tokenizers do by default)",
-    "long_input": 'what to do with long inputs: "truncate" (default) or "window" to read all of the text in '
-    "overlapping windows and merge the results (classification, token classification, embeddings); "
-    "stride alone implies window, as in transformers",
-    "stride": "with long_input window: tokens shared by neighbouring windows (default: a quarter of a window)",
-}
 LONG_INPUT = ("truncate", "window")
-DIRECTIONS = ("right",)
+DIRECTIONS = ("Right", "right")
+COMMON: dict[str, params.Spec] = {
+    "truncate": params.Boolean("cut inputs longer than the model's maximum (default true); false answers 413 instead"),
+    "truncation_direction": params.Choice(
+        "which end a too-long input loses: Right only (TEI and the Hugging Face client also name Left; hare "
+        "keeps the start of a text, as transformers' tokenizers do by default)",
+        options=DIRECTIONS,
+    ),
+    "long_input": params.Choice(
+        'what to do with long inputs: "truncate" (default) or "window" to read all of the text in overlapping '
+        "windows and merge the results (classification, token classification, embeddings); stride alone "
+        "implies window, as in transformers",
+        options=LONG_INPUT,
+    ),
+    "stride": params.Integer(
+        "tokens shared by neighbouring windows (default: a quarter of a window), less than a window's content "
+        'tokens; given alone it implies long_input "window", and long_input "truncate" ignores it',
+        minimum=0,
+        bound="stride",
+    ),
+}
 BODY_FIELDS = ("inputs", "parameters", "options")  # "options" (Hugging Face's legacy wait_for_model...) is ignored
 
 
@@ -112,6 +123,7 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
     if "inputs" not in data:
         raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
     raw = parameters(data.get("parameters"))
+    parameters(data.get("options"), "options")  # the Inference API's wait_for_model and use_cache: ignored
     root = {k: v for k, v in data.items() if k not in BODY_FIELDS}
     unknown = sorted(k for k in root if k not in task.parameters and k not in COMMON)
     if unknown:
@@ -119,10 +131,9 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
             f"unknown field(s) {', '.join(unknown)}; the body is "
             f'{{"inputs": ..., "parameters": {{...}}}} (parameters may also sit at the root)'
         )
-    both = sorted(set(root) & set(raw))
-    if both:
-        raise InvalidRequest(f"{', '.join(both)} given both at the root and in parameters; send it once")
-    raw = {**raw, **{k: v for k, v in root.items() if v is not None}}
+    for name in set(raw) & set(root):  # a parameter at the root wins; the one it hides is still checked
+        (task.parameters.get(name) or COMMON[name]).read(raw, name, None)
+    raw = {**raw, **root}
     value = data["inputs"]
     if task.embeddings and isinstance(value, dict):
         return checked(similarity_inputs(value), raw, task, model, limits), True
@@ -162,17 +173,22 @@ def checked(
     if unknown:
         accepted = ", ".join([*task.parameters, *COMMON])
         raise InvalidRequest(f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {accepted}")
-    truncate = params.boolean(raw, "truncate", limits.truncate)
-    params.choice(raw, "truncation_direction", DIRECTIONS, "right")
+    truncate = COMMON["truncate"].read(raw, "truncate", limits.truncate)
+    COMMON["truncation_direction"].read(raw, "truncation_direction", "Right")
     implied = "window" if raw.get("stride") is not None and task.windows else "truncate"
-    long_input = params.choice(raw, "long_input", LONG_INPUT, implied)
+    long_input = COMMON["long_input"].read(raw, "long_input", implied)
     stride = None
+    if not task.windows and (long_input == "window" or "stride" in raw):
+        raise InvalidRequest(f"{task.name} reads every input whole: long_input window and stride do not apply")
+    if "stride" in raw:  # checked even where long_input "truncate" ignores it
+        given = COMMON["stride"].read(raw, "stride", None)
+        if given >= limits.content_length:
+            raise InvalidRequest(
+                f"parameters.stride must be from 0 to {limits.content_length - 1} (tokens shared by neighbouring "
+                f"windows of {limits.content_length}), got {given}"
+            )
     if long_input == "window":
-        if not task.windows:
-            raise InvalidRequest(f'long_input "window" is not available for {task.name}; use truncate')
-        stride = params.integer(raw, "stride", limits.content_length // 4, minimum=0)
-    elif raw.get("stride") is not None:
-        raise InvalidRequest('parameters.stride applies to long_input "window" only; add "long_input": "window"')
+        stride = COMMON["stride"].read(raw, "stride", limits.content_length // 4)
     task_params = task.parse_params({k: v for k, v in raw.items() if k in task.parameters}, model)
     return PredictRequest(inputs, truncate, stride, task_params)
 

@@ -37,19 +37,27 @@ class Params:
 
 
 PARAMETERS = {
-    "pooling": f"{', '.join(POOLINGS)} (default: the bundle's, from sentence-transformers' config)",
-    "normalize": "scale each vector to unit length (default: the bundle's)",
-    "dimensions": "keep the first N dimensions (Matryoshka), re-normalized when normalize is on",
-    "encoding_format": "float (JSON numbers, default) or base64 (little-endian float32 bytes, as OpenAI's API)",
+    "pooling": params.Choice(
+        f"{', '.join(POOLINGS)} (default: the bundle's, from sentence-transformers' config)", options=POOLINGS
+    ),
+    "normalize": params.Boolean("scale each vector to unit length (default: the bundle's)"),
+    "dimensions": params.Integer(
+        "keep the first N dimensions (Matryoshka), re-normalized when normalize is on; at most the vector size",
+        minimum=1,
+        bound="width",
+    ),
+    "encoding_format": params.Choice(
+        "float (JSON numbers, default) or base64 (little-endian float32 bytes, as OpenAI's API)", options=ENCODINGS
+    ),
 }
 
 
 def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
     return Params(
-        params.choice(raw, "pooling", POOLINGS, model.pooling),
-        params.boolean(raw, "normalize", model.normalize),
-        params.integer(raw, "dimensions", None, minimum=1),
-        params.choice(raw, "encoding_format", ENCODINGS, "float"),
+        PARAMETERS["pooling"].read(raw, "pooling", model.pooling),
+        PARAMETERS["normalize"].read(raw, "normalize", model.normalize),
+        PARAMETERS["dimensions"].read(raw, "dimensions", None),
+        PARAMETERS["encoding_format"].read(raw, "encoding_format", "float"),
     )
 
 

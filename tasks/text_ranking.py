@@ -30,9 +30,9 @@ class Params:
 
 
 PARAMETERS = {
-    "top_n": "how many documents to return, best first (default: all)",
-    "return_documents": "include each document's text in its entry (default false)",
-    "raw_scores": "true returns the logit instead of its sigmoid",
+    "top_n": params.Integer("how many documents to return, best first (default: all)", minimum=1, nullable=True),
+    "return_documents": params.Boolean("include each document's text in its entry (default false)"),
+    "raw_scores": params.Boolean("true returns the logit instead of its sigmoid"),
 }
 
 
@@ -58,9 +58,9 @@ def parse_inputs(value: object) -> Inputs:
 
 def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
     return Params(
-        params.integer(raw, "top_n", None, minimum=1, nullable=True),
-        params.boolean(raw, "return_documents", False),
-        params.boolean(raw, "raw_scores", False),
+        PARAMETERS["top_n"].read(raw, "top_n", None),
+        PARAMETERS["return_documents"].read(raw, "return_documents", False),
+        PARAMETERS["raw_scores"].read(raw, "raw_scores", False),
     )
 
 

@@ -81,8 +81,8 @@ BAD_BODIES: list[tuple[str, bytes, int, str, tuple[str, ...]]] = [
     ("truncate a string", b'{"inputs": "a", "parameters": {"truncate": "yes"}}', 422, "InvalidRequest", ("truncate",)),
     ("bad long_input", b'{"inputs": "a", "parameters": {"long_input": "all"}}', 422, "InvalidRequest", ("window",)),
     (
-        "stride without windows",
-        b'{"inputs": "a", "parameters": {"stride": 4, "long_input": "truncate"}}',
+        "stride null",
+        b'{"inputs": "a", "parameters": {"stride": null}}',
         422,
         "InvalidRequest",
         ("stride",),

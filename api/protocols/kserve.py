@@ -163,6 +163,9 @@ class Asked:
 def strings(tensor: dict[str, Any], binary: memoryview, at: int) -> tuple[list[str], int]:
     """A BYTES input's strings, from its JSON data or its binary_data_size bytes of `binary` from `at`."""
     name = f"inputs[{tensor.get('name')}]"
+    unknown = sorted(set(tensor) - {"name", "shape", "datatype", "parameters", "data"})
+    if unknown:
+        raise InvalidRequest(f"{name} has unknown field(s) {', '.join(unknown)}")
     if tensor.get("datatype") != "BYTES":
         raise InvalidRequest(f"{name} must have datatype BYTES (text), got {tensor.get('datatype')!r}")
     shape = tensor.get("shape")
@@ -254,6 +257,8 @@ def _parse(body: bytes, res: Resources, header: int | None) -> tuple[PredictRequ
             raise InvalidRequest("outputs must be a list of {name} objects")
         asked = {}
         for out in data["outputs"]:
+            if isinstance(out, dict) and set(out) - {"name", "parameters"}:
+                raise InvalidRequest("outputs entries take name and parameters only")
             wanted = out.get("name") if isinstance(out, dict) else None
             if not isinstance(wanted, str) or wanted not in known:
                 raise InvalidRequest(f"outputs names {wanted!r}; this model's outputs are {', '.join(known)}")

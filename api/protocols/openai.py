@@ -43,6 +43,9 @@ def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, None]:
     if isinstance(value, list) and value and not isinstance(value[0], str):
         raise InvalidRequest("input must be a string or a list of strings; token-id arrays are not accepted")
     single = params.texts(value, "input")
+    for name in ("model", "user"):
+        if data.get(name) is not None and not isinstance(data[name], str):
+            raise InvalidRequest(f"{name} must be a string, got {params.kind(data[name])}")
     raw = {k: data[k] for k in PARAMETERS if data.get(k) is not None}
     inputs = Inputs(single.texts, single=False)
     return schemas.checked(inputs, raw, res.task, res.model, res.limits), None

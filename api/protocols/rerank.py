@@ -38,22 +38,22 @@ FIELDS = (
     "max_tokens_per_doc",
     "priority",
 )
-IGNORED = ("model", "priority")  # any model name works; one queue, so no priorities
 
 
 def document_text(doc: object, i: int, fields: tuple[str, ...]) -> str:
-    """A document's text: a string, or an object's "text" (or its rank_fields as "field: value" lines)."""
+    """A document's text: a string, or an object's "text"; with rank_fields, the object's listed fields as
+    "field: value" lines (its text when it has none of them)."""
     name = f"documents[{i}]"
     if isinstance(doc, str):
         return params.text(doc, name)
     if not isinstance(doc, dict):
         raise InvalidRequest(f"{name} must be a string or an object with text, got {params.kind(doc)}")
-    if not fields:
-        return params.text(doc.get("text"), f"{name}.text")
-    missing = [f for f in fields if f not in doc]
-    if missing:
-        raise InvalidRequest(f"{name} has no {', '.join(missing)} (named in rank_fields)")
-    return "\n".join(f"{f}: {doc[f]}" for f in fields)
+    text = params.text(doc.get("text"), f"{name}.text")
+    for field, value in doc.items():
+        if isinstance(value, dict | list):
+            raise InvalidRequest(f"{name}.{field} must be a string, number, boolean or null, got {params.kind(value)}")
+    lines = [f"{f}: {doc[f]}" for f in fields if f in doc]
+    return "\n".join(lines) if lines else text
 
 
 def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any], bool]]:
@@ -74,6 +74,9 @@ def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any]
     texts = [document_text(d, i, fields) for i, d in enumerate(documents)]
     for name in ("max_chunks_per_doc", "max_tokens_per_doc"):
         params.integer(data, name, None, minimum=1, nullable=True)
+    if data.get("model") is not None and not isinstance(data["model"], str):
+        raise InvalidRequest(f"model must be a string, got {params.kind(data['model'])}")
+    params.integer(data, "priority", None, minimum=-params.INT64, nullable=True)
     returned = params.boolean({k: v for k, v in data.items() if v is not None}, "return_documents", False)
     raw = {"top_n": data["top_n"]} if data.get("top_n") is not None else {}
     request = schemas.checked(Inputs(texts, single=False, query=query), raw, res.task, res.model, res.limits)

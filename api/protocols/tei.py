@@ -84,11 +84,9 @@ async def _body(request: Request, res: Resources) -> dict[str, Any]:
 async def tokenize(request: Request) -> Response:
     res = guarded(request)
     data = await _body(request, res)
-    unknown = sorted(set(data) - {"inputs", "add_special_tokens", "prompt_name"})
+    unknown = sorted(set(data) - {"inputs", "add_special_tokens"})
     if unknown:
         raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: inputs, add_special_tokens")
-    if data.get("prompt_name") is not None:
-        raise InvalidRequest("prompt_name is not available on /tokenize: this bundle declares no prompts")
     if "inputs" not in data:
         raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
     inputs = params.texts(data["inputs"])
@@ -132,6 +130,8 @@ async def decode(request: Request) -> Response:
         if len(batch) > res.limits.max_inputs or len(row) > res.limits.max_input_chars:
             raise InputTooLong("too many ids for this server's limits", limit=res.limits.max_inputs)
         for j, value in enumerate(row):
+            if isinstance(value, float) and value.is_integer():  # JSON's 3.0 is the integer 3
+                row[j] = value = int(value)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
                 where = f"ids[{i}][{j}]" if len(batch) > 1 or isinstance(ids[0], list) else f"ids[{j}]"
                 raise InvalidRequest(f"{where} must be a token id from 0 to {vocab_size - 1}")
