@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,31 +35,32 @@ NAME = "tiny"
 
 @contextmanager
 def hare_serve(bundle: Path, **env: str) -> Iterator[str]:
-    """`hare serve BUNDLE` (one worker) on a free loopback port, ready; yields its URL."""
+    """`hare serve BUNDLE` (one worker) on a free loopback port, ready; yields its URL. The log goes to a file
+    (a pipe nobody reads would stall a chatty server)."""
     port = free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("HARE_", "PROMETHEUS_"))}
     environ.update({"HARE_MODEL_NAME": NAME, **env})
     argv = [sys.executable, "-m", "container.cli", "serve", str(bundle), "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--workers", "1"]
-    process = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            assert time.monotonic() < deadline, "hare serve did not become ready"
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        if process.stdout:
-            process.stdout.close()
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 90
+            while True:
+                try:
+                    if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise AssertionError(f"hare serve did not become ready:\n{log.read().decode(errors='replace')}")
+                time.sleep(0.2)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
 
 
 Server = Callable[[str], str]
