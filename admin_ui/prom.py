@@ -32,7 +32,18 @@ PHASE_SECONDS = "hare_phase_duration_seconds"
 QUANTILES = (0.5, 0.9, 0.99)
 PHASES = ("tokenize", "queue", "inference", "postprocess")
 # Requests that run the model; the others (/health, /metrics, the console's own scrapes) are not traffic.
-INFERENCE_ROUTES = ("/predict", "/v1/embeddings")
+# Route labels are the server's route templates (POST / is left out: GET / shares its label).
+INFERENCE_ROUTES = (
+    "/predict",
+    "/similarity",
+    "/v1/embeddings",
+    "/embed",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/v2/models/{name}/infer",
+    "/v2/models/{name}/versions/{version}/infer",
+)
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ async def load(settings: Settings) -> Resources:
         compute_type="gpu+optimized" if runtime.providers[0] != "CPUExecutionProvider" else "cpu+optimized",
     )
     res.info = orjson.dumps(_info(res))
-    res.openapi = orjson.dumps(openapi.spec(task, res.model_name))
+    res.openapi = orjson.dumps(openapi.spec(res))
     return res
 
 

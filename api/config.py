@@ -154,6 +154,14 @@ class Settings:
         "when set, /metrics and /info need `Authorization: Bearer <token>`",
         None,
     )
+    api_key: str | None = _setting(
+        "HARE_API_KEY",
+        _optional,
+        "when set, the inference and model routes (POST /, /predict, /similarity, /embed, /rerank, /tokenize, "
+        "/decode, /v1/*, /v2/rerank, /v2/models/*) need `Authorization: Bearer <key>` (health, /v2, /docs "
+        "stay open); unset, an Authorization header is ignored",
+        None,
+    )
     public: bool = _setting(
         "HARE_PUBLIC",
         _bool,

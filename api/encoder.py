@@ -40,6 +40,11 @@ class Encoder:
         self._pair_budget = max_length - tokenizer.num_special_tokens_to_add(True)
         self._hint = ', or "long_input": "window" to read all of it' if windows else ""
 
+    @property
+    def whole(self) -> Tokenizer:
+        """The tokenizer that never truncates (for /tokenize and /decode)."""
+        return self._whole
+
     def encode(self, inputs: Inputs, truncate: bool, stride: int | None = None) -> Encoded:
         """Encode a request's inputs; with `stride`, long texts become overlapping windows instead of being cut."""
         if inputs.query is not None:

@@ -25,8 +25,6 @@ SECONDS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 # Routes are labelled by name; anything else is "other", so scanners cannot explode the label set.
-ROUTES = ("/predict", "/v1/embeddings", "/health", "/ready", "/info", "/metrics", "/openapi.json", "/docs", "/")
-INFERENCE_ROUTES = ("/predict", "/v1/embeddings")
 SERVED = "hare.served"  # scope key: the api.pipeline.Served of an answered inference request
 
 
@@ -118,11 +116,13 @@ class MetricsMiddleware:
         finally:
             resources = getattr(scope["app"].state, "hare", None)
             if resources is not None:
-                path = scope["path"]
-                route = path if path in ROUTES else "other"
+                # The matched route's template (Starlette's router leaves it in the scope), so
+                # /v2/models/{name}/infer is one series whatever the name; unknown paths count as "other".
+                matched = scope.get("route")
+                route = getattr(matched, "path", "other")
                 metrics: Metrics = resources.metrics
                 metrics.requests.labels(route, str(status)).inc()
-                if route in INFERENCE_ROUTES:
+                if scope["method"] == "POST":  # every POST route is an inference route
                     metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
                     served = scope.get(SERVED)
                     if served is not None:

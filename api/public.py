@@ -1,5 +1,6 @@
-"""Exposure controls: the admin token on /metrics and /info, and the public demo profile's per-client rate
-limit (HARE_PUBLIC=1; its body, input and character caps are plain settings, checked in api/schemas.py)."""
+"""Exposure controls: the API key on inference routes, the admin token on /metrics and /info, and the
+public demo profile's per-client rate limit (HARE_PUBLIC=1; its body, input and character caps are plain
+settings, checked in api/schemas.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,22 @@ from api.config import Settings
 from tasks.errors import NotFound, RateLimited, Unauthorized
 
 
+def check_api_key(request: Request, settings: Settings) -> None:
+    """Inference routes need `Authorization: Bearer <HARE_API_KEY>` when a key is set (as TEI's, infinity's and
+    vLLM's --api-key); with none set the header is ignored: the Hugging Face client sends the user's own token."""
+    if settings.api_key and not _bearer(request, settings.api_key):
+        raise Unauthorized(f"{request.url.path} needs the header Authorization: Bearer <HARE_API_KEY>")
+
+
+def _bearer(request: Request, secret: str) -> bool:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), secret.encode())
+
+
 def check_admin(request: Request, settings: Settings) -> None:
     """Admin routes need the bearer token when one is set; in public mode without one they do not exist."""
     if settings.admin_token:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.admin_token.encode()):
+        if not _bearer(request, settings.admin_token):
             raise Unauthorized(f"{request.url.path} needs the header Authorization: Bearer <HARE_ADMIN_TOKEN>")
     elif settings.public:
         raise NotFound(f"{request.url.path} is off in public mode; set HARE_ADMIN_TOKEN to reach it with a token")

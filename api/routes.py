@@ -1,96 +1,25 @@
-"""HTTP handlers, kept thin: parse (api/schemas.py), run (api/pipeline.py), answer.
-
-Every /predict and /v1/embeddings answer carries:
-    x-compute-time        server time for the request in seconds, microsecond resolution (read body to
-                          serialized answer), as Hugging Face's Inference API reports it
-    x-compute-type        cpu+optimized or gpu+optimized
-    x-compute-characters  characters of the inputs
-    x-compute-tokens      tokens fed to the model (special tokens and every window included)
-    server-timing         tokenize, queue, inference and postprocess durations in milliseconds (W3C)
-    x-truncated           "true" when an input was cut to the model's maximum length; the answer's objects
-                          for that input (labels, entities, ranked documents) then also carry "truncated": true
+"""Every route, registered here and nowhere else: the operational ones below, the client protocols from
+api/protocols/ (each a short module; all of them run inference through api/protocols/base.py's `infer`).
 """
 
 from __future__ import annotations
-
-import time
-from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from api import schemas
-from api.metrics import CONTENT_TYPE, SERVED
-from api.pipeline import Served
+from api.metrics import CONTENT_TYPE
+from api.protocols import hf, kserve, openai, rerank, tei
+from api.protocols.base import JSON
+from api.protocols.kserve import Endpoint
 from api.public import check_admin
 from api.state import Resources, resources
-from tasks.errors import NotFound
 
-JSON = "application/json"
 OK = b'{"status":"ok"}'
 BROKEN = b'{"status":"broken"}'
 READY = b'{"ready":true}'
 NOT_READY = b'{"ready":false}'
-
-
-async def predict(request: Request) -> Response:
-    start = time.perf_counter()
-    res = resources(request)
-    if res.limiter is not None:
-        res.limiter.check(request)
-    with res.batcher.admit() as ticket:
-        body = await schemas.read_body(request, res.limits.max_body_bytes)
-        parsed = schemas.parse_predict(body, res.task, res.model, res.limits)
-        served = await res.pipeline.run(ticket, parsed, request.receive)
-    return _answer(served.answer.body, served, start, res, request)
-
-
-async def embeddings(request: Request) -> Response:
-    """OpenAI's POST /v1/embeddings, for embedding bundles."""
-    start = time.perf_counter()
-    res = resources(request)
-    if not res.task.embeddings:
-        raise NotFound(f"/v1/embeddings needs an embeddings bundle; this server answers {res.task.name} on /predict")
-    if res.limiter is not None:
-        res.limiter.check(request)
-    with res.batcher.admit() as ticket:
-        body = await schemas.read_body(request, res.limits.max_body_bytes)
-        parsed = schemas.parse_embeddings(body, res.task, res.model, res.limits)
-        served = await res.pipeline.run(ticket, parsed, request.receive)
-    data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(served.answer.body)]
-    answer: dict[str, Any] = {
-        "object": "list",
-        "data": data,
-        "model": res.model_name,
-        "usage": {"prompt_tokens": served.tokens, "total_tokens": served.tokens},
-    }
-    if served.truncated:
-        answer["truncated"] = True
-    return _answer(answer, served, start, res, request)
-
-
-def _answer(body: Any, served: Served, start: float, res: Resources, request: Request) -> Response:
-    content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-    tokenize, queue, inference, postprocess = served.phases
-    response = Response(content, media_type=JSON)
-    # Raw header bytes: no per-request header parsing; the metrics middleware records `served` afterwards.
-    response.raw_headers += [
-        (b"x-compute-time", b"%.6f" % (time.perf_counter() - start)),
-        (b"x-compute-type", res.compute_type_header),
-        (b"x-compute-characters", b"%d" % served.characters),
-        (b"x-compute-tokens", b"%d" % served.tokens),
-        (
-            b"server-timing",
-            b"tokenize;dur=%.3f, queue;dur=%.3f, inference;dur=%.3f, postprocess;dur=%.3f"
-            % (tokenize * 1e3, queue * 1e3, inference * 1e3, postprocess * 1e3),
-        ),
-    ]
-    if served.truncated:
-        response.raw_headers.append((b"x-truncated", b"true"))
-    request.scope[SERVED] = served
-    return response
 
 
 async def health(request: Request) -> Response:
@@ -131,19 +60,56 @@ async def docs(request: Request) -> Response:
     return HTMLResponse(docs_page(orjson.loads(resources(request).openapi)))
 
 
+async def root(request: Request) -> Response:
+    return await (hf.predict(request) if request.method == "POST" else index(request))
+
+
 async def index(request: Request) -> Response:
     res = resources(request)
     return Response(orjson.dumps({"hare": res.task.name, "model": res.model_name, "docs": "/docs"}), media_type=JSON)
 
 
+def _post(path: str, endpoint: Endpoint) -> Route:
+    return Route(path, endpoint, methods=["POST"])
+
+
+def _get(path: str, endpoint: Endpoint) -> Route:
+    return Route(path, endpoint, methods=["GET"])
+
+
 ROUTES: list[BaseRoute] = [
-    Route("/predict", predict, methods=["POST"]),
-    Route("/v1/embeddings", embeddings, methods=["POST"]),
-    Route("/health", health, methods=["GET"]),
-    Route("/ready", ready, methods=["GET"]),
-    Route("/info", info, methods=["GET"]),
-    Route("/metrics", metrics, methods=["GET"]),
-    Route("/openapi.json", openapi, methods=["GET"]),
-    Route("/docs", docs, methods=["GET"]),
-    Route("/", index, methods=["GET"]),
+    # Hugging Face Inference API, and sentence similarity (also TEI's route)
+    _post("/predict", hf.predict),
+    _post("/similarity", hf.similarity),
+    # OpenAI
+    _post("/v1/embeddings", openai.embeddings),
+    _get("/v1/models", openai.models),
+    _get("/v1/models/{model:path}", openai.model),
+    # Cohere v1 (and Jina), Cohere v2
+    _post("/v1/rerank", rerank.rerank),
+    _post("/v2/rerank", rerank.rerank),
+    # text-embeddings-inference
+    _post("/embed", tei.embed),
+    _post("/rerank", tei.rerank),
+    _post("/tokenize", tei.tokenize),
+    _post("/decode", tei.decode),
+    # KServe Open Inference Protocol v2 (REST)
+    _get("/v2", kserve.server),
+    _get("/v2/health/live", kserve.live),
+    _get("/v2/health/ready", kserve.ready),
+    _get("/v2/models/{name}", kserve.metadata),
+    _get("/v2/models/{name}/versions/{version}", kserve.metadata),
+    _get("/v2/models/{name}/ready", kserve.model_ready),
+    _get("/v2/models/{name}/versions/{version}/ready", kserve.model_ready),
+    _post("/v2/models/{name}/infer", kserve.infer),
+    _post("/v2/models/{name}/versions/{version}/infer", kserve.infer),
+    # operations
+    _get("/health", health),
+    _get("/ready", ready),
+    _get("/info", info),
+    _get("/metrics", metrics),
+    _get("/openapi.json", openapi),
+    _get("/docs", docs),
+    # GET: what this server is; POST: an Inference Endpoint's URL, which InferenceClient(model=URL) posts to
+    Route("/", root, methods=["GET", "POST"]),
 ]

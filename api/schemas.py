@@ -1,10 +1,11 @@
 """Request bodies: read within limits, parse, check; every refusal names the field and says what to send.
 
-    POST /predict          {"inputs": str | [str] | {"query", "documents"}, "parameters": {...}}
-    POST /v1/embeddings    {"input": str | [str], "model"?, "encoding_format"?, "dimensions"?, "user"?}
+    POST /predict   {"inputs": str | [str] | {"query", "documents"} | {"source_sentence", "sentences"},
+                     "parameters": {...}, <any parameter at the root>}
 
-Task parameters are the task's own (tasks/*.py `PARAMETERS`); `truncate`, `long_input` and `stride` are
-common to every task and handled here.
+The protocol modules (api/protocols/) turn their own bodies into the same PredictRequest through `checked`.
+Task parameters are the task's own (tasks/*.py `PARAMETERS`); COMMON ones are handled here. A parameter may
+also sit at the body's root, as the Hugging Face client sends feature-extraction's options (TEI style).
 """
 
 from __future__ import annotations
@@ -20,15 +21,29 @@ from tasks import params
 from tasks.base import Inputs, ModelInfo, TaskSpec
 from tasks.errors import ClientGone, InputTooLong, InvalidRequest
 
-COMMON = {
-    "truncate": "cut inputs longer than the model's maximum (default true); false answers 413 instead",
-    "long_input": 'what to do with long inputs: "truncate" (default) or "window" to read all of the text in '
-    "overlapping windows and merge the results (classification, token classification, embeddings)",
-    "stride": "with long_input window: tokens shared by neighbouring windows (default: a quarter of a window)",
-}
 LONG_INPUT = ("truncate", "window")
+DIRECTIONS = ("Right", "right")
+COMMON: dict[str, params.Spec] = {
+    "truncate": params.Boolean("cut inputs longer than the model's maximum (default true); false answers 413 instead"),
+    "truncation_direction": params.Choice(
+        "which end a too-long input loses: Right only (TEI and the Hugging Face client also name Left; hare "
+        "keeps the start of a text, as transformers' tokenizers do by default)",
+        options=DIRECTIONS,
+    ),
+    "long_input": params.Choice(
+        'what to do with long inputs: "truncate" (default) or "window" to read all of the text in overlapping '
+        "windows and merge the results (classification, token classification, embeddings); stride alone "
+        "implies window, as in transformers",
+        options=LONG_INPUT,
+    ),
+    "stride": params.Integer(
+        "tokens shared by neighbouring windows (default: a quarter of a window), less than a window's content "
+        'tokens; given alone it implies long_input "window", and long_input "truncate" ignores it',
+        minimum=0,
+        bound="stride",
+    ),
+}
 BODY_FIELDS = ("inputs", "parameters", "options")  # "options" (Hugging Face's legacy wait_for_model...) is ignored
-OPENAI_FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,63 +113,89 @@ def parse_json(body: bytes) -> dict[str, Any]:
 
 
 def parse_predict(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> PredictRequest:
+    return parse_hf(body, task, model, limits)[0]
+
+
+def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> tuple[PredictRequest, bool]:
+    """The Hugging Face Inference API body, and whether it asks for sentence similarity (embedding bundles
+    take {"source_sentence", "sentences"} as inputs: the texts to embed are then [source, *sentences])."""
     data = parse_json(body)
-    unknown = sorted(set(data) - set(BODY_FIELDS))
-    if unknown:
-        raise InvalidRequest(
-            f'unknown field(s) {", ".join(unknown)}; the body is {{"inputs": ..., "parameters": {{...}}}}'
-        )
     if "inputs" not in data:
         raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
-    inputs = task.parse_inputs(data["inputs"])
-    raw = data.get("parameters")
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise InvalidRequest(f"parameters must be an object, got {params.kind(raw)}")
-    return _checked(inputs, raw, task, model, limits)
-
-
-def parse_embeddings(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> PredictRequest:
-    """OpenAI's embeddings request, as a /predict request (inputs always a list: the answer is a list)."""
-    data = parse_json(body)
-    unknown = sorted(set(data) - set(OPENAI_FIELDS))
+    raw = parameters(data.get("parameters"))
+    parameters(data.get("options"), "options")  # the Inference API's wait_for_model and use_cache: ignored
+    root = {k: v for k, v in data.items() if k not in BODY_FIELDS}
+    unknown = sorted(k for k in root if k not in task.parameters and k not in COMMON)
     if unknown:
-        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(OPENAI_FIELDS)}")
-    if "input" not in data:
-        raise InvalidRequest('the body has no "input"; send {"input": "some text"}')
-    value = data["input"]
-    if isinstance(value, list) and value and not isinstance(value[0], str):
-        raise InvalidRequest("input must be a string or a list of strings; token-id arrays are not accepted")
-    single = params.texts(value, "input")
-    raw = {k: data[k] for k in ("encoding_format", "dimensions") if data.get(k) is not None}
-    return _checked(Inputs(single.texts, single=False), raw, task, model, limits)
+        raise InvalidRequest(
+            f"unknown field(s) {', '.join(unknown)}; the body is "
+            f'{{"inputs": ..., "parameters": {{...}}}} (parameters may also sit at the root)'
+        )
+    for name in set(raw) & set(root):  # a parameter at the root wins; the one it hides is still checked
+        (task.parameters.get(name) or COMMON[name]).read(raw, name, None)
+    raw = {**raw, **root}
+    value = data["inputs"]
+    if task.embeddings and isinstance(value, dict):
+        return checked(similarity_inputs(value), raw, task, model, limits), True
+    return checked(task.parse_inputs(value), raw, task, model, limits), False
 
 
-def _checked(
+def parameters(value: object, name: str = "parameters") -> dict[str, Any]:
+    """A request's parameters object (null or absent: none)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{name} must be an object, got {params.kind(value)}")
+    return value
+
+
+def similarity_inputs(value: Mapping[str, object], name: str = "inputs") -> Inputs:
+    """{"source_sentence": str, "sentences": [str]} as the texts [source, *sentences]."""
+    unknown = sorted(set(value) - {"source_sentence", "sentences"})
+    if unknown:
+        raise InvalidRequest(
+            f"{name} has unknown field(s) {', '.join(unknown)}; sentence similarity takes "
+            '{"source_sentence": str, "sentences": [str]}'
+        )
+    if "source_sentence" not in value or "sentences" not in value:
+        raise InvalidRequest(f'{name} needs "source_sentence" and "sentences" for sentence similarity')
+    source = params.text(value["source_sentence"], f"{name}.source_sentence")
+    sentences = params.text_list(value["sentences"], f"{name}.sentences")
+    return Inputs([source, *sentences], single=False)
+
+
+def checked(
     inputs: Inputs, raw: Mapping[str, object], task: TaskSpec, model: ModelInfo, limits: Limits
 ) -> PredictRequest:
-    _check_limits(inputs, limits)
+    """A request from its inputs and its parameters (the task's and COMMON), each checked."""
+    check_limits(inputs, limits)
     unknown = sorted(k for k in raw if k not in task.parameters and k not in COMMON)
     if unknown:
         accepted = ", ".join([*task.parameters, *COMMON])
         raise InvalidRequest(f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {accepted}")
-    truncate = params.boolean(raw, "truncate", limits.truncate)
-    long_input = params.choice(raw, "long_input", LONG_INPUT, "truncate")
+    truncate = COMMON["truncate"].read(raw, "truncate", limits.truncate)
+    COMMON["truncation_direction"].read(raw, "truncation_direction", "Right")
+    implied = "window" if raw.get("stride") is not None and task.windows else "truncate"
+    long_input = COMMON["long_input"].read(raw, "long_input", implied)
     stride = None
+    if not task.windows and (long_input == "window" or "stride" in raw):
+        raise InvalidRequest(f"{task.name} reads every input whole: long_input window and stride do not apply")
+    if "stride" in raw:  # checked even where long_input "truncate" ignores it
+        given = COMMON["stride"].read(raw, "stride", None)
+        if given >= limits.content_length:
+            raise InvalidRequest(
+                f"parameters.stride must be from 0 to {limits.content_length - 1} (tokens shared by neighbouring "
+                f"windows of {limits.content_length}), got {given}"
+            )
     if long_input == "window":
-        if not task.windows:
-            raise InvalidRequest(f'long_input "window" is not available for {task.name}; use truncate')
-        stride = params.integer(raw, "stride", limits.content_length // 4, minimum=0)
-    elif "stride" in raw:
-        raise InvalidRequest('parameters.stride applies to long_input "window" only; add "long_input": "window"')
+        stride = COMMON["stride"].read(raw, "stride", limits.content_length // 4)
     task_params = task.parse_params({k: v for k, v in raw.items() if k in task.parameters}, model)
     if task.prepare is not None:
         inputs = task.prepare(inputs, task_params)
     return PredictRequest(inputs, truncate, stride, task_params)
 
 
-def _check_limits(inputs: Inputs, limits: Limits) -> None:
+def check_limits(inputs: Inputs, limits: Limits) -> None:
     if len(inputs.texts) > limits.max_inputs:
         raise InputTooLong(
             f"the request has {len(inputs.texts)} texts; this server takes at most {limits.max_inputs} per request",

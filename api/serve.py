@@ -38,6 +38,7 @@ FLAGS = {
     "max_wait_ms": "HARE_MAX_WAIT_MS",
     "queue_size": "HARE_QUEUE_SIZE",
     "log_level": "HARE_LOG_LEVEL",
+    "model_name": "HARE_MODEL_NAME",
 }
 
 
@@ -57,6 +58,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wait-ms", type=float, help="longest a batch waits to fill (default 0.3; 0: never)")
     p.add_argument("--queue-size", type=int, help="requests per worker before 429 (default 256)")
     p.add_argument("--public", action="store_true", help="public demo profile (rate limit, caps; see README)")
+    p.add_argument("--model-name", help="the name clients use for the model (default: the bundle's folder name)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level (default info)")
     p.add_argument("--access-log", action="store_true", help="log every request line (never bodies)")
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 from tokenizers import Encoding
 
 from tasks.ops import Dense
+
+if TYPE_CHECKING:
+    from tasks.params import Spec
 
 Array = NDArray[np.float32]
 
@@ -133,7 +136,8 @@ class TaskSpec:
     default_pooling: pooling when the model folder declares none (embeddings only).
 
     Serving (pure functions; they raise tasks.errors.InputError subclasses naming the field):
-    parameters: the task's request parameters, name -> one-line help (the API documentation uses these).
+    parameters: the task's request parameters, name -> spec (tasks/params.py: type, bounds, one-line help);
+      parse_params reads each value through its spec and the API documentation is derived from them.
     parse_inputs: the request's `inputs` value -> Inputs.
     parse_params: the request's task parameters (already checked against `parameters`) -> a params object.
     prepare: (inputs, params) -> the inputs the model reads (embeddings prepend the prompt); None: as sent.
@@ -150,7 +154,7 @@ class TaskSpec:
     parity: Callable[[ParityInput], dict[str, float]]
     gates: tuple[Gate, ...]
     default_pooling: str | None = None
-    parameters: Mapping[str, str] = field(default_factory=dict, kw_only=True)
+    parameters: Mapping[str, Spec] = field(default_factory=dict, kw_only=True)
     parse_inputs: Callable[[object], Inputs] = field(kw_only=True)
     parse_params: Callable[[Mapping[str, object], ModelInfo], Any] = field(kw_only=True)
     postprocess: Callable[[Outputs, Any, ModelInfo], Answer] = field(kw_only=True)

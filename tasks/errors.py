@@ -7,7 +7,7 @@ HareError
 │   ├── NotFound          no such route, or a route this server does not offer (task, public mode)
 │   ├── ClientGone        the client closed the connection before its answer was ready
 │   └── UnsupportedModel  the model folder cannot be turned into a bundle (format, task head, architecture)
-├── Unauthorized          an admin route without the right bearer token
+├── Unauthorized          an admin or inference route without the right bearer token
 ├── Overloaded            the server's queue is full: retry later
 │   └── RateLimited       this client sent more than its share (public mode)
 ├── NotReady              the model is still loading or the server is draining

@@ -40,25 +40,33 @@ class Params:
 
 
 PARAMETERS = {
-    "pooling": f"{', '.join(POOLINGS)} (default: the bundle's, from sentence-transformers' config)",
-    "normalize": "scale each vector to unit length (default: the bundle's)",
-    "dimensions": "keep the first N dimensions (Matryoshka), re-normalized when normalize is on",
-    "encoding_format": "float (JSON numbers, default) or base64 (little-endian float32 bytes, as OpenAI's API)",
-    "prompt_name": "a prompt the model declares (config_sentence_transformers.json), prepended to every text "
-    "(default: the model's default_prompt_name, if any)",
-    "prompt": "a literal text prepended to every text, instead of a named prompt",
+    "pooling": params.Choice(
+        f"{', '.join(POOLINGS)} (default: the bundle's, from sentence-transformers' config)", options=POOLINGS
+    ),
+    "normalize": params.Boolean("scale each vector to unit length (default: the bundle's)"),
+    "dimensions": params.Integer(
+        "keep the first N dimensions (Matryoshka), re-normalized when normalize is on; at most the vector size",
+        minimum=1,
+        bound="width",
+    ),
+    "encoding_format": params.Choice(
+        "float (JSON numbers, default) or base64 (little-endian float32 bytes, as OpenAI's API)", options=ENCODINGS
+    ),
+    "prompt_name": params.ModelChoice(
+        "a prompt the model declares (config_sentence_transformers.json), prepended to every text "
+        "(default: the model's default_prompt_name, if any)",
+        among="prompts",
+    ),
+    "prompt": params.Text("a literal text prepended to every text; wins over prompt_name, as in sentence-transformers"),
 }
 
 
 def _prompt(raw: Mapping[str, object], model: ModelInfo) -> str:
-    """The prompt as sentence-transformers picks it: a literal prompt, else the named one, else the default."""
-    if "prompt" in raw and "prompt_name" in raw:
-        raise InvalidRequest("send parameters.prompt or parameters.prompt_name, not both")
+    """The prompt as sentence-transformers picks it: a literal prompt (which makes it ignore prompt_name), else
+    the named one, else the default."""
     if "prompt" in raw:
-        value = raw["prompt"]
-        if not isinstance(value, str):
-            raise InvalidRequest(f"parameters.prompt must be a string, got {params.kind(value)}")
-        return value
+        literal: str = PARAMETERS["prompt"].read(raw, "prompt", "")
+        return literal
     name = raw.get("prompt_name", model.default_prompt_name)
     if name is None:
         return ""
@@ -71,10 +79,10 @@ def _prompt(raw: Mapping[str, object], model: ModelInfo) -> str:
 
 def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
     return Params(
-        params.choice(raw, "pooling", POOLINGS, model.pooling),
-        params.boolean(raw, "normalize", model.normalize),
-        params.integer(raw, "dimensions", None, minimum=1),
-        params.choice(raw, "encoding_format", ENCODINGS, "float"),
+        PARAMETERS["pooling"].read(raw, "pooling", model.pooling),
+        PARAMETERS["normalize"].read(raw, "normalize", model.normalize),
+        PARAMETERS["dimensions"].read(raw, "dimensions", None),
+        PARAMETERS["encoding_format"].read(raw, "encoding_format", "float"),
         model.dense,
         _prompt(raw, model),
     )

@@ -6,12 +6,14 @@ Wrong types and unknown values raise InvalidRequest (HTTP 422); empty inputs rai
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from tasks.base import Inputs
 from tasks.errors import InputError, InvalidRequest
 
 T = TypeVar("T")
+INT64 = 2**63 - 1
 _MISSING = object()
 
 
@@ -73,11 +75,12 @@ def boolean(raw: Mapping[str, object], name: str, default: bool) -> bool:
 
 
 def choice(raw: Mapping[str, object], name: str, options: Sequence[str], default: str) -> str:
+    """One of `options`, exactly as listed (the API documents them as an enum)."""
     value = raw.get(name, default)
-    if not isinstance(value, str) or value.lower() not in options:
+    if not isinstance(value, str) or value not in options:
         shown = repr(value) if isinstance(value, str) and len(value) <= 40 else kind(value)
         raise InvalidRequest(f"parameters.{name} must be one of {', '.join(options)}; got {shown}")
-    return value.lower()
+    return value
 
 
 def integer(
@@ -97,8 +100,9 @@ def integer(
     if isinstance(value, bool) or not isinstance(value, int):
         also = " or null" if nullable else ""
         raise InvalidRequest(f"parameters.{name} must be an integer{also}, got {kind(value)}")
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+    top = INT64 if maximum is None else maximum
+    if value < minimum or value > top:
+        bound = f"between {minimum} and {top}"
         raise InvalidRequest(f"parameters.{name} must be {bound}, got {value}")
     return value
 
@@ -110,3 +114,108 @@ def string_list(raw: Mapping[str, object], name: str, default: Sequence[str]) ->
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise InvalidRequest(f"parameters.{name} must be a list of strings, got {kind(value)}")
     return tuple(value)
+
+
+# Parameter specs: what a task declares about each request parameter. The same object reads the value (with
+# the helpers above) and describes it as JSON Schema for the API documentation, so the two cannot disagree.
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A request parameter: its one-line help; subclasses add the type and its bounds."""
+
+    help: str
+
+    def read(self, raw: Mapping[str, object], name: str, default: Any) -> Any:
+        """The value of `name` in `raw` (or `default`), checked; raises InvalidRequest naming it."""
+        raise NotImplementedError
+
+    def schema(self, bounds: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        """JSON Schema of the accepted values; `bounds` resolves model-dependent limits (see Integer) and sets
+        (see ModelChoice). None: no value is accepted for this model, so the documentation leaves it out."""
+        return {"description": self.help}
+
+
+@dataclass(frozen=True)
+class Boolean(Spec):
+    def read(self, raw: Mapping[str, object], name: str, default: bool) -> bool:
+        return boolean(raw, name, default)
+
+    def schema(self, bounds: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        return {"type": "boolean", "description": self.help}
+
+
+@dataclass(frozen=True)
+class Choice(Spec):
+    options: tuple[str, ...]
+
+    def read(self, raw: Mapping[str, object], name: str, default: str) -> str:
+        return choice(raw, name, self.options, default)
+
+    def schema(self, bounds: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        return {"type": "string", "enum": list(self.options), "description": self.help}
+
+
+@dataclass(frozen=True)
+class Integer(Spec):
+    """An integer of at least `minimum`; `bound` names a model-dependent maximum (e.g. "width", the vector
+    size), which the server checks when it runs and the documentation states from `bounds`."""
+
+    minimum: int = 0
+    nullable: bool = False
+    bound: str | None = None
+
+    def read(self, raw: Mapping[str, object], name: str, default: int | None) -> int | None:
+        return integer(raw, name, default, minimum=self.minimum, nullable=self.nullable)
+
+    def schema(self, bounds: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        # Without a model bound, the largest integer JSON parsers (orjson) read: 64 bits.
+        found: dict[str, Any] = {"type": "integer", "minimum": self.minimum, "maximum": INT64}
+        if self.bound is not None and bounds and self.bound in bounds:
+            found["maximum"] = bounds[self.bound]
+        if self.nullable:
+            found = {"anyOf": [found, {"type": "null"}]}
+        return {**found, "description": self.help}
+
+
+@dataclass(frozen=True)
+class Strings(Spec):
+    """A list of strings (null: the default)."""
+
+    def read(self, raw: Mapping[str, object], name: str, default: Sequence[str]) -> tuple[str, ...]:
+        return string_list(raw, name, default)
+
+    def schema(self, bounds: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        return {"type": ["array", "null"], "items": {"type": "string"}, "description": self.help}
+
+
+@dataclass(frozen=True)
+class Text(Spec):
+    """Any string."""
+
+    def read(self, raw: Mapping[str, object], name: str, default: str) -> str:
+        value = raw.get(name, default)
+        if not isinstance(value, str):
+            raise InvalidRequest(f"parameters.{name} must be a string, got {kind(value)}")
+        return value
+
+    def schema(self, bounds: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        return {"type": "string", "description": self.help}
+
+
+@dataclass(frozen=True)
+class ModelChoice(Spec):
+    """One of a set the model declares (`among` names it in `bounds`, e.g. "prompts"); the task checks the
+    value against the model when it reads it."""
+
+    among: str
+
+    def read(self, raw: Mapping[str, object], name: str, default: str | None) -> str | None:
+        value = raw.get(name, default)
+        if value is not None and not isinstance(value, str):
+            raise InvalidRequest(f"parameters.{name} must be a string, got {kind(value)}")
+        return value
+
+    def schema(self, bounds: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        options = list((bounds or {}).get(self.among, ()))
+        return {"type": "string", "enum": options, "description": self.help} if options else None

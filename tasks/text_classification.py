@@ -32,10 +32,15 @@ class Params:
 
 
 PARAMETERS = {
-    "top_k": "how many labels to return, best first (default 1; null returns every label)",
-    "function_to_apply": "softmax, sigmoid or none (default: sigmoid for multi-label or one-label models, "
-    "else softmax), as in transformers",
-    "raw_scores": "true returns the logits (function_to_apply none)",
+    "top_k": params.Integer(
+        "how many labels to return, best first (default 1; null returns every label)", minimum=1, nullable=True
+    ),
+    "function_to_apply": params.Choice(
+        "softmax, sigmoid or none (default: sigmoid for multi-label or one-label models, else softmax), as in "
+        "transformers",
+        options=tuple(FUNCTIONS),
+    ),
+    "raw_scores": params.Boolean("true returns the logits (function_to_apply none)"),
 }
 
 
@@ -45,15 +50,17 @@ def default_function(model: ModelInfo) -> str:
 
 
 def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
-    function = params.choice(raw, "function_to_apply", tuple(FUNCTIONS), default_function(model))
-    if params.boolean(raw, "raw_scores", False):
+    function = PARAMETERS["function_to_apply"].read(raw, "function_to_apply", default_function(model))
+    if PARAMETERS["raw_scores"].read(raw, "raw_scores", False):
         function = "none"
-    top_k = params.integer(raw, "top_k", 1, minimum=1, nullable=True)
+    top_k = PARAMETERS["top_k"].read(raw, "top_k", 1)
     return Params(top_k, function)
 
 
 def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:
-    """Per input, labels sorted by score; windows' scores are averaged."""
+    """Per input, labels sorted by score; windows' scores are averaged. Always a list per input, one text
+    included: the Hugging Face Inference API's shape (`[[{"label", "score"}]]`, which huggingface_hub's
+    InferenceClient indexes with [0]); transformers' pipeline answers one text with the inner list."""
     apply = FUNCTIONS[p.function]
     answers: list[list[dict[str, Any]]] = []
     predicted: list[str] = []
@@ -67,7 +74,7 @@ def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:
                 item["truncated"] = True
         answers.append(ranked)
         predicted.append(model.labels[order[0]])
-    return Answer(answers[0] if out.inputs.single else answers, predicted)
+    return Answer(answers, predicted)
 
 
 SPEC = TaskSpec(

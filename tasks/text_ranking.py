@@ -41,9 +41,11 @@ class Params:
 
 
 PARAMETERS = {
-    "top_n": "how many documents to return, best first (default: all)",
-    "return_documents": "include each document's text in its entry (default false)",
-    "raw_scores": "true returns the relevance logit instead of the score (the model's activation of it)",
+    "top_n": params.Integer("how many documents to return, best first (default: all)", minimum=1, nullable=True),
+    "return_documents": params.Boolean("include each document's text in its entry (default false)"),
+    "raw_scores": params.Boolean(
+        "true returns the relevance logit instead of the score (the model's activation of it)"
+    ),
 }
 
 
@@ -69,9 +71,9 @@ def parse_inputs(value: object) -> Inputs:
 
 def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
     return Params(
-        params.integer(raw, "top_n", None, minimum=1, nullable=True),
-        params.boolean(raw, "return_documents", False),
-        params.boolean(raw, "raw_scores", False),
+        PARAMETERS["top_n"].read(raw, "top_n", None),
+        PARAMETERS["return_documents"].read(raw, "return_documents", False),
+        PARAMETERS["raw_scores"].read(raw, "raw_scores", False),
         model.activation,
     )
 

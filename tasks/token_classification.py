@@ -31,16 +31,19 @@ class Params:
 
 
 PARAMETERS = {
-    "aggregation_strategy": "none, simple, first, average or max (default simple): how tokens become "
-    "entities, as in transformers' token-classification pipeline",
-    "ignore_labels": 'labels left out of the answer (default ["O"])',
+    "aggregation_strategy": params.Choice(
+        "none, simple, first, average or max (default simple): how tokens become entities, as in transformers' "
+        "token-classification pipeline",
+        options=STRATEGIES,
+    ),
+    "ignore_labels": params.Strings('labels left out of the answer (default ["O"])'),
 }
 
 
 def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
     return Params(
-        params.choice(raw, "aggregation_strategy", STRATEGIES, "simple"),
-        params.string_list(raw, "ignore_labels", ("O",)),
+        PARAMETERS["aggregation_strategy"].read(raw, "aggregation_strategy", "simple"),
+        PARAMETERS["ignore_labels"].read(raw, "ignore_labels", ("O",)),
     )
 
 

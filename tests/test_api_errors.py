@@ -80,7 +80,13 @@ BAD_BODIES: list[tuple[str, bytes, int, str, tuple[str, ...]]] = [
     ),
     ("truncate a string", b'{"inputs": "a", "parameters": {"truncate": "yes"}}', 422, "InvalidRequest", ("truncate",)),
     ("bad long_input", b'{"inputs": "a", "parameters": {"long_input": "all"}}', 422, "InvalidRequest", ("window",)),
-    ("stride alone", b'{"inputs": "a", "parameters": {"stride": 4}}', 422, "InvalidRequest", ("stride",)),
+    (
+        "stride null",
+        b'{"inputs": "a", "parameters": {"stride": null}}',
+        422,
+        "InvalidRequest",
+        ("stride",),
+    ),
     (
         "stride too big",
         b'{"inputs": "a", "parameters": {"long_input": "window", "stride": 999}}',

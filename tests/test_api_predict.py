@@ -87,14 +87,15 @@ async def test_classification_scores_equal_the_transformers_pipeline(
 
 
 async def test_classification_shapes_top_k_and_raw_scores(classifier: httpx.AsyncClient) -> None:
-    single = await predict(classifier, "I like you. I love you")
+    # The Hugging Face Inference API's shape: one text is answered with a list holding its list of labels.
+    (single,) = await predict(classifier, "I like you. I love you")
     assert isinstance(single, list) and len(single) == 1 and set(single[0]) == {"label", "score"}
     several = await predict(classifier, ["I like you", "I love you"])
     assert len(several) == 2 and all(len(answer) == 1 for answer in several)
-    assert len(await predict(classifier, "text", top_k=2)) == 2
-    everything = await predict(classifier, "text", top_k=None)
+    assert len((await predict(classifier, "text", top_k=2))[0]) == 2
+    (everything,) = await predict(classifier, "text", top_k=None)
     assert len(everything) == 3 and sum(e["score"] for e in everything) == pytest.approx(1.0, abs=1e-5)
-    raw = await predict(classifier, "text", top_k=None, raw_scores=True)
+    (raw,) = await predict(classifier, "text", top_k=None, raw_scores=True)
     logits = np.array([e["score"] for e in raw])
     assert np.allclose(softmax(logits.astype(np.float32)), [e["score"] for e in everything], atol=1e-5)
 
@@ -156,7 +157,7 @@ async def test_window_classification_averages_the_windows_scores(
     assert "x-truncated" not in response.headers
     assert int(response.headers["x-compute-tokens"]) == sum(len(w) for w in windows)
     labels = ["negative", "neutral", "positive"]
-    got = {e["label"]: e["score"] for e in response.json()}
+    got = {e["label"]: e["score"] for e in response.json()[0]}
     assert np.allclose([got[label] for label in labels], expected, atol=TOL)
     short = await predict(classifier, "short text", top_k=None)
     assert await predict(classifier, "short text", top_k=None, long_input="window") == short

@@ -74,9 +74,17 @@ async def test_metrics_count_requests_batches_tokens_and_labels(ner: AppClient) 
 async def test_openapi_and_docs(ner: AppClient) -> None:
     spec = (await ner.get("/openapi.json")).json()
     predict = spec["paths"]["/predict"]["post"]
-    params = predict["requestBody"]["content"]["application/json"]["schema"]["properties"]["parameters"]
-    assert {"aggregation_strategy", "ignore_labels", "truncate", "long_input", "stride"} <= set(params["properties"])
-    assert "/v1/embeddings" not in spec["paths"]  # not an embeddings bundle
+    params = predict["requestBody"]["content"]["application/json"]["schema"]["properties"]["parameters"]["anyOf"][0]
+    properties = params["properties"]
+    assert {"aggregation_strategy", "ignore_labels", "truncate", "long_input", "stride"} <= set(properties)
+    # Derived from the specs the server reads with, and from its limits and error table.
+    assert properties["aggregation_strategy"]["enum"] == ["none", "simple", "first", "average", "max"]
+    assert properties["stride"]["maximum"] == ner.resources.limits.content_length - 1
+    assert params["additionalProperties"] is False
+    assert set(predict["responses"]) == {"200", "400", "401", "413", "422", "429", "500", "503"}
+    assert "retry-after" in predict["responses"]["429"]["headers"]
+    assert "/v1/embeddings" not in spec["paths"] and "/v2/rerank" not in spec["paths"]  # not this bundle's task
+    assert {"/tokenize", "/v2/models/{name}/infer", "/v1/models"} <= set(spec["paths"])
     page = await ner.get("/docs")
     assert page.status_code == 200 and "aggregation_strategy" in page.text and "<script" not in page.text
 

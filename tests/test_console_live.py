@@ -85,6 +85,17 @@ def test_page_plots_after_two_scrapes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(at.get("vega_lite_chart")) == 9  # seven timelines, label drift, labels since start
 
 
+def test_page_says_no_traffic_yet_instead_of_empty_charts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before any inference request the charts would show "null" and "0.000000" axes.
+    with fake_appliance("text-classification", mode="idle") as fake:
+        monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
+        at = AppTest.from_function(live_page, default_timeout=30).run()
+        at.run()
+    assert not at.exception and not at.error
+    assert any("No traffic yet" in info.value for info in at.info)
+    assert not at.get("vega_lite_chart") and not at.metric
+
+
 def test_page_says_when_metrics_cannot_be_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", closed_port_url())
     at = AppTest.from_function(live_page, default_timeout=30).run()

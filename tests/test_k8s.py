@@ -6,6 +6,7 @@ against each other, and the images' entrypoint and requirements helper.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
@@ -186,6 +187,116 @@ def test_kserve_inference_service_structure() -> None:
     assert "HARE_PUBLIC" in env_of(container)
 
 
+# KServe's ServingRuntime (serving.kserve.io/v1alpha1, ServingRuntimeSpec in KServe's Go types) and the model
+# part of an InferenceService's predictor (ModelSpec); the containers are checked with the Kubernetes schema.
+KSERVE_PROTOCOLS = ["v1", "v2", "grpc-v1", "grpc-v2"]
+KSERVE_RUNTIME = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "serving.kserve.io/v1alpha1"},
+        "kind": {"const": "ServingRuntime"},
+        "metadata": KSERVE_TOP["properties"]["metadata"],  # type: ignore[index]
+        "spec": {
+            "type": "object",
+            "required": ["supportedModelFormats", "containers"],
+            "additionalProperties": False,
+            "properties": {
+                "supportedModelFormats": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string"},
+                            "version": {"type": "string"},
+                            "autoSelect": {"type": "boolean"},
+                            "priority": {"type": "integer", "minimum": 1},
+                        },
+                    },
+                },
+                "protocolVersions": {"type": "array", "items": {"enum": KSERVE_PROTOCOLS}},
+                "multiModel": {"type": "boolean"},
+                "disabled": {"type": "boolean"},
+                "containers": {"type": "array", "minItems": 1},
+                "annotations": {"type": "object"},
+                "labels": {"type": "object"},
+                "nodeSelector": {"type": "object"},
+                "tolerations": {"type": "array"},
+                "volumes": {"type": "array"},
+            },
+        },
+    },
+}
+KSERVE_MODEL = {
+    "type": "object",
+    "required": ["modelFormat"],
+    "additionalProperties": False,
+    "properties": {
+        "modelFormat": {
+            "type": "object",
+            "required": ["name"],
+            "additionalProperties": False,
+            "properties": {"name": {"type": "string"}, "version": {"type": "string"}},
+        },
+        "runtime": {"type": "string"},
+        "protocolVersion": {"enum": KSERVE_PROTOCOLS},
+        "storageUri": {"type": "string", "pattern": "^(s3|gs|pvc|https?|hdfs|webhdfs|oci|hf)://"},
+        "env": {"type": "array"},
+        "resources": {"type": "object"},
+        "args": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+
+def test_kserve_serving_runtime_speaks_v2_with_hare() -> None:
+    import jsonschema
+
+    from api.routes import ROUTES
+    from api.serve import configure
+
+    runtime = load(K8S / "kserve" / "servingruntime.yaml")
+    jsonschema.validate(runtime, KSERVE_RUNTIME)
+    assert runtime["spec"]["protocolVersions"] == ["v2"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "check"},
+        "spec": {"containers": runtime["spec"]["containers"]},
+    }
+    for version in K8S_VERSIONS:
+        k8s.validate(pod, version, strict=True)
+    (container,) = runtime["spec"]["containers"]
+    assert container["name"] == "kserve-container" and container["ports"][0]["containerPort"] == 8080
+    # The storage initializer's folder is what hare serves; the arguments are `hare serve` flags (the
+    # image's entrypoint hands them over) naming the model as KServe does.
+    assert env_of(container)["HARE_BUNDLE"] == "/mnt/models"
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    assert parser.parse_args(container["args"]).model_name == "{{.Name}}"
+    paths = {getattr(route, "path", None) for route in ROUTES}
+    probes = {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]}
+    assert probes == {"/v2/health/ready", "/v2/health/live"} and probes <= paths
+
+
+def test_kserve_v2_inference_service_names_the_runtime() -> None:
+    import jsonschema
+
+    runtime = load(K8S / "kserve" / "servingruntime.yaml")
+    isvc = load(K8S / "kserve" / "inferenceservice-v2.yaml")
+    jsonschema.validate(isvc, KSERVE_TOP)
+    predictor = dict(isvc["spec"]["predictor"])
+    model = predictor.pop("model")
+    jsonschema.validate(model, KSERVE_MODEL)
+    jsonschema.validate(predictor, {**KSERVE_EXTENSION, "additionalProperties": False})
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
+    assert model["protocolVersion"] in runtime["spec"]["protocolVersions"]
+
+
 # ---- docker compose, Prometheus, Grafana ------------------------------------------------------------------
 
 
@@ -312,6 +423,19 @@ def test_cpu_and_gpu_images_share_their_runtime_settings() -> None:
         for instruction in instructions:
             if instruction.startswith("RUN "):
                 assert "/opt/hare/install.sh" in instruction, f"{name}: {instruction}"
+
+
+def test_the_optional_wheels_copy_builds_without_a_build_folder() -> None:
+    # BuildKit on docker 20.10 (Debian's docker.io) fails a COPY whose optional source has a literal parent
+    # folder that the context lacks ("lstat .../build: no such file or directory"); a pattern in every
+    # component matches nothing instead (checked by hand on dockerd 20.10.24 with no build/, an empty one,
+    # and build/wheels/ holding a wheel). The container tests pass the torch wheel through build/wheels/.
+    for dockerfile in ("Dockerfile.cpu", "Dockerfile.gpu"):
+        (copy,) = stages(dockerfile)["wheels"]
+        anchor, optional, destination = copy.removeprefix("COPY ").split()
+        assert (ROOT / anchor).is_file() and destination == "/"
+        assert all(re.search(r"\[.\]", part) for part in optional.split("/")), optional
+        assert re.fullmatch(optional.replace("[", "").replace("]", ""), "build/wheels")
 
 
 def test_images_run_the_entrypoint_in_exec_form() -> None:

@@ -58,6 +58,11 @@ def _scrape_and_draw(url: str) -> None:
         st.info("First scrape taken; rates appear from the second one on.")
         _labels_total(history.snapshots[-1])
         return
+    if not any(iv.requests_per_s > 0 for iv in intervals):
+        # Empty charts would draw "null" and "0.000000" axes.
+        st.info("No traffic yet: the charts start with the first inference request.")
+        _labels_total(history.snapshots[-1])
+        return
     origin = history.snapshots[0].at
     rows = prom.timeline_rows(intervals, origin)
     last = intervals[-1]
@@ -97,7 +102,7 @@ def _scrape_and_draw(url: str) -> None:
 
 def _labels_total(snapshot: prom.Snapshot) -> None:
     totals = prom.cumulative_labels(snapshot)
-    if totals:
+    if any(totals.values()):
         st.markdown("**Predictions per label since the appliance started**")
         st.bar_chart(
             [{"label": k, "predictions": v} for k, v in sorted(totals.items())], x="label", y="predictions", height=200

@@ -1,0 +1,1 @@
+"""The client protocols hare speaks, one short module each, all through `base.infer` (admission, parse, run)."""

@@ -1,0 +1,57 @@
+"""The Hugging Face Inference API, as huggingface_hub's InferenceClient calls it (POST /predict), and
+sentence similarity (also TEI's POST /similarity).
+
+    POST /predict      {"inputs": ..., "parameters": {...}}: the task's answer (api/schemas.py, tasks/*.py)
+                       embedding bundles: {"inputs": {"source_sentence", "sentences"}} -> [cosine per sentence]
+    POST /similarity   the same sentence-similarity body, with TEI's optional "parameters"
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api import schemas
+from api.protocols.base import Call, embeddings, infer, reply
+from api.protocols.vectors import as_vector
+from api.schemas import PredictRequest
+from api.state import Resources
+from tasks import params
+from tasks.errors import InvalidRequest
+
+
+def _predict(body: bytes, res: Resources) -> tuple[PredictRequest, bool]:
+    return schemas.parse_hf(body, res.task, res.model, res.limits)
+
+
+async def predict(request: Request) -> Response:
+    call = await infer(request, _predict)
+    return reply(call, cosines(call) if call.extra else call.served.answer.body)
+
+
+def _similarity(body: bytes, res: Resources) -> tuple[PredictRequest, bool]:
+    data = schemas.parse_json(body)
+    unknown = sorted(set(data) - {"inputs", "parameters"})
+    if unknown:
+        raise InvalidRequest(f'unknown field(s) {", ".join(unknown)}; the body is {{"inputs": {{...}}, "parameters"?}}')
+    if "inputs" not in data:
+        raise InvalidRequest('the body has no "inputs"; send {"inputs": {"source_sentence": ..., "sentences": [...]}}')
+    value = data["inputs"]
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"inputs must be an object {{source_sentence, sentences}}, got {params.kind(value)}")
+    raw = {k: v for k, v in schemas.parameters(data.get("parameters")).items() if v is not None}
+    inputs = schemas.similarity_inputs(value)
+    return schemas.checked(inputs, raw, res.task, res.model, res.limits), True
+
+
+async def similarity(request: Request) -> Response:
+    call = await infer(request, _similarity, embeddings, "an embeddings bundle")
+    return reply(call, cosines(call))
+
+
+def cosines(call: Call[bool]) -> list[float]:
+    """Cosine of the first vector (the source sentence) with each of the others."""
+    vectors = np.stack([as_vector(v) for v in call.served.answer.body])
+    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return [float(c) for c in unit[1:] @ unit[0]]

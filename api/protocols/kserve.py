@@ -1,0 +1,309 @@
+"""KServe's Open Inference Protocol v2 (REST), so hare is a KServe runtime and tritonclient / kserve clients
+reach it unchanged. Text travels as BYTES tensors; the binary tensor extension (tritonclient's default) is
+read and written.
+
+    GET  /v2                                  {"name": "hare", "version", "extensions"}
+    GET  /v2/health/live, /v2/health/ready    200 {"live": true} / {"ready": true} (503 when not ready)
+    GET  /v2/models/{name}[/versions/1]       {"name", "versions", "platform", "inputs", "outputs"}
+    GET  /v2/models/{name}[/versions/1]/ready 200 {"name", "ready": true}
+    POST /v2/models/{name}[/versions/1]/infer {"id"?, "parameters"?, "inputs": [...], "outputs"?: [...]}
+
+The tensors per task (TENSORS) are in the README. Request-level "parameters" are the task's parameters
+(`top_k`, `aggregation_strategy`, `normalize`...), besides tritonclient's own `binary_data_output` (and
+`priority`, `timeout`, accepted and ignored); errors are {"error": "..."} with the status of hare's table.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from importlib import metadata as package
+from typing import Any
+
+import numpy as np
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api import schemas
+from api.protocols import base
+from api.protocols.base import Call, guarded, json_response, reply
+from api.protocols.vectors import as_vector
+from api.schemas import PredictRequest
+from api.state import Resources
+from tasks import params
+from tasks.base import Inputs
+from tasks.errors import InvalidRequest, NotFound
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+VERSION = "1"
+PLATFORM = "onnxruntime_onnx"
+HEADER = "inference-header-content-length"
+IGNORED = ("priority", "timeout")
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """An output tensor: data is a numpy array (numbers) or a list of strings (BYTES), row-major."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: Any
+
+
+def _io(name: str, datatype: str, shape: list[int]) -> dict[str, Any]:
+    return {"name": name, "datatype": datatype, "shape": shape}
+
+
+def _embeddings(body: list[Any]) -> list[Tensor]:
+    vectors = np.stack([as_vector(v) for v in body])
+    return [Tensor("embeddings", "FP32", list(vectors.shape), vectors)]
+
+
+def _classes(body: list[list[dict[str, Any]]]) -> list[Tensor]:
+    k = len(body[0])
+    labels = [item["label"] for row in body for item in row]
+    scores = np.array([[item["score"] for item in row] for row in body], dtype=np.float32)
+    return [Tensor("labels", "BYTES", [len(body), k], labels), Tensor("scores", "FP32", [len(body), k], scores)]
+
+
+def _entities(body: list[list[dict[str, Any]]]) -> list[Tensor]:
+    return [Tensor("entities", "BYTES", [len(body)], [orjson.dumps(row).decode() for row in body])]
+
+
+def _ranked(body: list[dict[str, Any]]) -> list[Tensor]:
+    scores = np.array([e["score"] for e in body], dtype=np.float32)
+    order = np.array([e["index"] for e in body], dtype=np.int64)
+    return [Tensor("scores", "FP32", [len(body)], scores), Tensor("order", "INT64", [len(body)], order)]
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """A task's tensors: metadata inputs and outputs, and the answer -> output tensors conversion."""
+
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    convert: Callable[[Any], list[Tensor]]
+
+
+TEXT = [_io("text", "BYTES", [-1])]
+TENSORS: dict[str, Signature] = {
+    "feature-extraction": Signature(TEXT, [_io("embeddings", "FP32", [-1, -1])], _embeddings),
+    "text-classification": Signature(
+        TEXT, [_io("labels", "BYTES", [-1, -1]), _io("scores", "FP32", [-1, -1])], _classes
+    ),
+    "token-classification": Signature(TEXT, [_io("entities", "BYTES", [-1])], _entities),
+    "text-ranking": Signature(
+        [_io("query", "BYTES", [1]), _io("documents", "BYTES", [-1])],
+        [_io("scores", "FP32", [-1]), _io("order", "INT64", [-1])],
+        _ranked,
+    ),
+}
+
+
+def _model(request: Request) -> Resources:
+    """The resources, once the path names this server's model (and version 1, when a version is given)."""
+    res = guarded(request)
+    name = request.path_params["name"]
+    if name != res.model_name:
+        raise NotFound(f"no model {name!r}; this server serves {res.model_name!r}")
+    version = request.path_params.get("version", VERSION)
+    if version != VERSION:
+        raise NotFound(f"model {name!r} has no version {version!r}; its only version is {VERSION}")
+    return res
+
+
+async def server(request: Request) -> Response:
+    return json_response({"name": "hare", "version": package.version("hare"), "extensions": ["binary_tensor_data"]})
+
+
+async def live(request: Request) -> Response:
+    res = getattr(request.app.state, "hare", None)
+    broken = isinstance(res, Resources) and res.batcher.broken
+    return json_response({"live": not broken}, 503 if broken else 200)
+
+
+async def ready(request: Request) -> Response:
+    res = getattr(request.app.state, "hare", None)
+    up = isinstance(res, Resources) and res.ready and res.batcher.healthy
+    return json_response({"ready": up}, 200 if up else 503)
+
+
+async def metadata(request: Request) -> Response:
+    res = _model(request)
+    signature = TENSORS[res.task.name]
+    return json_response(
+        {
+            "name": res.model_name,
+            "versions": [VERSION],
+            "platform": PLATFORM,
+            "inputs": signature.inputs,
+            "outputs": signature.outputs,
+        }
+    )
+
+
+async def model_ready(request: Request) -> Response:
+    res = _model(request)
+    up = res.ready and res.batcher.healthy
+    return json_response({"name": res.model_name, "ready": up}, 200 if up else 503)
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What the infer request asked of the answer: its id, and the outputs (name -> binary) it wants."""
+
+    id: str | None
+    outputs: dict[str, bool]
+
+
+def strings(tensor: dict[str, Any], binary: memoryview, at: int) -> tuple[list[str], int]:
+    """A BYTES input's strings, from its JSON data or its binary_data_size bytes of `binary` from `at`."""
+    name = f"inputs[{tensor.get('name')}]"
+    unknown = sorted(set(tensor) - {"name", "shape", "datatype", "parameters", "data"})
+    if unknown:
+        raise InvalidRequest(f"{name} has unknown field(s) {', '.join(unknown)}")
+    if tensor.get("datatype") != "BYTES":
+        raise InvalidRequest(f"{name} must have datatype BYTES (text), got {tensor.get('datatype')!r}")
+    shape = tensor.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InvalidRequest(f"{name}.shape must be a list of non-negative integers")
+    size = schemas.parameters(tensor.get("parameters"), f"{name}.parameters").get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or at + size > len(binary):
+            raise InvalidRequest(f"{name}.parameters.binary_data_size does not match the binary part of the body")
+        values, at = _unpack(binary[at : at + size], name), at + size
+    else:
+        values = _flat(tensor.get("data"), name)
+    if int(np.prod(shape)) != len(values):
+        raise InvalidRequest(f"{name} has {len(values)} element(s) but its shape {shape} says {int(np.prod(shape))}")
+    return values, at
+
+
+def _unpack(data: memoryview, name: str) -> list[str]:
+    """The binary BYTES layout: each element a 4-byte little-endian length, then its bytes."""
+    values, i = [], 0
+    while i < len(data):
+        if i + 4 > len(data):
+            raise InvalidRequest(f"{name}: the binary data ends inside an element's length")
+        (n,) = struct.unpack_from("<I", data, i)
+        if i + 4 + n > len(data):
+            raise InvalidRequest(f"{name}: the binary data ends inside an element")
+        try:
+            values.append(bytes(data[i + 4 : i + 4 + n]).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidRequest(f"{name}: an element is not UTF-8 text") from None
+        i += 4 + n
+    return values
+
+
+def _flat(data: object, name: str) -> list[str]:
+    if not isinstance(data, list):
+        raise InvalidRequest(f"{name}.data must be a list of strings, got {params.kind(data)}")
+    flat: list[str] = []
+    stack: list[Any] = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, str):
+            flat.append(item)
+        else:
+            raise InvalidRequest(f"{name}.data must hold strings, got {params.kind(item)}")
+    return flat
+
+
+def _texts(tensors: Sequence[dict[str, Any]], binary: memoryview, pairs: bool) -> Inputs:
+    found: dict[str, list[str]] = {}
+    at = 0
+    for tensor in tensors:
+        if not isinstance(tensor, dict):
+            raise InvalidRequest(f"inputs must be a list of tensor objects, got {params.kind(tensor)} in it")
+        found[str(tensor.get("name"))], at = strings(tensor, binary, at)
+    if pairs:
+        if set(found) != {"query", "documents"}:
+            raise InvalidRequest('text-ranking takes two inputs, "query" (one string) and "documents"')
+        if len(found["query"]) != 1:
+            raise InvalidRequest('the "query" input holds exactly one string')
+        return Inputs(params.text_list(found["documents"], "documents"), False, params.text(found["query"][0], "query"))
+    if len(found) != 1:
+        raise InvalidRequest(f'this model takes one BYTES input of texts (e.g. "text"), got {len(found)}')
+    name, texts = next(iter(found.items()))
+    return Inputs(params.text_list(texts, f"inputs[{name}]"), single=False)
+
+
+def _parse(body: bytes, res: Resources, header: int | None) -> tuple[PredictRequest, Asked]:
+    if header is not None and not 0 < header <= len(body):
+        raise InvalidRequest(f"Inference-Header-Content-Length is {header}; the body has {len(body)} bytes")
+    data = schemas.parse_json(body[:header] if header is not None else body)
+    unknown = sorted(set(data) - {"id", "parameters", "inputs", "outputs"})
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: id, parameters, inputs, outputs")
+    raw = dict(schemas.parameters(data.get("parameters")))
+    binary_all = params.boolean(raw, "binary_data_output", False)
+    for name in ("binary_data_output", *IGNORED):
+        raw.pop(name, None)
+    tensors = data.get("inputs")
+    if not isinstance(tensors, list) or not tensors:
+        raise InvalidRequest("inputs must be a non-empty list of tensors")
+    inputs = _texts(tensors, memoryview(body)[header or len(body) :], res.task.pairs)
+    known: list[str] = [o["name"] for o in TENSORS[res.task.name].outputs]
+    asked: dict[str, bool] = {name: binary_all for name in known}
+    if data.get("outputs") is not None:
+        if not isinstance(data["outputs"], list):
+            raise InvalidRequest("outputs must be a list of {name} objects")
+        asked = {}
+        for out in data["outputs"]:
+            if isinstance(out, dict) and set(out) - {"name", "parameters"}:
+                raise InvalidRequest("outputs entries take name and parameters only")
+            wanted = out.get("name") if isinstance(out, dict) else None
+            if not isinstance(wanted, str) or wanted not in known:
+                raise InvalidRequest(f"outputs names {wanted!r}; this model's outputs are {', '.join(known)}")
+            options = schemas.parameters(out.get("parameters"), f"outputs[{wanted}].parameters")
+            asked[wanted] = params.boolean(options, "binary_data", binary_all)
+    request_id = data.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidRequest(f"id must be a string, got {params.kind(request_id)}")
+    return schemas.checked(inputs, raw, res.task, res.model, res.limits), Asked(request_id, asked)
+
+
+async def infer(request: Request) -> Response:
+    _model(request)
+    declared = request.headers.get(HEADER)
+    if declared is not None and not declared.isdigit():
+        raise InvalidRequest(f"Inference-Header-Content-Length must be a number of bytes, got {declared!r}")
+    call = await base.infer(request, partial(_parse, header=int(declared) if declared is not None else None))
+    return _answer(call)
+
+
+def _answer(call: Call[Asked]) -> Response:
+    res, asked = call.res, call.extra
+    tensors = [t for t in TENSORS[res.task.name].convert(call.served.answer.body) if t.name in asked.outputs]
+    outputs, blobs = [], []
+    for t in tensors:
+        out: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
+        if asked.outputs[t.name]:
+            blob = _pack(t)
+            out["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            out["data"] = t.data.ravel().tolist() if isinstance(t.data, np.ndarray) else t.data
+        outputs.append(out)
+    answer: dict[str, Any] = {"model_name": res.model_name, "model_version": VERSION, "outputs": outputs}
+    if asked.id is not None:
+        answer["id"] = asked.id
+    head = orjson.dumps(answer)
+    if not blobs:
+        return reply(call, head)
+    extra = [(b"inference-header-content-length", b"%d" % len(head))]
+    return reply(call, b"".join([head, *blobs]), "application/octet-stream", extra)
+
+
+def _pack(t: Tensor) -> bytes:
+    if t.datatype == "BYTES":
+        return b"".join(struct.pack("<I", len(b)) + b for b in (s.encode() for s in t.data))
+    dtype = {"FP32": "<f4", "INT64": "<i8"}[t.datatype]
+    return np.ascontiguousarray(t.data, dtype=dtype).tobytes()

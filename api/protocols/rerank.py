@@ -1,0 +1,109 @@
+"""Reranking as Cohere (v1 and v2) and Jina define it, on ranking bundles.
+
+    POST /v2/rerank  {"model"?, "query", "documents": [str | {"text"}], "top_n"?, "max_tokens_per_doc"?,
+                      "priority"?} -> {"id", "results": [{"index", "relevance_score"}], "meta"}
+    POST /v1/rerank  Cohere v1 adds "return_documents" (default false; then each result has "document":
+                     {"text"}, or the object sent), "rank_fields", "max_chunks_per_doc"; Jina's body is the
+                     same. The answer carries both shapes: Cohere's id and meta, Jina's model and usage.
+
+Results are best first; relevance_score is the task's score (sigmoid of the logit). Documents are cut with
+the query at the model's maximum, so max_tokens_per_doc and max_chunks_per_doc (checked, at least 1) never
+lengthen them; priority is accepted and ignored (one queue per worker).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api import schemas
+from api.protocols.base import infer, pairs, reply
+from api.schemas import PredictRequest
+from api.state import Resources
+from tasks import params
+from tasks.base import Inputs
+from tasks.errors import InputError, InvalidRequest
+
+FIELDS = (
+    "model",
+    "query",
+    "documents",
+    "top_n",
+    "return_documents",
+    "rank_fields",
+    "max_chunks_per_doc",
+    "max_tokens_per_doc",
+    "priority",
+)
+
+
+def document_text(doc: object, i: int, fields: tuple[str, ...]) -> str:
+    """A document's text: a string, or an object's "text"; with rank_fields, the object's listed fields as
+    "field: value" lines (its text when it has none of them)."""
+    name = f"documents[{i}]"
+    if isinstance(doc, str):
+        return params.text(doc, name)
+    if not isinstance(doc, dict):
+        raise InvalidRequest(f"{name} must be a string or an object with text, got {params.kind(doc)}")
+    text = params.text(doc.get("text"), f"{name}.text")
+    for field, value in doc.items():
+        if isinstance(value, dict | list):
+            raise InvalidRequest(f"{name}.{field} must be a string, number, boolean or null, got {params.kind(value)}")
+    lines = [f"{f}: {doc[f]}" for f in fields if f in doc]
+    return "\n".join(lines) if lines else text
+
+
+def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any], bool]]:
+    data = schemas.parse_json(body)
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(FIELDS)}")
+    for name in ("query", "documents"):
+        if name not in data:
+            raise InvalidRequest(f'the body has no "{name}"; send {{"query": str, "documents": [str]}}')
+    query = params.text(data["query"], "query")
+    documents = data["documents"]
+    if not isinstance(documents, list):
+        raise InvalidRequest(f"documents must be a list of strings or objects, got {params.kind(documents)}")
+    if not documents:
+        raise InputError("documents is an empty list; send at least one document")
+    fields = params.string_list(data, "rank_fields", ())
+    texts = [document_text(d, i, fields) for i, d in enumerate(documents)]
+    for name in ("max_chunks_per_doc", "max_tokens_per_doc"):
+        params.integer(data, name, None, minimum=1, nullable=True)
+    if data.get("model") is not None and not isinstance(data["model"], str):
+        raise InvalidRequest(f"model must be a string, got {params.kind(data['model'])}")
+    params.integer(data, "priority", None, minimum=-params.INT64, nullable=True)
+    returned = params.boolean({k: v for k, v in data.items() if v is not None}, "return_documents", False)
+    raw = {"top_n": data["top_n"]} if data.get("top_n") is not None else {}
+    request = schemas.checked(Inputs(texts, single=False, query=query), raw, res.task, res.model, res.limits)
+    return request, (documents, returned)
+
+
+async def rerank(request: Request) -> Response:
+    call = await infer(request, _parse, pairs, "a text-ranking bundle")
+    documents, returned = call.extra
+    results = []
+    for entry in call.served.answer.body:
+        result: dict[str, Any] = {"index": entry["index"], "relevance_score": entry["score"]}
+        if returned:
+            doc = documents[entry["index"]]
+            result["document"] = {"text": doc} if isinstance(doc, str) else doc
+        if entry.get("truncated"):
+            result["truncated"] = True
+        results.append(result)
+    version = "2" if request.url.path.startswith("/v2") else "1"
+    tokens = call.served.tokens
+    return reply(
+        call,
+        {
+            "id": str(uuid.uuid4()),
+            "results": results,
+            "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}},
+            "model": call.res.model_name,
+            "usage": {"total_tokens": tokens, "prompt_tokens": tokens},
+        },
+    )

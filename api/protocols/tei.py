@@ -1,0 +1,139 @@
+"""text-embeddings-inference's routes, with TEI's request fields and answer shapes (router/src/http/types.rs).
+
+    POST /embed     {"inputs": str | [str], "normalize"?: true, "truncate"?, "truncation_direction"?,
+                     "dimensions"?, and any other embedding parameter} -> [[float]], one vector per input
+    POST /rerank    {"query", "texts": [str], "raw_scores"?, "return_text"?, "truncate"?,
+                     "truncation_direction"?} -> [{"index", "score", "text"?}] best first
+    POST /tokenize  {"inputs": str | [str], "add_special_tokens"?: true} ->
+                     [[{"id", "text", "special", "start", "stop"}]] (every bundle)
+    POST /decode    {"ids": [int] | [[int]], "skip_special_tokens"?: true} -> [str] (every bundle)
+
+(/similarity is api/protocols/hf.py's.) /tokenize's start and stop are character offsets (TEI's are bytes:
+the same for ASCII); special tokens have null ones, as in TEI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api import schemas
+from api.pipeline import OFFLOAD_CHARS
+from api.protocols.base import embeddings, guarded, infer, json_response, pairs, reply
+from api.schemas import PredictRequest
+from api.state import Resources
+from tasks import params
+from tasks.base import Inputs
+from tasks.errors import InputTooLong, InvalidRequest
+
+RERANK_FIELDS = ("query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction")
+
+
+def _embed(body: bytes, res: Resources) -> tuple[PredictRequest, None]:
+    data = schemas.parse_json(body)
+    if "inputs" not in data:
+        raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
+    inputs = Inputs(params.texts(data["inputs"]).texts, single=False)
+    # TEI normalizes unless told not to; every other field is a task or common parameter.
+    raw = {"normalize": True, **{k: v for k, v in data.items() if k != "inputs" and v is not None}}
+    return schemas.checked(inputs, raw, res.task, res.model, res.limits), None
+
+
+async def embed(request: Request) -> Response:
+    call = await infer(request, _embed, embeddings, "an embeddings bundle")
+    return reply(call, call.served.answer.body)
+
+
+def _rerank(body: bytes, res: Resources) -> tuple[PredictRequest, list[str] | None]:
+    data = schemas.parse_json(body)
+    unknown = sorted(set(data) - set(RERANK_FIELDS))
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(RERANK_FIELDS)}")
+    if "query" not in data or "texts" not in data:
+        raise InvalidRequest('the body needs "query" and "texts"; send {"query": str, "texts": [str]}')
+    inputs = Inputs(params.text_list(data["texts"], "texts"), single=False, query=params.text(data["query"], "query"))
+    given = {k: v for k, v in data.items() if v is not None}
+    text = params.boolean(given, "return_text", False)
+    raw: dict[str, object] = {k: given[k] for k in ("raw_scores", "truncate", "truncation_direction") if k in given}
+    return schemas.checked(inputs, raw, res.task, res.model, res.limits), inputs.texts if text else None
+
+
+async def rerank(request: Request) -> Response:
+    call = await infer(request, _rerank, pairs, "a text-ranking bundle")
+    texts = call.extra
+    answer = []
+    for entry in call.served.answer.body:
+        item: dict[str, Any] = {"index": entry["index"], "score": entry["score"]}
+        if texts is not None:
+            item["text"] = texts[entry["index"]]
+        if entry.get("truncated"):
+            item["truncated"] = True
+        answer.append(item)
+    return reply(call, answer)
+
+
+async def _body(request: Request, res: Resources) -> dict[str, Any]:
+    if res.limiter is not None:
+        res.limiter.check(request)
+    return schemas.parse_json(await schemas.read_body(request, res.limits.max_body_bytes))
+
+
+async def tokenize(request: Request) -> Response:
+    res = guarded(request)
+    data = await _body(request, res)
+    unknown = sorted(set(data) - {"inputs", "add_special_tokens"})
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: inputs, add_special_tokens")
+    if "inputs" not in data:
+        raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
+    inputs = params.texts(data["inputs"])
+    schemas.check_limits(inputs, res.limits)
+    special = params.boolean({k: v for k, v in data.items() if v is not None}, "add_special_tokens", True)
+    tokenizer = res.encoder.whole
+    if sum(map(len, inputs.texts)) > OFFLOAD_CHARS:
+        encodings = await asyncio.to_thread(tokenizer.encode_batch, inputs.texts, add_special_tokens=special)
+    else:
+        encodings = tokenizer.encode_batch(inputs.texts, add_special_tokens=special)
+    answer = []
+    for text, enc in zip(inputs.texts, encodings, strict=True):
+        tokens = []
+        for token_id, token, (start, stop), is_special in zip(
+            enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
+        ):
+            if is_special:
+                tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
+            else:
+                tokens.append(
+                    {"id": token_id, "text": text[start:stop], "special": False, "start": start, "stop": stop}
+                )
+        answer.append(tokens)
+    return json_response(answer)
+
+
+async def decode(request: Request) -> Response:
+    res = guarded(request)
+    data = await _body(request, res)
+    unknown = sorted(set(data) - {"ids", "skip_special_tokens"})
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: ids, skip_special_tokens")
+    if "ids" not in data:
+        raise InvalidRequest('the body has no "ids"; send {"ids": [101, 7592, 102]}')
+    ids = data["ids"]
+    batch = ids if isinstance(ids, list) and ids and isinstance(ids[0], list) else [ids]
+    vocab_size = res.encoder.whole.get_vocab_size()
+    for i, row in enumerate(batch):
+        if not isinstance(row, list) or not row:
+            raise InvalidRequest("ids must be a non-empty list of token ids, or a list of such lists")
+        if len(batch) > res.limits.max_inputs or len(row) > res.limits.max_input_chars:
+            raise InputTooLong("too many ids for this server's limits", limit=res.limits.max_inputs)
+        for j, value in enumerate(row):
+            if isinstance(value, float) and value.is_integer():  # JSON's 3.0 is the integer 3
+                row[j] = value = int(value)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+                where = f"ids[{i}][{j}]" if len(batch) > 1 or isinstance(ids[0], list) else f"ids[{j}]"
+                raise InvalidRequest(f"{where} must be a token id from 0 to {vocab_size - 1}")
+    skip = params.boolean({k: v for k, v in data.items() if v is not None}, "skip_special_tokens", True)
+    return json_response(res.encoder.whole.decode_batch(batch, skip_special_tokens=skip))

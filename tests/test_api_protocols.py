@@ -1,0 +1,97 @@
+"""The protocol routes in process: the API key, routes a bundle does not serve, and the refusals each
+protocol gives in its own error shape ({"error": ...} everywhere, KServe's included)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.api_helpers import AppClient, serve
+from tests.conftest import ModelFactory
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def ranker(tiny_bundle: ModelFactory) -> AsyncIterator[AppClient]:
+    async with serve(tiny_bundle("text-ranking"), HARE_MODEL_NAME="tiny", HARE_API_KEY="s3cret") as client:
+        yield client
+
+
+KEY = {"authorization": "Bearer s3cret"}
+RERANK = {"query": "q", "documents": ["a", "b"]}
+
+
+async def test_the_api_key_guards_inference_routes_only(ranker: AppClient) -> None:
+    for method, path, body in [
+        ("POST", "/predict", {"inputs": RERANK}),
+        ("POST", "/v2/rerank", RERANK),
+        ("POST", "/tokenize", {"inputs": "a"}),
+        ("GET", "/v1/models", None),
+        ("GET", "/v2/models/tiny", None),
+    ]:
+        refused = await ranker.request(method, path, json=body)
+        assert refused.status_code == 401, path
+        assert refused.headers["www-authenticate"] == "Bearer" and "HARE_API_KEY" in refused.json()["error"]
+        wrong = await ranker.request(method, path, json=body, headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert (await ranker.request(method, path, json=body, headers=KEY)).status_code == 200, path
+    for path in ("/health", "/ready", "/v2/health/live", "/v2/health/ready", "/openapi.json"):
+        assert (await ranker.get(path)).status_code == 200, path
+
+
+async def test_without_a_key_an_authorization_header_is_ignored(tiny_bundle: ModelFactory) -> None:
+    async with serve(tiny_bundle("text-ranking")) as client:
+        answer = await client.post("/v2/rerank", json=RERANK, headers={"authorization": "Bearer hf_user_token"})
+        assert answer.status_code == 200
+
+
+async def test_routes_for_other_tasks_answer_404_naming_the_task(ranker: AppClient) -> None:
+    for path in ("/v1/embeddings", "/embed", "/similarity"):
+        refused = await ranker.post(path, json={"input": "a", "inputs": "a"}, headers=KEY)
+        assert refused.status_code == 404 and "text-ranking" in refused.json()["error"], path
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "words"),
+    [
+        ("/v2/models/other/infer", {"inputs": []}, 404, ("tiny",)),
+        ("/v2/models/tiny/versions/2/infer", {"inputs": []}, 404, ("version",)),
+        (
+            "/v2/models/tiny/infer",
+            {"inputs": [{"name": "query", "shape": [1], "datatype": "FP32", "data": [1]}]},
+            422,
+            ("BYTES",),
+        ),
+        (
+            "/v2/models/tiny/infer",
+            {"inputs": [{"name": "query", "shape": [2], "datatype": "BYTES", "data": ["q"]}]},
+            422,
+            ("shape",),
+        ),
+        (
+            "/v2/models/tiny/infer",
+            {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["q"]}]},
+            422,
+            ("query", "documents"),
+        ),
+        ("/v2/rerank", {"query": "q", "documents": []}, 400, ("documents",)),
+        ("/v2/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 422, ("top_n",)),
+        ("/v1/rerank", {"query": "q", "documents": [{"title": "t"}]}, 422, ("documents[0].text",)),
+        ("/rerank", {"query": "q", "texts": ["a"], "truncation_direction": "Left"}, 422, ("truncation_direction",)),
+        ("/decode", {"ids": [[1, -5]]}, 422, ("ids[0][1]",)),
+    ],
+)
+async def test_protocol_refusals_name_the_field(
+    ranker: AppClient, path: str, body: object, status: int, words: tuple[str, ...]
+) -> None:
+    refused = await ranker.post(path, json=body, headers=KEY)
+    assert refused.status_code == status, refused.text
+    message = refused.json()["error"]
+    assert all(w in message for w in words), message
