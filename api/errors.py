@@ -75,6 +75,9 @@ async def on_hare_error(request: Request, exc: Exception) -> Response:
     headers = {}
     if isinstance(exc, Overloaded):
         headers["retry-after"] = str(exc.details.get("retry_after", 1))
+        # A refused client that hammers on must reconnect (accept() is cheap, and the backlog bounds it)
+        # rather than keep a worker reading its requests.
+        headers["connection"] = "close"
     if isinstance(exc, Unauthorized):
         headers["www-authenticate"] = "Bearer"
     if status >= 500:

@@ -17,15 +17,17 @@ PROVIDERS = {
 }
 
 
-def session_options(threads: int) -> ort.SessionOptions:
-    """Options for one session: `threads` intra-op threads (0 lets ORT use every core), no inter-op pool."""
+def session_options(threads: int, arena: bool = True) -> ort.SessionOptions:
+    """Options for one session: `threads` intra-op threads (0 lets ORT use every core), no inter-op pool;
+    `arena` False gives freed buffers back instead of keeping ORT's CPU arena (see README, memory)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Spinning threads burn the core a sibling worker needs; with one thread per worker it buys nothing.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0" if threads == 1 else "1")
+    # Spinning threads burn the core another call was granted (api/cores.py): a call's threads sleep when idle.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.enable_cpu_mem_arena = arena
     options.log_severity_level = 3
     return options
 
@@ -38,13 +40,15 @@ def available_targets() -> list[str]:
 class OnnxModel:
     """A loaded graph. `run` takes a superset of feeds and passes on only the declared inputs."""
 
-    def __init__(self, path: Path, target: str = "cpu", threads: int = 0, output: str | None = None) -> None:
+    def __init__(
+        self, path: Path, target: str = "cpu", threads: int = 0, output: str | None = None, arena: bool = True
+    ) -> None:
         if target not in available_targets():
             raise InputError(
                 f"target {target!r} needs {PROVIDERS[target][0]}, but this onnxruntime offers "
                 f"{', '.join(ort.get_available_providers())}"
             )
-        self.session = ort.InferenceSession(str(path), session_options(threads), providers=PROVIDERS[target])
+        self.session = ort.InferenceSession(str(path), session_options(threads, arena), providers=PROVIDERS[target])
         self.input_names: list[str] = [i.name for i in self.session.get_inputs()]
         self.output = output or self.session.get_outputs()[0].name
         self.providers: list[str] = self.session.get_providers()
