@@ -24,6 +24,6 @@ def test_rows_come_back_per_sequence_trimmed_and_the_same_at_every_width(tiny_bu
     assert [r.shape[0] for r in narrow] == [len(e) for e in batch]  # padding trimmed off each sequence
     for a, b in zip(narrow, wide, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-4)
-    # Alone, a sequence gives the rows it gave inside the padded batch.
-    np.testing.assert_allclose(backend.run(batch[:1])[0], narrow[0], atol=1e-4)
+    # Alone, a sequence gives the rows it gave inside the padded batch (up to dynamic int8's batch-wide scale).
+    np.testing.assert_allclose(backend.run(batch[:1])[0], narrow[0], atol=2e-3)
     assert unknown == [1, 1]  # the snowman is one [UNK] in each run that carried it
