@@ -33,6 +33,7 @@ from api.schemas import COMMON, Limits, PredictRequest
 from api.state import Resources
 from container.backend import Backend
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, read_manifest
+from container.runtime import bound_malloc
 from tasks.base import Inputs, ModelInfo
 from tasks.errors import InputError
 from tasks.registry import TASKS
@@ -116,6 +117,7 @@ async def load(settings: Settings) -> Resources:
     tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
     metrics = Metrics()
     words = vocab(tokenizer)
+    bound_malloc()
     # Session creation can take seconds on big models: off the loop, so the worker keeps its heartbeat.
     backend = await asyncio.to_thread(
         Backend,

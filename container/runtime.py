@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -32,6 +33,22 @@ def session_options(threads: int, arena: bool = True) -> ort.SessionOptions:
     return options
 
 
+_SHRINK = ort.RunOptions()
+_SHRINK.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+
+def bound_malloc(threshold: int = 1 << 20) -> None:
+    """Serve allocations from `threshold` bytes up with their own mappings, returned to the system when freed
+    (glibc raises this threshold on its own up to 32 MB, after which a burst's buffers stay in the heap);
+    a no-op off glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_mmap_threshold = -3
+    libc.mallopt(m_mmap_threshold, threshold)
+
+
 def available_targets() -> list[str]:
     have = set(ort.get_available_providers())
     return [t for t, providers in PROVIDERS.items() if providers[0] in have]
@@ -53,9 +70,12 @@ class OnnxModel:
         self.output = output or self.session.get_outputs()[0].name
         self.providers: list[str] = self.session.get_providers()
 
-    def run(self, feeds: Mapping[str, NDArray[np.int64]]) -> NDArray[np.float32]:
+    def run(self, feeds: Mapping[str, NDArray[np.int64]], shrink: bool = False) -> NDArray[np.float32]:
+        """The output for `feeds`; `shrink` gives the CPU arena's unused chunks back after this run (a big
+        batch would otherwise keep its peak allocated for the life of the process)."""
+        options = _SHRINK if shrink else None
         try:
-            (result,) = self.session.run([self.output], {name: feeds[name] for name in self.input_names})
+            (result,) = self.session.run([self.output], {name: feeds[name] for name in self.input_names}, options)
         except KeyError as exc:
             raise InferenceFailed(f"the graph needs input {exc} that the caller did not build") from exc
         except Exception as exc:  # ORT raises its own untyped errors; keep the message for the operator.
