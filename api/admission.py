@@ -2,8 +2,9 @@
 answer it in time; otherwise it is refused at once (Overloaded: HTTP 429 with Retry-After), never left to
 time out in a queue.
 
-- Time bound: the expected wait is the padded tokens queued in every worker of the machine (the shared page
-  of api/cores.py) over the measured token rate (tokens per second per core x cores). Above `max_queue`
+- Time bound: the expected wait is the padded tokens every worker of the machine still has to run (the
+  shared page of api/cores.py: queued, on the model, and requests admitted but not yet tokenized, at the
+  average request's size) over the measured token rate (tokens per second per core x cores). Above `max_queue`
   seconds, 429 with Retry-After = the seconds until the excess has drained (at least 1).
 - Count bound: a worker holds at most `capacity` requests (memory: each holds its body and encodings).
 - The rate starts from warm-up's batches (api/app.py) and follows every batch (a moving average), so it

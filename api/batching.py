@@ -90,6 +90,8 @@ class Batcher(Generic[T]):
         self._model = ModelThreads(run, streams, pool)
         self._streams = streams
         self._running: dict[int, list[Job]] = {}  # the requests of each batch on the model threads, by number
+        self._running_tokens = 0  # padded tokens of the batches on the model threads
+        self._request_tokens = 0.0  # padded tokens per request, a moving average (for requests still arriving)
         self._batches = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -152,9 +154,10 @@ class Batcher(Generic[T]):
         requests or the machine's queue is expected to take longer than `max_queue`."""
         if not self.healthy:
             raise NotReady("the server is shutting down or its model loop stopped; retry shortly")
-        self.admission.check(self._held, self._queue.tokens)
+        self.admission.check(self._held, self._work())
         self._held += 1
         self._arriving += 1
+        self._publish()
         return Ticket(self)
 
     def _submit(self, items: Sequence[T]) -> Job:
@@ -164,7 +167,10 @@ class Batcher(Generic[T]):
             job.started = job.submitted
             job.future.set_result(Result([], 0.0, 0.0))
             return job
+        before = self._queue.tokens
         self._queue.put(job, items)
+        size = self._queue.tokens - before
+        self._request_tokens = size if self._request_tokens == 0 else 0.8 * self._request_tokens + 0.2 * size
         self._publish()
         if self._idle and not self._worth_waiting():
             self._dispatch()  # straight to a free model thread, without a hop through the loop task
@@ -176,6 +182,7 @@ class Batcher(Generic[T]):
         self._held -= 1
         if job is None:
             self._arriving -= 1
+            self._publish()
         elif not job.future.done():
             job.future.cancel()  # its sequences are skipped when their turn comes
 
@@ -224,7 +231,10 @@ class Batcher(Generic[T]):
         )
         self._batches += 1
         self._running[self._batches] = jobs
-        done = functools.partial(self._finish, self._batches, batch, jobs, start)
+        padded = max(e.length for e in batch) * len(batch)
+        self._running_tokens += padded
+        self._publish()
+        done = functools.partial(self._finish, self._batches, batch, jobs, start, padded)
         self._model.call([e.item for e in batch], self._wide if lone else self._narrow, done)
 
     def _take(self) -> list[Entry[T]]:
@@ -239,12 +249,15 @@ class Batcher(Generic[T]):
         batch: list[Entry[T]],
         jobs: list[Job],
         start: float,
+        padded: int,
         rows: Rows | None,
         error: BaseException | None,
         width: int,
     ) -> None:
         """On the event loop when a model thread is done: every request in the batch gets its rows or an error."""
         self._running.pop(number, None)
+        self._running_tokens -= padded
+        self._publish()
         if self._queue.pending:
             self._wake.set()
         if error is None:
@@ -286,10 +299,15 @@ class Batcher(Generic[T]):
             # After the waiting requests' wake-ups, so metrics never delay an answer.
             asyncio.get_running_loop().call_soon(self._on_batch, stats)
 
+    def _work(self) -> float:
+        """Padded tokens this worker still has to run: queued, on the model, and the requests admitted but
+        not yet tokenized (at the average request's size: a burst of arrivals counts before it is read)."""
+        return self._queue.tokens + self._running_tokens + self._arriving * self._request_tokens
+
     def _publish(self) -> None:
-        """This worker's queued tokens into the machine's shared page (admission in every worker reads it)."""
+        """This worker's remaining work into the machine's shared page (admission in every worker reads it)."""
         if self._pool is not None:
-            self._pool.set_queued(self._queue.tokens)
+            self._pool.set_queued(self._work())
 
     def _report_depth(self) -> None:
         pending = self._queue.pending
