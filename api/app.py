@@ -24,7 +24,6 @@ from tokenizers import Encoding, Tokenizer
 from api import errors, openapi, routes
 from api.batching import Batcher
 from api.config import Settings
-from api.cores import CorePool
 from api.encoder import Encoder, vocab
 from api.metrics import Metrics, MetricsMiddleware
 from api.pipeline import Pipeline
@@ -33,6 +32,7 @@ from api.schemas import COMMON, Limits, PredictRequest
 from api.state import Resources
 from container.backend import Backend
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, read_manifest
+from container.cores import CorePool
 from container.runtime import bound_malloc
 from tasks.base import Inputs, ModelInfo
 from tasks.errors import InputError

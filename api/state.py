@@ -10,7 +10,6 @@ from tokenizers import Encoding
 
 from api.batching import Batcher
 from api.config import Settings
-from api.cores import CorePool
 from api.encoder import Encoder
 from api.metrics import Metrics
 from api.pipeline import Pipeline
@@ -18,6 +17,7 @@ from api.public import RateLimiter
 from api.schemas import Limits
 from container.backend import Backend
 from container.bundle import Manifest
+from container.cores import CorePool
 from tasks.base import ModelInfo, TaskSpec
 from tasks.errors import NotReady
 

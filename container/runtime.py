@@ -26,7 +26,7 @@ def session_options(threads: int, arena: bool = True) -> ort.SessionOptions:
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Spinning threads burn the core another call was granted (api/cores.py): a call's threads sleep when idle.
+    # Spinning threads burn the core another call was granted (container/cores.py): a call's threads sleep when idle.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.enable_cpu_mem_arena = arena
     options.log_severity_level = 3

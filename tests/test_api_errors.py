@@ -161,7 +161,7 @@ async def test_a_failing_model_call_fails_its_requests_and_the_server_goes_on(ti
     async with serve(tiny_bundle("text-classification")) as client:
         sessions = list(client.resources.backend.sessions.values())
 
-        def broken(feeds: Any) -> np.ndarray:
+        def broken(feeds: Any, shrink: bool = False) -> np.ndarray:
             raise RuntimeError("CUDA fell over")
 
         for session in sessions:
@@ -194,13 +194,13 @@ async def test_a_waiting_request_whose_client_left_is_withdrawn(tiny_bundle: Mod
         gate = threading.Event()
         seen: list[int] = []
 
-        def holding(session: OnnxModel) -> Callable[[Any], np.ndarray]:
+        def holding(session: OnnxModel) -> Callable[[Any, bool], np.ndarray]:
             model_run = session.run
 
-            def held(feeds: Any) -> np.ndarray:
+            def held(feeds: Any, shrink: bool = False) -> np.ndarray:
                 gate.wait(10)
                 seen.append(len(feeds["input_ids"]))
-                return model_run(feeds)
+                return model_run(feeds, shrink)
 
             return held
 
