@@ -54,7 +54,7 @@ VERSIONED = ("hare", "onnxruntime", "tokenizers", "numpy", "starlette", "uvicorn
 
 
 def create_app(settings: Settings) -> Starlette:
-    middleware = [Middleware(MetricsMiddleware)]
+    middleware = [Middleware(errors.RefuseEarly), Middleware(MetricsMiddleware)]
     if settings.cors_origins:
         middleware.insert(
             0,

@@ -32,7 +32,7 @@ from api.admission import Admission, Ticket
 from api.lengthqueue import Entry, Job, LengthQueue, Result
 from api.scheduler import ModelThreads, Rows, Run
 from container.cores import CorePool
-from tasks.errors import HareError, InferenceFailed, NotReady
+from tasks.errors import HareError, InferenceFailed, NotReady, Overloaded
 
 __all__ = ["BatchStats", "Batcher", "Result", "Ticket"]
 
@@ -159,6 +159,14 @@ class Batcher(Generic[T]):
         self._arriving += 1
         self._publish()
         return Ticket(self)
+
+    def refusal(self) -> Overloaded | None:
+        """The refusal admit() would raise now, without admitting (the early check before routing)."""
+        try:
+            self.admission.check(self._held, self._work())
+        except Overloaded as exc:
+            return exc
+        return None
 
     def _submit(self, items: Sequence[T]) -> Job:
         self._arriving -= 1
