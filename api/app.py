@@ -11,11 +11,10 @@ import asyncio
 import logging
 import os
 import platform
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import metadata
 
-import numpy as np
 import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -31,11 +30,12 @@ from api.pipeline import Pipeline
 from api.public import RateLimiter
 from api.schemas import COMMON, Limits, PredictRequest
 from api.state import Resources
+from container.backend import Backend
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
-from container.runtime import OnnxModel
-from tasks.base import Array, Inputs, ModelInfo, Outputs
+from container.cores import CorePool
+from container.runtime import bound_malloc
+from tasks.base import Inputs, ModelInfo
 from tasks.errors import InputError
-from tasks.ops import pad_batch
 from tasks.registry import TASKS
 
 log = logging.getLogger("hare")
@@ -54,7 +54,7 @@ VERSIONED = ("hare", "onnxruntime", "tokenizers", "numpy", "starlette", "uvicorn
 
 
 def create_app(settings: Settings) -> Starlette:
-    middleware = [Middleware(MetricsMiddleware)]
+    middleware = [Middleware(errors.RefuseEarly), Middleware(MetricsMiddleware)]
     if settings.cors_origins:
         middleware.insert(
             0,
@@ -77,20 +77,23 @@ def create_app(settings: Settings) -> Starlette:
             await warm_up(res)
             res.ready = True
             log.info(
-                "ready: %s %s (%s, %s) pid %d, %d stream(s) of %d ORT thread(s), providers %s",
+                "ready: %s %s (%s, %s) pid %d, %d stream(s) of %s ORT thread(s) on %d shared cores, providers %s",
                 res.task.name,
                 res.model_name,
                 res.manifest.variant,
                 res.manifest.precision,
                 os.getpid(),
                 settings.streams,
-                settings.threads,
-                ",".join(res.runtime.providers),
+                "/".join(map(str, res.backend.widths)),
+                settings.cores,
+                ",".join(res.backend.providers),
             )
             yield
         finally:
             res.ready = False  # draining: /ready answers 503 from here on
             await res.batcher.close()
+            if res.pool is not None:
+                res.pool.close()
 
     return Starlette(
         routes=routes.ROUTES,
@@ -111,32 +114,43 @@ async def load(settings: Settings) -> Resources:
     if manifest.task not in TASKS:
         raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
     task = TASKS[manifest.task]
+    tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
+    metrics = Metrics()
+    words = vocab(tokenizer)
+    bound_malloc()
     # Session creation can take seconds on big models: off the loop, so the worker keeps its heartbeat.
-    runtime = await asyncio.to_thread(
-        OnnxModel,
+    backend = await asyncio.to_thread(
+        Backend,
         settings.bundle / MODEL_FILE,
         settings.target or manifest.target,
-        settings.threads,
+        settings.widths,
         manifest.output,
+        words.unk_id,
+        metrics.unknown_tokens.inc,
+        settings.cpu_arena,
     )
-    tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
     model = ModelInfo(
         labels=_labels(manifest),
         multi_label=manifest.multi_label,
         pooling=manifest.pooling or task.default_pooling or "mean",
         normalize=manifest.normalize,
         max_length=manifest.max_length,
-        vocab=vocab(tokenizer),
+        vocab=words,
         **model_head(settings.bundle, manifest),
     )
     encoder = Encoder(tokenizer, manifest.max_length, task.windows)
-    metrics = Metrics()
+    on_gpu = backend.providers[0] != "CPUExecutionProvider"
+    # The device does a GPU bundle's work: no CPU cores to account for.
+    pool = None if on_gpu else CorePool(settings.cores, settings.core_pool)
     batcher: Batcher[Encoding] = Batcher(
-        _model_call(runtime, model.vocab.unk_id, metrics),
+        backend.run,
         max_items=settings.max_batch_size,
         max_tokens=settings.max_batch_tokens,
         max_wait=settings.max_wait_ms / 1000,
         capacity=settings.queue_size,
+        max_queue=settings.max_queue_ms / 1000,
+        pool=pool,
+        widths=backend.widths,
         on_batch=metrics.observe_batch,
         on_depth=metrics.queue_depth.set,
         streams=settings.streams,
@@ -147,7 +161,8 @@ async def load(settings: Settings) -> Resources:
         manifest=manifest,
         task=task,
         model=model,
-        runtime=runtime,
+        backend=backend,
+        pool=pool,
         encoder=encoder,
         batcher=batcher,
         pipeline=Pipeline(task, model, encoder, batcher),
@@ -161,44 +176,31 @@ async def load(settings: Settings) -> Resources:
         ),
         limiter=RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None,
         model_name=settings.model_name or settings.bundle.resolve().name,
-        compute_type="gpu+optimized" if runtime.providers[0] != "CPUExecutionProvider" else "cpu+optimized",
+        compute_type="gpu+optimized" if on_gpu else "cpu+optimized",
     )
     res.info = orjson.dumps(_info(res))
     res.openapi = orjson.dumps(openapi.spec(res))
     return res
 
 
-def _model_call(runtime: OnnxModel, unk_id: int | None, metrics: Metrics) -> Callable[[list[Encoding]], Array]:
-    """The batcher's model call (on the model thread): pad the batch into the graph's feeds, run it."""
-    names = runtime.input_names
-
-    def run(batch: list[Encoding]) -> Array:
-        feeds = pad_batch(batch, names)
-        if unk_id is not None and "input_ids" in feeds:
-            unknown = int(np.count_nonzero(feeds["input_ids"] == unk_id))
-            if unknown:
-                metrics.unknown_tokens.inc(unknown)
-        return runtime.run(feeds)
-
-    return run
-
-
 async def warm_up(res: Resources) -> None:
-    """Run the whole path (tokenize, model, post-process) at a few lengths, batch 1 and a small batch, so
-    the first real requests do not pay for ONNX Runtime's first-run allocations."""
+    """Answer a few requests through the real pipeline (tokenize, queue, model, post-process) at a few
+    lengths, alone (the wide session) and as many at once as there are streams (every model thread, the
+    narrow session), so that the first real requests do not pay ONNX Runtime's first-run allocations. Their
+    batches also give admission its first token rate."""
     params = res.task.parse_params({}, res.model)
+
+    async def ask(n: int, batch: int) -> None:
+        text = " ".join(["hello"] * n)
+        inputs = Inputs([text] * batch, single=False, query="hello" if res.task.pairs else None)
+        with res.batcher.admit() as ticket:
+            await res.pipeline.run(ticket, PredictRequest(inputs, True, None, params))
+
     for n in sorted({min(n, res.model.max_length) for n in WARM_LENGTHS}):
-        for batch in (1, min(8, res.settings.max_batch_size)) if n == WARM_LENGTHS[0] else (1,):
-            text = " ".join(["hello"] * n)
-            inputs = Inputs([text] * batch, single=False, query="hello" if res.task.pairs else None)
-            request = PredictRequest(inputs, True, None, params)
-            encoded = res.encoder.encode(request.inputs, request.truncate)
-            # Once on every model thread, so none of them pays its first call while serving.
-            runs = [res.batcher.run_direct(encoded.sequences) for _ in range(res.settings.streams)]
-            rows = (await asyncio.gather(*runs))[0]
-            token_level = rows.ndim > 2
-            arrays = [[rows[i, : len(e)] if token_level else rows[i]] for i, e in enumerate(encoded.sequences)]
-            res.task.postprocess(Outputs(inputs, encoded.windows, arrays, encoded.truncated), params, res.model)
+        await ask(n, 1)
+        await asyncio.gather(*(ask(n, 1) for _ in range(min(res.settings.streams, res.settings.queue_size))))
+        if n == WARM_LENGTHS[0]:
+            await ask(n, min(8, res.settings.max_batch_size))
 
 
 def _labels(manifest: Manifest) -> tuple[str, ...]:
@@ -232,11 +234,13 @@ def _info(res: Resources) -> dict[str, object]:
         "variants": m.variants,
         "pooling": res.model.pooling if res.task.embeddings else m.pooling,
         "normalize": m.normalize,
-        "providers": res.runtime.providers,
+        "providers": res.backend.providers,
         "profile": s.profile,
         "workers": s.workers,
         "streams": s.streams,
         "threads": s.threads,
+        "cores": s.cores,
+        "widths": list(res.backend.widths),
         "batching": s.batching,
         "limits": {
             "max_body_bytes": s.max_body_bytes,

@@ -119,6 +119,33 @@ class Settings:
     threads: int = _setting(
         "HARE_THREADS", _int(0), "ONNX Runtime intra-op threads per model stream (0: from the profile)", 0
     )
+    cores: int = _setting(
+        "HARE_CORES",
+        _int(0),
+        "cores all workers share: at no moment do their model calls run more ONNX Runtime threads "
+        "(0: the physical cores within the cgroup's CPU quota)",
+        0,
+    )
+    lone_threads: int = _setting(
+        "HARE_LONE_THREADS",
+        _int(0),
+        "ORT threads of a lone request on a quiet machine (0: every core; 1: off, which saves one session's "
+        "copy of the weights per worker)",
+        0,
+    )
+    core_pool: Path | None = _setting(  # noqa: RUF009 (_setting returns a dataclasses.field)
+        "HARE_CORE_POOL",
+        lambda text: Path(text) if text else None,
+        "folder of the machine-wide core pool the workers share (set by the gunicorn config; empty: this "
+        "process alone)",
+        None,
+    )
+    cpu_arena: bool = _setting(
+        "HARE_CPU_ARENA",
+        _bool,
+        "keep ONNX Runtime's CPU memory arena (faster allocations; a burst's peak stays allocated)",
+        True,
+    )
     target: str | None = _setting(
         "HARE_TARGET", _optional, "cpu or gpu execution provider (empty: the bundle's target)", None
     )
@@ -137,6 +164,14 @@ class Settings:
     )
     queue_size: int = _setting(
         "HARE_QUEUE_SIZE", _int(1), "requests one worker holds at once; beyond it answers 429 at once", 256
+    )
+    max_queue_ms: float = _setting(
+        "HARE_MAX_QUEUE_MS",
+        _float(0),
+        "longest expected wait (the machine's queued padded tokens over the measured token rate) at which a "
+        "request is still admitted; beyond it 429 with Retry-After (0: no time bound). 1000 keeps an "
+        "accepted answer's server time near 1 s plus one batch under any overload",
+        1000.0,
     )
     truncate: bool = _setting(
         "HARE_TRUNCATE", _bool, "default of the truncate parameter (false: too-long inputs get 413)", True
@@ -205,6 +240,7 @@ class Settings:
             workers=workers,
             streams=settings.streams or streams,
             threads=settings.threads or threads,
+            cores=settings.cores or physical_cores(),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -230,7 +266,16 @@ class Settings:
             "max_batch_tokens": self.max_batch_tokens,
             "max_wait_ms": self.max_wait_ms,
             "queue_size": self.queue_size,
+            "max_queue_ms": self.max_queue_ms,
         }
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The ORT thread counts a model call may run with: `threads` under load, more for a lone request."""
+        narrow = min(self.threads, self.cores)
+        if self.target == "gpu":
+            return (narrow,)
+        return tuple(sorted({narrow, min(self.lone_threads or self.cores, self.cores)}))
 
 
 def layout(profile: str, cores: int, workers: int = 0, gpu: bool = False) -> tuple[int, int, int]:

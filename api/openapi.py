@@ -60,14 +60,6 @@ COMPUTE_HEADERS = {
 }
 
 
-def _width(res: Resources) -> int | None:
-    """The size of the model output's last axis (a vector's size, for embeddings) when the graph fixes it."""
-    for output in res.runtime.session.get_outputs():
-        if output.name == res.runtime.output and output.shape and isinstance(output.shape[-1], int):
-            return int(output.shape[-1])
-    return None
-
-
 def _json(schema: Mapping[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
@@ -131,7 +123,7 @@ class Shapes:
         self.text = {"type": "string", "minLength": 1, "maxLength": limits.max_input_chars}
         self.texts = {"type": "array", "items": self.text, "minItems": 1, "maxItems": limits.max_inputs}
         self.bounds: dict[str, Any] = {"stride": limits.content_length - 1, "prompts": list(res.model.prompts)}
-        width = _width(res)
+        width = res.backend.output_width
         if width is not None:
             self.bounds["width"] = width
         specs = {**self.task.parameters, **COMMON}

@@ -15,8 +15,9 @@ from api.metrics import Metrics
 from api.pipeline import Pipeline
 from api.public import RateLimiter
 from api.schemas import Limits
+from container.backend import Backend
 from container.bundle import Manifest
-from container.runtime import OnnxModel
+from container.cores import CorePool
 from tasks.base import ModelInfo, TaskSpec
 from tasks.errors import NotReady
 
@@ -29,7 +30,8 @@ class Resources:
     manifest: Manifest
     task: TaskSpec
     model: ModelInfo
-    runtime: OnnxModel
+    backend: Backend
+    pool: CorePool | None
     encoder: Encoder
     batcher: Batcher[Encoding]
     pipeline: Pipeline

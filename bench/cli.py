@@ -116,6 +116,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _progress(head)
     _common(head)
 
+    over = sub.add_parser("overload", help="one user vs model-only, open loop at k x capacity, flood, recovery, soak")
+    over.add_argument("bundle", type=Path, help="the bundle to serve (one `hare serve` for every phase)")
+    over.add_argument("--seq", type=int, default=128, help="tokens per request (default 128)")
+    over.add_argument("--factor", type=float, default=3.0, help="open-loop arrival rate in capacities (default 3)")
+    over.add_argument("--flood", type=int, default=1000, help="connections of the greedy flood (default 1000)")
+    over.add_argument("--duration", type=float, default=10.0, help="seconds recorded per phase (default 10)")
+    over.add_argument("--soak", type=float, default=0.0, help="seconds of soak with RSS sampling (default: none)")
+    over.add_argument("--serve-arg", action="append", default=[], help="extra argument for `hare serve` (repeat)")
+    _common(over)
+
     ceiling = sub.add_parser("ceiling", help="the load generator's own ceiling against a trivial endpoint")
     ceiling.add_argument("--concurrency", type=_ints, default=[1, 2, 16], help="users to try")
     ceiling.add_argument("--duration", type=float, default=3.0)
@@ -166,6 +176,7 @@ def main(args: argparse.Namespace) -> int:
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "run": _run,
         "headline": _headline,
+        "overload": _overload,
         "ceiling": _ceiling,
         "list": _list,
         "show": _show,
@@ -250,6 +261,17 @@ def _headline(args: argparse.Namespace) -> int:
             stop,
         )
     return CANCELLED if status == "cancelled" else (0 if status == "done" else 1)
+
+
+def _overload(args: argparse.Namespace) -> int:
+    from bench.overload import OverloadOptions, run_overload
+
+    options = OverloadOptions(
+        args.bundle, args.seq, args.factor, args.flood, args.duration, args.soak, tuple(args.serve_arg)
+    )
+    with cancellable() as stop:
+        run_overload(options, _store(args), stop)
+    return 0
 
 
 def _ceiling(args: argparse.Namespace) -> int:

@@ -62,6 +62,7 @@ class Samples:
     cpu_s: float = 0.0
     probe_delta: dict[int, float] | None = None  # the probe's values at close minus at open (server CPU seconds)
     ok: int = 0
+    retry_after: int = 0  # 429 answers that said when to come back (Retry-After)
 
     @property
     def requests(self) -> int:
@@ -77,6 +78,7 @@ class Samples:
         if compute:
             out["compute_p50"] = percentile(compute, 50)
             out["compute_avg"] = mean(compute)
+            out["compute_p99"] = percentile(compute, 99)
         phases: dict[str, list[float]] = {}
         for header in self.timing:
             for name, dur in parse_server_timing(header):
@@ -142,6 +144,8 @@ class _Window:
                 timing = answer.headers.get(b"server-timing")
                 if timing:
                     s.timing.append(timing)
+            elif answer.status == 429 and b"retry-after" in answer.headers:
+                s.retry_after += 1
         else:
             status = error or CONNECT
         s.statuses[status] += 1

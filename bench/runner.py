@@ -8,6 +8,7 @@ then each baseline the same way on the same inputs; then the model-only figures,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from bench.inputs import Bodies, TextMaker, load_tokenizer, make_bodies
 from bench.loadgen import LoadSpec, latency_summary, run_load
 from bench.progress import Reporter
 from bench.servers import ServerProcess, baseline_server, get_json, hare_server, split_url
+from bench.stats import Summary
 from bench.store import BASELINES, Point, Store
 from bench.subjects import Subject, info_json, manifest_hash, versions
 from container.bundle import read_manifest
@@ -271,7 +273,6 @@ class Runner:
             probe=server.cpu_seconds if server is not None else None,
         )
         window = max(samples.window_s, 1e-9)
-        req_s = samples.ok / window
         tokens = bodies.tokens_per_sequence
         lat = latency_summary(samples)
         # Cores per server process, busiest first: a worker near 0 while another is near 1 means the
@@ -281,31 +282,20 @@ class Runner:
             if samples.probe_delta is not None
             else None
         )
-        point = Point(
-            run_id=run_id,
-            idx=k,
-            target=p.target,
-            load=g.load,
-            workers=workers,
-            threads=threads,
-            seq_len=_seq_len(p.seq_len, tokens),
-            batch=p.batch,
-            concurrency=p.concurrency,
-            rate=p.rate,
-            duration_s=round(samples.window_s, 3),
-            requests=samples.requests,
-            ok=samples.ok,
-            errors=samples.errors(),
-            req_s=req_s,
-            seq_s=req_s * p.batch,
-            tokens_s=req_s * p.batch * tokens if not math.isnan(tokens) else 0.0,
-            lat_min=lat.min,
-            lat_avg=lat.avg,
-            lat_p50=lat.p50,
-            lat_p90=lat.p90,
-            lat_p95=lat.p95,
-            lat_p99=lat.p99,
-            lat_max=lat.max,
+        point = make_point(
+            run_id,
+            k,
+            p.target,
+            g.load,
+            workers,
+            threads,
+            p,
+            tokens,
+            samples.window_s,
+            samples.requests,
+            samples.ok,
+            samples.errors(),
+            lat,
             server=samples.server_figures(),
             client_cpu=samples.cpu_s / window,
             server_cpu=sum(by_process) if by_process is not None else None,
@@ -343,40 +333,83 @@ class Runner:
             streams=p.concurrency,
         )
         window = max(result.window_s, 1e-9)
-        req_s = len(result.latencies_ms) / window
         tokens = self.bodies(p.seq_len, p.batch).tokens_per_sequence
         lat = modelonly.summary(result)
-        point = Point(
-            run_id=run_id,
-            idx=k,
-            target="model-only",
-            load="in-process",
-            workers=1,
-            threads=threads,
-            seq_len=_seq_len(p.seq_len, tokens),
-            batch=p.batch,
-            concurrency=p.concurrency,
-            rate=0.0,
-            duration_s=round(result.window_s, 3),
-            requests=len(result.latencies_ms),
-            ok=len(result.latencies_ms),
-            errors={},
-            req_s=req_s,
-            seq_s=req_s * p.batch,
-            tokens_s=req_s * p.batch * tokens if not math.isnan(tokens) else 0.0,
-            lat_min=lat.min,
-            lat_avg=lat.avg,
-            lat_p50=lat.p50,
-            lat_p90=lat.p90,
-            lat_p95=lat.p95,
-            lat_p99=lat.p99,
-            lat_max=lat.max,
+        point = make_point(
+            run_id,
+            k,
+            "model-only",
+            "in-process",
+            1,
+            threads,
+            dataclasses.replace(p, rate=0.0),
+            tokens,
+            result.window_s,
+            len(result.latencies_ms),
+            len(result.latencies_ms),
+            {},
+            lat,
             server={"tokenize_avg": result.tokenize_ms},
             client_cpu=result.cpu_s / window,
             extra={"inputs": "exact" if p.seq_len is not None else "comet"},
         )
         self.store.add_point(point)
         self.reporter.point(k, n, point)
+
+
+def make_point(
+    run_id: int,
+    idx: int,
+    target: str,
+    load: str,
+    workers: int,
+    threads: int,
+    planned: Planned,
+    tokens: float,
+    window_s: float,
+    requests: int,
+    ok: int,
+    errors: dict[str, int],
+    lat: Summary,
+    *,
+    server: dict[str, float],
+    client_cpu: float,
+    server_cpu: float | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Point:
+    """One measured point: the rates follow from `ok` answers in `window_s`, `planned.batch` sequences of
+    `tokens` tokens each."""
+    req_s = ok / max(window_s, 1e-9)
+    return Point(
+        run_id=run_id,
+        idx=idx,
+        target=target,
+        load=load,
+        workers=workers,
+        threads=threads,
+        seq_len=_seq_len(planned.seq_len, tokens),
+        batch=planned.batch,
+        concurrency=planned.concurrency,
+        rate=planned.rate,
+        duration_s=round(window_s, 3),
+        requests=requests,
+        ok=ok,
+        errors=errors,
+        req_s=req_s,
+        seq_s=req_s * planned.batch,
+        tokens_s=req_s * planned.batch * tokens if not math.isnan(tokens) else 0.0,
+        lat_min=lat.min,
+        lat_avg=lat.avg,
+        lat_p50=lat.p50,
+        lat_p90=lat.p90,
+        lat_p95=lat.p95,
+        lat_p99=lat.p99,
+        lat_max=lat.max,
+        server=server,
+        client_cpu=client_cpu,
+        server_cpu=server_cpu,
+        extra=extra or {},
+    )
 
 
 def _seq_len(asked: int | None, tokens: float) -> int:

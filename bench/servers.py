@@ -56,6 +56,23 @@ def group_cpu_seconds(pgid: int) -> dict[int, float] | None:
     return out
 
 
+def group_rss_mb(pgid: int) -> dict[int, float]:
+    """Resident memory (MB) of each live process in a process group, by pid (empty where /proc is missing)."""
+    out: dict[int, float] = {}
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            statm = (entry / "statm").read_text().split()
+        except OSError:
+            continue
+        if int(stat[stat.rfind(")") + 2 :].split()[2]) == pgid:
+            out[int(entry.name)] = int(statm[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return out
+
+
 class ServerProcess:
     """A server command started in its own process group, with its output in a log file."""
 

@@ -6,6 +6,12 @@ calls gunicorn directly behave the same.
   each running HARE_STREAMS model threads (api/batching.py).
 - Graceful drain: on SIGTERM gunicorn stops accepting, each worker finishes its in-flight requests (up to
   HARE_GRACEFUL_TIMEOUT seconds), then exits; gunicorn restarts a worker that dies.
+- One core pool for the machine (container/cores.py): a folder in /dev/shm made here, in the master, before the
+  workers fork, named to them by HARE_CORE_POOL; a worker's model calls hold cores there, so all workers
+  together never run more ONNX Runtime threads than HARE_CORES. When a worker dies, its slot is cleared
+  (the kernel already dropped its core locks).
+- Cheap refusal: a 429 closes its connection (api/errors.py), and the listen backlog is kept short, so a
+  flood of clients waits in the kernel rather than in the workers' memory.
 - Prometheus multiprocess mode: every worker writes its samples under PROMETHEUS_MULTIPROC_DIR, a fresh
   folder made here (before prometheus_client is imported anywhere, since it reads the variable on import)
   and removed when gunicorn exits; a dead worker's live gauges are dropped.
@@ -20,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from api.config import Settings
+from container.cores import forget
 
 _settings = Settings.from_env()
 
@@ -27,6 +34,10 @@ _owned_metrics_dir: str | None = None
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     _owned_metrics_dir = tempfile.mkdtemp(prefix="hare-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _owned_metrics_dir
+_owned_core_pool: str | None = None
+if not os.environ.get("HARE_CORE_POOL"):
+    _owned_core_pool = tempfile.mkdtemp(prefix="hare-cores-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
+    os.environ["HARE_CORE_POOL"] = _owned_core_pool
 # Workers inherit this environment: keep each one's libraries to its share of the cores.
 os.environ.setdefault("OMP_NUM_THREADS", str(_settings.threads))
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -40,7 +51,7 @@ worker_class = "uvicorn_worker.UvicornWorker"
 graceful_timeout = _settings.graceful_timeout
 timeout = 120  # heartbeat: a worker silent this long (model load included) is replaced
 keepalive = 5
-backlog = 2048
+backlog = 256  # connections waiting for accept(); beyond it the kernel makes clients retry
 loglevel = _settings.log_level
 errorlog = "-"
 accesslog = "-" if _settings.access_log else None
@@ -64,8 +75,10 @@ def child_exit(server: Any, worker: Any) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+    forget(Path(os.environ["HARE_CORE_POOL"]), worker.pid)
 
 
 def on_exit(server: Any) -> None:
-    if _owned_metrics_dir:
-        shutil.rmtree(_owned_metrics_dir, ignore_errors=True)
+    for owned in (_owned_metrics_dir, _owned_core_pool):
+        if owned:
+            shutil.rmtree(owned, ignore_errors=True)

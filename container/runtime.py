@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,17 +18,35 @@ PROVIDERS = {
 }
 
 
-def session_options(threads: int) -> ort.SessionOptions:
-    """Options for one session: `threads` intra-op threads (0 lets ORT use every core), no inter-op pool."""
+def session_options(threads: int, arena: bool = True) -> ort.SessionOptions:
+    """Options for one session: `threads` intra-op threads (0 lets ORT use every core), no inter-op pool;
+    `arena` False gives freed buffers back instead of keeping ORT's CPU arena (see README, memory)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Spinning threads burn the core a sibling worker needs; with one thread per worker it buys nothing.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0" if threads == 1 else "1")
+    # Spinning threads burn the core another call was granted (container/cores.py): a call's threads sleep when idle.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.enable_cpu_mem_arena = arena
     options.log_severity_level = 3
     return options
+
+
+_SHRINK = ort.RunOptions()
+_SHRINK.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+
+def bound_malloc(threshold: int = 1 << 20) -> None:
+    """Serve allocations from `threshold` bytes up with their own mappings, returned to the system when freed
+    (glibc raises this threshold on its own up to 32 MB, after which a burst's buffers stay in the heap);
+    a no-op off glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_mmap_threshold = -3
+    libc.mallopt(m_mmap_threshold, threshold)
 
 
 def available_targets() -> list[str]:
@@ -38,20 +57,25 @@ def available_targets() -> list[str]:
 class OnnxModel:
     """A loaded graph. `run` takes a superset of feeds and passes on only the declared inputs."""
 
-    def __init__(self, path: Path, target: str = "cpu", threads: int = 0, output: str | None = None) -> None:
+    def __init__(
+        self, path: Path, target: str = "cpu", threads: int = 0, output: str | None = None, arena: bool = True
+    ) -> None:
         if target not in available_targets():
             raise InputError(
                 f"target {target!r} needs {PROVIDERS[target][0]}, but this onnxruntime offers "
                 f"{', '.join(ort.get_available_providers())}"
             )
-        self.session = ort.InferenceSession(str(path), session_options(threads), providers=PROVIDERS[target])
+        self.session = ort.InferenceSession(str(path), session_options(threads, arena), providers=PROVIDERS[target])
         self.input_names: list[str] = [i.name for i in self.session.get_inputs()]
         self.output = output or self.session.get_outputs()[0].name
         self.providers: list[str] = self.session.get_providers()
 
-    def run(self, feeds: Mapping[str, NDArray[np.int64]]) -> NDArray[np.float32]:
+    def run(self, feeds: Mapping[str, NDArray[np.int64]], shrink: bool = False) -> NDArray[np.float32]:
+        """The output for `feeds`; `shrink` gives the CPU arena's unused chunks back after this run (a big
+        batch would otherwise keep its peak allocated for the life of the process)."""
+        options = _SHRINK if shrink else None
         try:
-            (result,) = self.session.run([self.output], {name: feeds[name] for name in self.input_names})
+            (result,) = self.session.run([self.output], {name: feeds[name] for name in self.input_names}, options)
         except KeyError as exc:
             raise InferenceFailed(f"the graph needs input {exc} that the caller did not build") from exc
         except Exception as exc:  # ORT raises its own untyped errors; keep the message for the operator.

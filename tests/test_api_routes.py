@@ -48,7 +48,13 @@ async def test_info_describes_the_bundle_and_the_process(ner: AppClient) -> None
     assert info["variant"] in {v["name"] for v in info["variants"]}
     assert {"metrics", "gates", "timings_ms"} <= set(info["variants"][0])
     assert (info["workers"], info["streams"], info["threads"]) == (1, 2, 1)
-    assert info["batching"] == {"max_batch_size": 32, "max_batch_tokens": 8192, "max_wait_ms": 0.3, "queue_size": 256}
+    assert info["batching"] == {
+        "max_batch_size": 32,
+        "max_batch_tokens": 8192,
+        "max_wait_ms": 0.3,
+        "queue_size": 256,
+        "max_queue_ms": 1000,
+    }
     assert {"onnxruntime", "tokenizers", "hare", "bundle"} <= set(info["versions"])
     assert "aggregation_strategy" in info["parameters"] and isinstance(info["pid"], int)
 

@@ -1,4 +1,5 @@
-"""The dynamic batcher on its own, with fake model calls: limits, grouping, waiting, failures, cancellation."""
+"""The dynamic batcher on its own, with fake model calls: limits, grouping, waiting, failures, cancellation,
+admission by count and by expected wait."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from api.batching import Batcher, BatchStats, Result
 from tasks.errors import InferenceFailed, InputError, NotReady, Overloaded
@@ -16,20 +18,22 @@ from tasks.errors import InferenceFailed, InputError, NotReady, Overloaded
 pytestmark = pytest.mark.anyio
 
 Calls = list[list[str]]
+Rows = list[NDArray[np.float32]]
 
 
-def echo(calls: Calls) -> Callable[[list[str]], np.ndarray]:
+def echo(calls: Calls) -> Callable[[list[str], int], Rows]:
     """A model that records each batch and answers each sequence with [its length]."""
 
-    def run(batch: list[str]) -> np.ndarray:
+    def run(batch: list[str], width: int = 1) -> Rows:
         calls.append(list(batch))
-        return np.array([[len(s)] for s in batch], dtype=np.float32)
+        return [np.array([len(s)], dtype=np.float32) for s in batch]
 
     return run
 
 
-def make(run: Callable[[list[str]], np.ndarray], **limits: float) -> Batcher[str]:
-    options = {"max_items": 8, "max_tokens": 10_000, "max_wait": 0.0, "capacity": 64, "streams": 1} | limits
+def make(run: Callable[[list[str], int], Rows], **limits: float) -> Batcher[str]:
+    options = {"max_items": 8, "max_tokens": 10_000, "max_wait": 0.0, "capacity": 64, "streams": 1, "max_queue": 0.0}
+    options |= limits
     batcher: Batcher[str] = Batcher(
         run,
         max_items=int(options["max_items"]),
@@ -37,6 +41,7 @@ def make(run: Callable[[list[str]], np.ndarray], **limits: float) -> Batcher[str
         max_wait=options["max_wait"],
         capacity=int(options["capacity"]),
         streams=int(options["streams"]),
+        max_queue=options["max_queue"],
     )
     batcher.start()
     return batcher
@@ -72,9 +77,9 @@ async def test_sequences_of_similar_length_share_batches() -> None:
     calls: Calls = []
     gate = threading.Event()
 
-    def run(batch: list[str]) -> np.ndarray:
+    def run(batch: list[str], width: int = 1) -> Rows:
         gate.wait(5)  # hold the first batch so that everything else queues up behind it
-        return echo(calls)(batch)
+        return echo(calls)(batch, width)
 
     batcher = make(run, max_items=3)
     first = asyncio.ensure_future(ask(batcher, ["warm"]))
@@ -122,9 +127,9 @@ async def test_with_two_streams_two_requests_run_side_by_side_not_as_one_batch()
     calls: Calls = []
     both = threading.Barrier(2, timeout=5)
 
-    def run(batch: list[str]) -> np.ndarray:
+    def run(batch: list[str], width: int = 1) -> Rows:
         both.wait()  # passes only when two model calls are in flight at once
-        return echo(calls)(batch)
+        return echo(calls)(batch, width)
 
     batcher = make(run, streams=2, max_wait=0.5)
     start = time.perf_counter()
@@ -143,22 +148,11 @@ async def test_free_streams_share_the_waiting_sequences() -> None:
     await batcher.close()
 
 
-async def test_token_level_rows_are_trimmed_to_each_sequence() -> None:
-    def run(batch: list[str]) -> np.ndarray:
-        longest = max(len(s) for s in batch)
-        return np.ones((len(batch), longest, 3), dtype=np.float32)
-
-    batcher = make(run)
-    result = await ask(batcher, ["abc", "a", "abcdef"])
-    assert [r.shape for r in result.outputs] == [(3, 3), (1, 3), (6, 3)]
-    await batcher.close()
-
-
 async def test_a_failing_batch_fails_its_callers_only_and_the_loop_goes_on() -> None:
-    def run(batch: list[str]) -> np.ndarray:
+    def run(batch: list[str], width: int = 1) -> Rows:
         if "boom" in batch:
             raise RuntimeError("kernel exploded")
-        return echo([])(batch)
+        return echo([])(batch, width)
 
     batcher = make(run, max_items=2)
     results = await asyncio.gather(
@@ -186,7 +180,7 @@ async def test_a_batching_bug_fails_the_waiting_requests_instead_of_hanging_them
 
 
 async def test_hare_errors_from_the_model_keep_their_type() -> None:
-    def run(batch: list[str]) -> np.ndarray:
+    def run(batch: list[str], width: int = 1) -> Rows:
         raise InputError("bad feeds")
 
     batcher = make(run)
@@ -196,7 +190,7 @@ async def test_hare_errors_from_the_model_keep_their_type() -> None:
 
 
 async def test_a_model_returning_the_wrong_number_of_rows_is_an_inference_failure() -> None:
-    batcher = make(lambda batch: np.zeros((len(batch) + 1, 1), dtype=np.float32))
+    batcher = make(lambda batch, width: [np.zeros(1, dtype=np.float32)] * (len(batch) + 1))
     with pytest.raises(InferenceFailed, match="rows"):
         await ask(batcher, ["x"])
     await batcher.close()
@@ -206,9 +200,9 @@ async def test_requests_whose_caller_left_are_skipped() -> None:
     calls: Calls = []
     gate = threading.Event()
 
-    def run(batch: list[str]) -> np.ndarray:
+    def run(batch: list[str], width: int = 1) -> Rows:
         gate.wait(5)
-        return echo(calls)(batch)
+        return echo(calls)(batch, width)
 
     batcher = make(run, max_items=1)
     first = asyncio.ensure_future(ask(batcher, ["first"]))
@@ -239,9 +233,9 @@ async def test_admission_refuses_beyond_capacity_at_once() -> None:
 async def test_closing_fails_waiting_requests_and_refuses_new_ones(streams: int) -> None:
     gate = threading.Event()
 
-    def run(batch: list[str]) -> np.ndarray:
+    def run(batch: list[str], width: int = 1) -> Rows:
         gate.wait(5)
-        return echo([])(batch)
+        return echo([])(batch, width)
 
     batcher = make(run, max_items=1, streams=streams)
     running = [asyncio.ensure_future(ask(batcher, [f"running {i}"])) for i in range(streams)]
@@ -266,4 +260,30 @@ async def test_batch_statistics_are_reported() -> None:
     await ask(batcher, ["ab", "abcd"])
     await asyncio.sleep(0)  # statistics are reported after the answers
     assert [(s.size, s.padded_tokens, s.tokens) for s in seen] == [(2, 8, 6)]
+    await batcher.close()
+
+
+async def test_admission_refuses_when_the_queue_would_take_longer_than_its_bound() -> None:
+    gate = threading.Event()
+
+    def run(batch: list[str], width: int = 1) -> Rows:
+        gate.wait(5)
+        time.sleep(0.05)  # 16 padded tokens in 50 ms: a measured rate of about 320 tokens a second
+        return echo([])(batch, width)
+
+    batcher = make(run, max_items=1)
+    gate.set()
+    await ask(batcher, ["x" * 10])  # one batch measures the rate
+    gate.clear()
+    waiting = [asyncio.ensure_future(ask(batcher, ["x" * 10])) for _ in range(12)]
+    await asyncio.sleep(0.05)
+    batcher.admission.max_queue = 0.25
+    # 11 sequences of 16 padded tokens queued: at least 0.55 s of work (the rate is at most 320/s), over 0.25 s
+    with pytest.raises(Overloaded, match="queue would take") as refused:
+        batcher.admit()
+    assert int(str(refused.value.details["retry_after"])) >= 1
+    gate.set()
+    await asyncio.gather(*waiting)
+    with batcher.admit():  # drained: admitted again
+        pass
     await batcher.close()

@@ -1,0 +1,104 @@
+"""Admission at the door, before a request's body is read: a request gets in only while the machine can
+answer it in time; otherwise it is refused at once (Overloaded: HTTP 429 with Retry-After), never left to
+time out in a queue.
+
+- Time bound: the expected wait is the padded tokens every worker of the machine still has to run (the
+  shared page of container/cores.py: queued, on the model, and requests admitted but not yet tokenized, at the
+  average request's size) over the measured token rate (tokens per second per core x cores). Above `max_queue`
+  seconds, 429 with Retry-After = the seconds until the excess has drained (at least 1).
+- Count bound: a worker holds at most `capacity` requests (memory: each holds its body and encodings).
+- The rate starts from warm-up's batches (api/app.py) and follows every batch (a moving average), so it
+  tracks the model, the sequence lengths being served and how busy the machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence, Sized
+from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar
+
+from api.lengthqueue import Job, Result
+from container.cores import CorePool
+from tasks.errors import Overloaded
+
+T = TypeVar("T", bound=Sized)
+SMOOTHING = 0.2  # weight of the newest batch in the token rate
+
+
+class Door(Protocol):
+    def _submit(self, items: Sequence[Any]) -> Job: ...
+
+    def _leave(self, job: Job | None) -> None: ...
+
+
+class Ticket(Generic[T]):
+    """One admitted request's place in the worker. Use as a context manager: leaving it frees the place and,
+    if the request is still waiting (its caller went away), withdraws its sequences."""
+
+    __slots__ = ("_door", "_job")
+
+    def __init__(self, door: Door) -> None:
+        self._door = door
+        self._job: Job | None = None
+
+    def __enter__(self) -> Ticket[T]:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._door._leave(self._job)
+
+    def submit(self, items: Sequence[T]) -> asyncio.Future[Result]:
+        """Queue `items` (sequences); the future gets the model's row for each. Cancelling it withdraws them."""
+        if self._job is not None:
+            raise RuntimeError("a ticket submits once")
+        self._job = self._door._submit(items)
+        return self._job.future
+
+    async def run(self, items: Sequence[T]) -> Result:
+        """Queue `items` and wait for their rows."""
+        return await self.submit(items)
+
+
+class Admission:
+    """The door's rules: `capacity` requests per worker, and an expected wait under `max_queue` seconds
+    (0: no time bound) on a machine of `cores` cores."""
+
+    def __init__(self, capacity: int, max_queue: float, cores: int, pool: CorePool | None = None) -> None:
+        self.capacity = capacity
+        self.max_queue = max_queue
+        self._cores = max(1, cores)
+        self._pool = pool
+        self.rate = 0.0  # padded tokens per second per core; 0 until a batch was measured
+
+    def observe(self, padded_tokens: int, seconds: float, width: int) -> None:
+        """Fold one batch into the token rate."""
+        if seconds <= 0 or padded_tokens <= 0:
+            return
+        rate = padded_tokens / (seconds * max(width, 1))
+        self.rate = rate if self.rate == 0 else (1 - SMOOTHING) * self.rate + SMOOTHING * rate
+
+    def expected_wait(self, local_tokens: float) -> float:
+        """Seconds until the machine's queued tokens are done (this worker's alone without a shared pool)."""
+        if self.rate <= 0:
+            return 0.0
+        queued = self._pool.queued() if self._pool is not None else local_tokens
+        return queued / (self.rate * self._cores)
+
+    def check(self, held: int, local_tokens: float) -> None:
+        """Raise Overloaded (with the seconds to wait) when one more request must not come in."""
+        if held >= self.capacity:
+            wait = self.expected_wait(local_tokens)
+            raise Overloaded(
+                f"the server is at capacity ({self.capacity} requests per worker); retry shortly",
+                retry_after=max(1, math.ceil(wait)),
+            )
+        if self.max_queue > 0:
+            wait = self.expected_wait(local_tokens)
+            if wait > self.max_queue:
+                raise Overloaded(
+                    f"the server's queue would take {wait:.1f} s (more than its bound of {self.max_queue:g} s); "
+                    "retry after the time in Retry-After",
+                    retry_after=max(1, math.ceil(wait - self.max_queue)),
+                )

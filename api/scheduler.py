@@ -1,0 +1,76 @@
+"""The threads that call the model, off the event loop, each holding machine cores (container/cores.py) for the
+length of its call.
+
+    event loop ── call(items, want, done) ──> job queue ──> model thread: take cores (want, or one; waits
+                                                              while none is free) ── run(items, width)
+               <── done(rows, error, width) ───────────────────  ── release the cores
+
+Leaner than a ThreadPoolExecutor on the hot path: one queue put there, one call_soon_threadsafe back, no
+concurrent.futures chaining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from queue import SimpleQueue
+from typing import Generic, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from container.cores import CorePool
+
+T = TypeVar("T")
+Array = NDArray[np.float32]
+Rows = Sequence[Array]
+# The model call: a batch and the cores granted (its width) -> one row per item.
+Run = Callable[[list[T], int], Rows]
+# Called on the event loop with a call's rows or the error it raised, and the width it ran with.
+Done = Callable[[Rows | None, BaseException | None, int], None]
+
+
+class ModelThreads(Generic[T]):
+    """`count` threads taking model calls from one queue; with a `pool`, each call first holds its cores."""
+
+    def __init__(self, run: Run[T], count: int, pool: CorePool | None = None) -> None:
+        self._run = run
+        self._pool = pool
+        self._jobs: SimpleQueue[tuple[list[T], int, asyncio.AbstractEventLoop, Done] | None] = SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._serve, args=(i,), name=f"hare-model-{i}", daemon=True) for i in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def call(self, items: list[T], want: int, done: Done) -> None:
+        """Run the model on `items` on the next free thread with up to `want` cores; `done` then runs on this
+        event loop."""
+        self._jobs.put((items, want, asyncio.get_running_loop(), done))
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+
+    def _serve(self, index: int) -> None:
+        seat = self._pool.seat(index) if self._pool is not None else None
+        try:
+            while (job := self._jobs.get()) is not None:
+                items, want, loop, done = job
+                result: Rows | None = None
+                error: BaseException | None = None
+                width = seat.acquire(want) if seat is not None else want
+                try:
+                    result = self._run(items, width)
+                except BaseException as exc:  # handed to the event loop, which decides
+                    error = exc
+                finally:
+                    if seat is not None:
+                        seat.release()
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (shutdown): nobody waits
+                    loop.call_soon_threadsafe(done, result, error, width)
+        finally:
+            if seat is not None:
+                seat.close()

@@ -1,0 +1,80 @@
+"""The model backend (as text-embeddings-inference's Backend trait): token sequences in, each sequence's rows
+out. It owns the whole model call, so the batcher and warm-up never see a tensor shape:
+
+    sequences ── pad into the graph's feeds ── count unknown tokens ── session of the granted width ── trim
+                                                                         (1 thread, or every core)
+
+One ONNX Runtime session per width (intra-op thread count) the scheduler may grant: ORT fixes a session's
+threads when it is made, so a call that may use every core needs its own session. Each costs about one more
+copy of the weights (measured: +116 MB for a 90 MB fp32 MiniLM); widths (1,) keep one session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+from tokenizers import Encoding
+
+from container.runtime import OnnxModel
+from tasks.errors import InferenceFailed
+from tasks.ops import pad_batch
+
+Array = NDArray[np.float32]
+# Batches above this many padded tokens give ORT's arena back after their run (measured on a 90 MB fp32
+# MiniLM: a 64 x 128 batch left the process at 370 MB for good, 190 MB with the shrink; re-allocating costs
+# little next to such a batch's compute). Smaller batches keep their buffers: they come back every call.
+SHRINK_ABOVE = 2048
+
+
+class Backend:
+    """Runs batches of encodings on a bundle's graph, with sessions of the given `widths` (threads)."""
+
+    def __init__(
+        self,
+        path: Path,
+        target: str = "cpu",
+        widths: Sequence[int] = (1,),
+        output: str | None = None,
+        unk_id: int | None = None,
+        on_unknown: Callable[[int], None] | None = None,
+        arena: bool = True,
+    ) -> None:
+        self.sessions = {w: OnnxModel(path, target, w, output, arena=arena) for w in sorted(set(widths))}
+        first = next(iter(self.sessions.values()))
+        self.input_names = first.input_names
+        self.providers = first.providers
+        self._unk_id = unk_id
+        self._on_unknown = on_unknown
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return tuple(self.sessions)
+
+    @property
+    def output_width(self) -> int | None:
+        """The size of the output's last axis (a vector's size, for embeddings) when the graph fixes it."""
+        first = next(iter(self.sessions.values()))
+        for output in first.session.get_outputs():
+            if output.name == first.output and output.shape and isinstance(output.shape[-1], int):
+                return int(output.shape[-1])
+        return None
+
+    def run(self, batch: Sequence[Encoding], width: int = 1) -> list[Array]:
+        """Each sequence's rows: [labels] per sequence, or [its length, dim] for token-level outputs (padding
+        trimmed off). `width` picks the session (the widest not above it)."""
+        session = self.sessions[max((w for w in self.sessions if w <= width), default=min(self.sessions))]
+        feeds = pad_batch(batch, session.input_names)
+        if self._unk_id is not None and self._on_unknown is not None and "input_ids" in feeds:
+            unknown = int(np.count_nonzero(feeds["input_ids"] == self._unk_id))
+            if unknown:
+                self._on_unknown(unknown)
+        padded = len(batch) * max((len(e) for e in batch), default=0)
+        out = session.run(feeds, shrink=padded > SHRINK_ABOVE)
+        if len(out) != len(batch):
+            raise InferenceFailed(f"the model returned {len(out)} rows for {len(batch)} sequences")
+        if out.ndim > 2:
+            return [out[i, : len(e)] for i, e in enumerate(batch)]
+        return list(out)

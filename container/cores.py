@@ -1,0 +1,174 @@
+"""The machine's cores, shared by every worker process: a model call holds the cores its ONNX Runtime threads
+run on, so that all workers together never run more intra-op threads than the cgroup allows.
+
+    pool folder (/dev/shm, made by the gunicorn master before it forks; a temp folder for a lone process)
+      core-0 .. core-{C-1}   one lock file per core: a model thread holds core i while it holds flock(core-i)
+      state                  shared page: when a call last found no free core, and each worker's queued tokens
+
+- flock locks belong to an open file description, so each model thread opens its own descriptors and threads
+  of one process exclude each other like threads of two; the kernel drops the locks of a process that dies
+  (kill -9 included), so a crashed worker never leaks cores.
+- Adaptive parallelism: a call asks for every core only while the machine is quiet (no call found the cores
+  all taken in the last `quiet` seconds); otherwise one core. A lone request runs on every core, and under
+  load each stream runs on its own core without a second request ever waiting behind a wide one for long.
+- A call that finds no free core sleeps in flock on its home core (the workers' threads spread their homes
+  over the cores), so a waiting thread costs nothing and wakes when that core frees.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+import time
+from pathlib import Path
+
+QUIET_SECONDS = 1.0  # a wide (all-core) call only after this long without contention
+SLOTS = 64  # worker slots in the shared page (a gunicorn server restarts workers into free slots)
+_HEADER = struct.Struct("d")  # contended_at (CLOCK_MONOTONIC, the same clock in every process)
+_SLOT = struct.Struct("qd")  # pid, queued tokens
+_SIZE = _HEADER.size + SLOTS * _SLOT.size
+
+
+class Seat:
+    """One model thread's view of the pool: its own lock descriptors, its home core."""
+
+    def __init__(self, pool: CorePool, home: int) -> None:
+        self._pool = pool
+        self._home = home % pool.cores
+        self._fds = [os.open(pool.folder / f"core-{i}", os.O_RDWR | os.O_CREAT, 0o600) for i in range(pool.cores)]
+        self._held: list[int] = []
+
+    def acquire(self, want: int) -> int:
+        """Hold `want` cores if that many are free, else one (waiting for it if none is free); returns how many."""
+        order = [(self._home + i) % len(self._fds) for i in range(len(self._fds))]
+        for i in order:
+            if len(self._held) == want:
+                break
+            try:
+                fcntl.flock(self._fds[i], fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            self._held.append(i)
+        if not self._held:
+            self._pool.contended()
+            fcntl.flock(self._fds[self._home], fcntl.LOCK_EX)
+            self._held.append(self._home)
+        elif len(self._held) < want:  # a partial grant runs on one core: the sessions come in widths 1 and want
+            self._pool.contended()
+            for i in self._held[1:]:
+                fcntl.flock(self._fds[i], fcntl.LOCK_UN)
+            del self._held[1:]
+        return len(self._held)
+
+    def release(self) -> None:
+        for i in self._held:
+            fcntl.flock(self._fds[i], fcntl.LOCK_UN)
+        self._held.clear()
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+
+
+class CorePool:
+    """`cores` cores shared through `folder` (None: a private folder, for a process serving alone)."""
+
+    def __init__(self, cores: int, folder: Path | None = None, quiet: float = QUIET_SECONDS) -> None:
+        self.cores = max(1, cores)
+        self._owned = folder is None
+        self.folder = Path(tempfile.mkdtemp(prefix="hare-cores-")) if folder is None else folder
+        self._quiet = quiet
+        fd = os.open(self.folder / "state", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            with _locked(fd):
+                if os.fstat(fd).st_size < _SIZE:
+                    os.ftruncate(fd, _SIZE)
+            self._page = mmap.mmap(fd, _SIZE)
+            self._slot = self._claim(fd)
+        finally:
+            os.close(fd)
+
+    def seat(self, home: int) -> Seat:
+        """A seat for one model thread; `home` spreads waiting threads over the cores."""
+        return Seat(self, home + self._slot)
+
+    def quiet(self) -> bool:
+        """No call found the cores all taken lately: a new call may take every core."""
+        (contended_at,) = _HEADER.unpack_from(self._page, 0)
+        return time.monotonic() - contended_at > self._quiet
+
+    def contended(self) -> None:
+        _HEADER.pack_into(self._page, 0, time.monotonic())
+
+    def set_queued(self, tokens: float) -> None:
+        """This worker's queued tokens (admission reads the machine's sum)."""
+        _SLOT.pack_into(self._page, _HEADER.size + self._slot * _SLOT.size, os.getpid(), tokens)
+
+    def queued(self) -> float:
+        """Tokens queued in every worker of the machine."""
+        total = 0.0
+        for i in range(SLOTS):
+            pid, tokens = _SLOT.unpack_from(self._page, _HEADER.size + i * _SLOT.size)
+            if pid:
+                total += tokens
+        return total
+
+    def close(self) -> None:
+        self._write_slot(self._slot, 0, 0.0)
+        self._page.close()
+        if self._owned:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _claim(self, fd: int) -> int:
+        """A free slot of the shared page for this process (a dead worker's slot is free again)."""
+        with _locked(fd):
+            for i in range(SLOTS):
+                pid, _ = _SLOT.unpack_from(self._page, _HEADER.size + i * _SLOT.size)
+                if pid == 0 or pid == os.getpid() or not _alive(pid):
+                    self._write_slot(i, os.getpid(), 0.0)
+                    return i
+        raise RuntimeError(f"more than {SLOTS} workers share the core pool {self.folder}")
+
+    def _write_slot(self, i: int, pid: int, tokens: float) -> None:
+        _SLOT.pack_into(self._page, _HEADER.size + i * _SLOT.size, pid, tokens)
+
+
+def forget(folder: Path, pid: int) -> None:
+    """Clear a dead worker's slot (the gunicorn master calls this when it reaps one): its queue is gone."""
+    try:
+        fd = os.open(folder / "state", os.O_RDWR)
+    except OSError:
+        return
+    try:
+        with _locked(fd), mmap.mmap(fd, _SIZE) as page:
+            for i in range(SLOTS):
+                offset = _HEADER.size + i * _SLOT.size
+                if _SLOT.unpack_from(page, offset)[0] == pid:
+                    _SLOT.pack_into(page, offset, 0, 0.0)
+    finally:
+        os.close(fd)
+
+
+class _locked:
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def __enter__(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,26 @@
+"""`hare bench overload` end to end on a tiny bundle, briefly: every phase is stored as a point of one run,
+and every goal is printed with its figure."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from bench.overload import OverloadOptions, run_overload
+from bench.store import Store
+from tests.conftest import ModelFactory
+
+
+def test_every_phase_is_stored_and_every_goal_printed(
+    tiny_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Store(tmp_path / "bench.db")
+    options = OverloadOptions(tiny_bundle("feature-extraction"), seq_len=16, flood=20, duration_s=0.5)
+    run_id = run_overload(options, store, threading.Event())
+    scenarios = [p.extra["scenario"] for p in store.points(run_id)]
+    assert scenarios == ["one-user", "capacity", "open-3x", "flood", "recovery"]
+    printed = capsys.readouterr().out
+    for goal in ("model-only p50", "accepted server time p99", "Retry-After", "5xx", "flood goodput", "RSS after"):
+        assert goal in printed, goal

@@ -1,0 +1,113 @@
+"""Reliability of the process model, for real (`hare serve`, 2 workers, loopback): a worker killed with
+SIGKILL under load costs only its own in-flight requests and is replaced; an overloaded server refuses with
+429 + Retry-After and closes the refused connection, and never answers 5xx."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ModelFactory
+from tests.test_api_serve import ROOT, free_port
+
+Server = tuple[str, subprocess.Popen[bytes], Path]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_bundle: ModelFactory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("reliability") / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARE_", "PROMETHEUS_"))}
+    env["HARE_QUEUE_SIZE"] = "2"  # a small door, so that a handful of clients overloads it
+    argv = [sys.executable, "-m", "container.cli", "serve", str(tiny_bundle("feature-extraction"))]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, process, log)
+    yield url, process, log
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+
+
+def worker_pids(url: str, tries: int = 40) -> set[int]:
+    """The workers that answer, as /info names them (each request on a fresh connection)."""
+    return {int(httpx.get(f"{url}/info", timeout=5).json()["pid"]) for _ in range(tries)}
+
+
+def test_overload_answers_429_with_retry_after_and_never_5xx(server: Server) -> None:
+    url, _, _ = server
+    heavy = {"inputs": ["word " * 60] * 300}
+
+    def post(_: int) -> httpx.Response:
+        return httpx.post(f"{url}/predict", json=heavy, timeout=120)
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(post, range(32)))
+    statuses = [a.status_code for a in answers]
+    assert set(statuses) <= {200, 429} and 429 in statuses and 200 in statuses, statuses
+    for refused in (a for a in answers if a.status_code == 429):
+        assert int(refused.headers["retry-after"]) >= 1
+        assert refused.headers["connection"] == "close"  # a hammering client must reconnect
+        assert refused.json()["type"] == "Overloaded"
+
+
+def test_a_worker_killed_under_load_costs_only_its_requests_and_is_replaced(server: Server) -> None:
+    url, process, log = server
+    before = worker_pids(url)
+    assert len(before) == 2, before
+    statuses: list[int] = []
+    broken = 0
+    stop = threading.Event()
+
+    def client() -> None:
+        nonlocal broken
+        while not stop.is_set():
+            try:
+                statuses.append(
+                    httpx.post(f"{url}/predict", json={"inputs": ["word " * 30] * 8}, timeout=30).status_code
+                )
+            except httpx.TransportError:  # the killed worker's in-flight requests
+                broken += 1
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    victim = min(before)
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not (worker_pids(url, 20) - before):  # a replacement answers
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    assert process.poll() is None
+    assert statuses and set(statuses) <= {200, 429}, statuses  # never a 5xx
+    assert broken <= 4  # at most each client's one request in flight on the killed worker
+    assert victim not in worker_pids(url)
