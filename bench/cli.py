@@ -1,9 +1,10 @@
-"""`hare bench`: run | headline | ceiling | list | show | compare | export | report.
+"""`hare bench`: run | headline | overload | model | ceiling | list | show | compare | export | report.
 
 hare bench run BUNDLE --seq 8,128 --batch 1 --concurrency 2 --baseline vanilla,comet
 hare bench run http://127.0.0.1:8000 --bundle BUNDLE        (a server already running)
 hare bench run BUNDLE --load open --rate 50,100 --duration 20
 hare bench headline                                         (the issue's scenario, with its goals)
+hare bench model mpnet-base DIR                             (a random-weights folder of a real geometry)
 hare bench ceiling                                          (the load generator against a trivial server)
 hare bench list | show RUN | compare RUN RUN | export RUN --format csv | report RUN --format html
 """
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
+from bench.geometries import GEOMETRIES
 from bench.store import Store, default_db_path
 from bench.tables import wide_console
 from container.machine import physical_cores
@@ -126,6 +128,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     over.add_argument("--serve-arg", action="append", default=[], help="extra argument for `hare serve` (repeat)")
     _common(over)
 
+    model = sub.add_parser("model", help="write a random-weights model folder of a real checkpoint's geometry")
+    model.add_argument("name", choices=sorted(GEOMETRIES), help="the geometry (see bench/geometries.py)")
+    model.add_argument("folder", type=Path, help="where to write it (kept as it is if already built)")
+
     ceiling = sub.add_parser("ceiling", help="the load generator's own ceiling against a trivial endpoint")
     ceiling.add_argument("--concurrency", type=_ints, default=[1, 2, 16], help="users to try")
     ceiling.add_argument("--duration", type=float, default=3.0)
@@ -177,6 +183,7 @@ def main(args: argparse.Namespace) -> int:
         "run": _run,
         "headline": _headline,
         "overload": _overload,
+        "model": _model,
         "ceiling": _ceiling,
         "list": _list,
         "show": _show,
@@ -271,6 +278,16 @@ def _overload(args: argparse.Namespace) -> int:
     )
     with cancellable() as stop:
         run_overload(options, _store(args), stop)
+    return 0
+
+
+def _model(args: argparse.Namespace) -> int:
+    from bench.geometries import build
+
+    folder = build(args.name, args.folder)
+    task = GEOMETRIES[args.name].task
+    print(f"{folder}: {args.name} geometry, random weights; measure it with")
+    print(f"  hare bench run {folder} --task {task} --baseline vanilla --seq 8,128")
     return 0
 
 

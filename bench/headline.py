@@ -11,9 +11,7 @@ the bundles are built once and kept in the bench cache (beside the result store)
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench import geometries
 from bench.progress import Reporter, reporter
 from bench.runner import Grid, Runner, RunOptions, plan
 from bench.store import Point, Store
@@ -36,7 +35,6 @@ EMBEDDING_SEQ_LENS = [8, 128]
 EMBEDDING_USERS = 16
 # The int8 candidates worth timing for DistilBERT on CPU; fp32 variants never win there and cost minutes.
 CLASSIFIER_VARIANTS = ["int8", "fused-int8", "fused-int8-per-channel"]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
 @dataclass(frozen=True)
@@ -46,49 +44,6 @@ class HeadlineOptions:
     seq_lens: list[int] | None = None
     embeddings: bool = True
     progress: str = "rich"
-
-
-def distilbert_model(folder: Path, seed: int = 0) -> Path:
-    """A DistilBERT-base-shaped sequence classifier with random weights and the default model's vocabulary."""
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
-        _distilbert_tokenizer_config(folder)
-        return folder
-    import torch
-    import transformers
-
-    vocab_from = default_model_dir()
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(vocab_from / name, partial / name)
-    _distilbert_tokenizer_config(partial)
-    config = transformers.DistilBertConfig(
-        vocab_size=30522,
-        dim=768,
-        n_layers=6,
-        n_heads=12,
-        hidden_dim=3072,
-        max_position_embeddings=512,
-        id2label={0: "NEGATIVE", 1: "POSITIVE"},
-        label2id={"NEGATIVE": 0, "POSITIVE": 1},
-    )
-    torch.manual_seed(seed)
-    model = transformers.DistilBertForSequenceClassification(config).eval()
-    model.save_pretrained(str(partial), safe_serialization=True)
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)
-    return folder
-
-
-def _distilbert_tokenizer_config(folder: Path) -> None:
-    """Declare the tokenizer as DistilBERT's, as distilbert-base-uncased does: MiniLM's says BertTokenizer, whose
-    token_type_ids DistilBERT's forward() refuses, so the vanilla pipeline would fail on every request."""
-    path = folder / "tokenizer_config.json"
-    config = json.loads(path.read_text())
-    config.pop("name_or_path", None)
-    config |= {"tokenizer_class": "DistilBertTokenizer", "model_input_names": ["input_ids", "attention_mask"]}
-    path.write_text(json.dumps(config, indent=2))
 
 
 def minilm_bundle() -> Path:
@@ -139,7 +94,7 @@ def run_headline(options: HeadlineOptions, store: Store, stop: threading.Event) 
     console = Console(stderr=True)
     cores = physical_cores()
     console.print("preparing the headline models (cached after the first run)...")
-    model = distilbert_model(cache_dir() / "distilbert-base-random")
+    model = geometries.build("distilbert-base", cache_dir() / "distilbert-base-random")
     cls_bundle = bundle_for_model(
         model, "text-classification", cache_dir() / "distilbert-base-random-bundle", CLASSIFIER_VARIANTS
     )

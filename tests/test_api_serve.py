@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,14 +22,7 @@ import pytest
 
 from container.optimize.textset import SENTENCES
 from tests.conftest import ModelFactory
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.live_server import ROOT, hare_serve
 
 
 def metric(text: str, name: str) -> float:
@@ -43,29 +34,10 @@ def metric(text: str, name: str) -> float:
 def server(
     tiny_bundle: ModelFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
-    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARE_", "PROMETHEUS_"))}
-    env["HARE_MAX_WAIT_MS"] = "5"  # generous, so concurrent requests visibly share batches on a busy machine
-    argv = [sys.executable, "-m", "container.cli", "serve", str(tiny_bundle("feature-extraction"))]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert process.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
-    yield url, process, log
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+    # HARE_MAX_WAIT_MS generous, so concurrent requests visibly share batches on a busy machine.
+    with hare_serve(tiny_bundle("feature-extraction"), log, workers=2, env={"HARE_MAX_WAIT_MS": "5"}) as (url, process):
+        yield url, process, log
 
 
 def test_curl_predict(server: tuple[str, subprocess.Popen[bytes], Path]) -> None:

@@ -4,11 +4,7 @@ Inference Protocol v2), and TEI's routes over plain HTTP. Each server runs one w
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,42 +21,21 @@ from huggingface_hub import InferenceClient
 from huggingface_hub.utils._http import reset_sessions
 
 from tests.conftest import ModelFactory
-from tests.test_api_serve import free_port
+from tests.live_server import hare_serve
 
-ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["Angela Merkel lives in Berlin", "I love this movie", "The weather is cold"]
 QUERY = "where does Merkel live"
 NAME = "tiny"
 
 
 @contextmanager
-def hare_serve(bundle: Path, **env: str) -> Iterator[str]:
-    """`hare serve BUNDLE` (one worker) on a free loopback port, ready; yields its URL. The log goes to a file
-    (a pipe nobody reads would stall a chatty server)."""
-    port = free_port()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("HARE_", "PROMETHEUS_"))}
-    environ.update({"HARE_MODEL_NAME": NAME, **env})
-    argv = [sys.executable, "-m", "container.cli", "serve", str(bundle), "--host", "127.0.0.1"]
-    argv += ["--port", str(port), "--workers", "1"]
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 90
-            while True:
-                try:
-                    if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise AssertionError(f"hare serve did not become ready:\n{log.read().decode(errors='replace')}")
-                time.sleep(0.2)
-            yield url
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
+def serve_tiny(bundle: Path, **env: str) -> Iterator[str]:
+    """`hare serve BUNDLE` (one worker, named NAME), ready; yields its URL."""
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        hare_serve(bundle, Path(folder) / "server.log", env={"HARE_MODEL_NAME": NAME, **env}) as (url, _),
+    ):
+        yield url
 
 
 Server = Callable[[str], str]
@@ -74,7 +49,7 @@ def server(tiny_bundle: ModelFactory) -> Iterator[Server]:
 
     def get(task: str) -> str:
         if task not in started:
-            manager = hare_serve(tiny_bundle(task))
+            manager = serve_tiny(tiny_bundle(task))
             started[task] = manager.__enter__()
             with_stack.append(manager)
         return started[task]

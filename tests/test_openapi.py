@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ModelFactory
-from tests.test_clients import hare_serve
+from tests.test_clients import serve_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = """
@@ -38,7 +38,7 @@ def test_schemathesis_finds_nothing(task: str, tiny_bundle: ModelFactory, tmp_pa
     config.write_text(CONFIG)
     # Small caps: the document states them, and schemathesis probes their boundaries (a million-character
     # text at every boundary would take minutes).
-    with hare_serve(tiny_bundle(task), HARE_MAX_INPUT_CHARS="200", HARE_MAX_INPUTS="8") as url:
+    with serve_tiny(tiny_bundle(task), HARE_MAX_INPUT_CHARS="200", HARE_MAX_INPUTS="8") as url:
         done = subprocess.run(
             [
                 str(ROOT / ".venv" / "bin" / "st"),

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,40 +17,17 @@ import httpx
 import pytest
 
 from tests.conftest import ModelFactory
-from tests.test_api_serve import ROOT, free_port
+from tests.live_server import hare_serve
 
 Server = tuple[str, subprocess.Popen[bytes], Path]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_bundle: ModelFactory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = free_port()
     log = tmp_path_factory.mktemp("reliability") / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARE_", "PROMETHEUS_"))}
-    env["HARE_QUEUE_SIZE"] = "2"  # a small door, so that a handful of clients overloads it
-    argv = [sys.executable, "-m", "container.cli", "serve", str(tiny_bundle("feature-extraction"))]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url, process, log)
-    yield url, process, log
-    if process.poll() is None:
-        process.kill()
-        process.wait()
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert process.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
+    # A small door (HARE_QUEUE_SIZE), so that a handful of clients overloads it.
+    with hare_serve(tiny_bundle("feature-extraction"), log, workers=2, env={"HARE_QUEUE_SIZE": "2"}) as (url, process):
+        yield url, process, log
 
 
 def worker_pids(url: str, tries: int = 40) -> set[int]:

@@ -1,0 +1,142 @@
+"""Model folders with the geometry of real checkpoints and random weights, for speed runs: speed does not
+depend on the weights' values, and no checkpoint can be downloaded here. Every folder uses the default model's
+BERT uncased vocabulary (tokenization costs about the same as each family's own tokenizer).
+
+    hare bench model mpnet-base DIR                              write the folder (cached: kept if present)
+    hare bench run DIR --task feature-extraction --baseline vanilla --seq 8,128
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from container.defaults import default_model_dir
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+LABELS = {"id2label": {0: "NEGATIVE", 1: "POSITIVE"}, "label2id": {"NEGATIVE": 0, "POSITIVE": 1}}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """task: what the folder is built for. config/model: transformers class names. settings: the real
+    checkpoint's config.json values that decide speed. tokenizer_class: declared in tokenizer_config.json
+    (None: BERT's, without token_type_ids, which these families' forward() does not take or ignores).
+    sentence_transformers: write a mean-pooling, normalizing sentence-transformers folder."""
+
+    task: str
+    config: str
+    model: str
+    settings: dict[str, Any]
+    tokenizer_class: str | None = None
+    sentence_transformers: bool = False
+    hidden: Callable[[dict[str, Any]], int] = field(default=lambda s: int(s["hidden_size"]))
+
+
+GEOMETRIES: dict[str, Geometry] = {
+    # distilbert-base-uncased-finetuned-sst-2-english, the Infinity case study's model.
+    "distilbert-base": Geometry(
+        "text-classification",
+        "DistilBertConfig",
+        "DistilBertForSequenceClassification",
+        dict(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072, max_position_embeddings=512),
+        tokenizer_class="DistilBertTokenizer",
+        hidden=lambda s: int(s["dim"]),
+    ),
+    # sentence-transformers/all-mpnet-base-v2.
+    "mpnet-base": Geometry(
+        "feature-extraction",
+        "MPNetConfig",
+        "MPNetModel",
+        dict(
+            vocab_size=30527,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            max_position_embeddings=514,
+            relative_attention_num_buckets=32,
+            pad_token_id=0,  # the BERT vocabulary's [PAD]
+        ),
+        sentence_transformers=True,
+    ),
+    # microsoft/deberta-v3-base with a two-label head.
+    "deberta-v3-base": Geometry(
+        "text-classification",
+        "DebertaV2Config",
+        "DebertaV2ForSequenceClassification",
+        dict(
+            vocab_size=128100,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            max_position_embeddings=512,
+            relative_attention=True,
+            position_buckets=256,
+            norm_rel_ebd="layer_norm",
+            share_att_key=True,
+            pos_att_type=["p2c", "c2p"],
+            position_biased_input=False,
+            max_relative_positions=-1,
+            type_vocab_size=0,
+            pad_token_id=0,
+        ),
+    ),
+}
+
+
+def build(name: str, folder: Path, seed: int = 0) -> Path:
+    """Write geometry `name` into `folder` (kept as it is when its weights are already there)."""
+    geometry = GEOMETRIES[name]
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+        _tokenizer_config(folder, geometry)
+        return folder
+    import torch
+    import transformers
+
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    for file in TOKENIZER_FILES:
+        shutil.copyfile(default_model_dir() / file, partial / file)
+    _tokenizer_config(partial, geometry)
+    heads = LABELS if geometry.task == "text-classification" else {}
+    config = getattr(transformers, geometry.config)(**geometry.settings, **heads)
+    torch.manual_seed(seed)
+    model = getattr(transformers, geometry.model)(config).eval()
+    model.save_pretrained(str(partial), safe_serialization=True)
+    if geometry.sentence_transformers:
+        _sentence_transformers(partial, geometry.hidden(geometry.settings))
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return folder
+
+
+def _tokenizer_config(folder: Path, geometry: Geometry) -> None:
+    """Declare the tokenizer the model takes: the default model's says BertTokenizer, whose token_type_ids
+    DistilBERT's and MPNet's forward() refuse, so the vanilla pipeline would fail on every request."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config.pop("name_or_path", None)
+    config |= {"tokenizer_class": geometry.tokenizer_class or "BertTokenizer"}
+    config |= {"model_input_names": ["input_ids", "attention_mask"]}
+    path.write_text(json.dumps(config, indent=2))
+
+
+def _sentence_transformers(folder: Path, width: int) -> None:
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 384, "do_lower_case": False}))
+    (folder / "1_Pooling").mkdir()
+    pooling = {"word_embedding_dimension": width, "pooling_mode_mean_tokens": True}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+    (folder / "2_Normalize").mkdir()

@@ -1,0 +1,65 @@
+"""A real `hare serve` (gunicorn, its workers, the CLI) on a loopback port, for the tests that need the whole
+process tree: signals, killed workers, real clients over HTTP."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def hare_serve(
+    bundle: Path, log: Path, workers: int = 1, env: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`hare serve BUNDLE` with `workers` workers and the HARE_* variables in `env` (the caller's own HARE_*
+    left out), ready; yields its URL and process, and stops it afterwards. The log goes to `log`: a pipe that
+    nobody reads would stall a chatty server."""
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("HARE_", "PROMETHEUS_"))}
+    environ.update(env or {})
+    argv = [sys.executable, "-m", "container.cli", "serve", str(bundle), "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--workers", str(workers)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, process, log)
+        yield url, process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None, f"hare serve exited:\n{log.read_text(errors='replace')}"
+        assert time.monotonic() < deadline, f"hare serve was not ready in {timeout:.0f} s:\n{log.read_text()}"
+        time.sleep(0.2)
