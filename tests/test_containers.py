@@ -210,7 +210,9 @@ def test_cpu_image_is_slim(engine: Engine, cpu_image: str) -> None:
 def test_docker_stop_drains_in_flight_requests(engine: Engine, cpu_image: str, containers: Containers) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    name = containers.run(cpu_image, env={"HARE_PORT": str(port)})
+    # This test is about the drain: a queue bound above the burst's work, so that admission (which would answer
+    # 429 to a burst over the default 1 s of queued work on a slow machine) lets all six in.
+    name = containers.run(cpu_image, env={"HARE_PORT": str(port), "HARE_MAX_QUEUE_MS": "60000"})
     wait_for(f"{url}/ready", 120, name, engine)
     body = {"inputs": [LONG_TEXT] * 8}
     Outcome = tuple[float, int | str, int]  # (finished at, status or error name, embeddings)
