@@ -130,3 +130,30 @@ def test_gpu_target_without_cuda_is_refused_before_any_work(tiny_model: ModelFac
     with pytest.raises(InputError, match="CUDAExecutionProvider"):
         optimize(OptimizeOptions(tiny_model("text-classification"), get_task("text-classification"), out, "gpu"))
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_fusion_out_of_memory_fails_only_the_fused_variants(
+    tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ORT's fusions can outgrow the machine (a DeBERTa-v3-base geometry took over 24 GiB): they run in a
+    process of their own under a memory cap, so running out costs the fused variants, not the whole build."""
+    from container.bundle import read_manifest
+    from container.optimize.pipeline import OptimizeOptions, optimize
+
+    monkeypatch.setattr(fuse, "MEMORY_SHARE", 1e-6)  # a cap of a few kB: the fusion cannot allocate its graph
+    task = get_task("text-classification")
+    out = tmp_path / "bundle"
+    optimize(
+        OptimizeOptions(
+            tiny_model("text-classification"),
+            task,
+            out,
+            only=["fp32", "fused-fp32"],
+            tune_lengths=[8],
+            tune_batches=[1],
+        )
+    )
+    manifest = read_manifest(out)
+    assert manifest.variant == "fp32"
+    fused = next(v for v in manifest.variants if v["name"] == "fused-fp32")
+    assert not fused["passed"] and "transformer optimizer failed" in str(fused.get("error")), fused

@@ -3,15 +3,69 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import resource
 import warnings
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from onnxruntime.transformers.fusion_options import FusionOptions
 from onnxruntime.transformers.optimizer import optimize_model
 
+# Share of the memory available when fusion starts that its process may take. ORT's Python fusions can take
+# far more than the graph: on a DeBERTa-v3-base geometry (128k vocabulary) they grew past 24 GiB, and the
+# kernel's OOM killer then ended the whole `hare optimize`. In a process of its own with a cap, only the
+# fused variants fail, and the gates choose among the others.
+MEMORY_SHARE = 0.8
+
 
 def fuse(model: Path, out: Path, family: str = "bert", use_gpu: bool = False) -> dict[str, int]:
-    """Write the fused graph of `model` to `out`; returns the count of each fused operator (zeros dropped)."""
+    """Write the fused graph of `model` to `out`; returns the count of each fused operator (zeros dropped).
+    Runs in a child process under a memory cap; raises RuntimeError if it runs out or crashes."""
+    limit = int(_available_bytes() * MEMORY_SHARE)
+    receive, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
+    child = multiprocessing.get_context("spawn").Process(
+        target=_fuse_child, args=(model, out, family, use_gpu, limit, send), daemon=True
+    )
+    child.start()
+    send.close()
+    try:
+        answer = receive.recv()
+    except EOFError:
+        answer = None
+    child.join()
+    if isinstance(answer, dict):
+        return answer
+    why = answer if isinstance(answer, str) else f"its process exited with code {child.exitcode}"
+    raise RuntimeError(
+        f"ONNX Runtime's transformer optimizer failed on this graph ({why}; memory cap {limit / 2**30:.1f} GiB); "
+        "the unfused variants go on"
+    )
+
+
+def _fuse_child(model: Path, out: Path, family: str, use_gpu: bool, limit: int, send: Connection) -> None:
+    if limit > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        send.send(_fuse_here(model, out, family, use_gpu))
+    except MemoryError:
+        send.send("out of memory")
+    except Exception as exc:  # reported to the parent, which fails this variant with it
+        send.send(f"{type(exc).__name__}: {exc}")
+
+
+def _available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (0 where there is none: no cap)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _fuse_here(model: Path, out: Path, family: str, use_gpu: bool) -> dict[str, int]:
     options = FusionOptions(family)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
