@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-import multiprocessing
+import json
 import resource
+import subprocess
+import sys
 import warnings
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 from onnxruntime.transformers.fusion_options import FusionOptions
@@ -23,35 +24,39 @@ def fuse(model: Path, out: Path, family: str = "bert", use_gpu: bool = False) ->
     """Write the fused graph of `model` to `out`; returns the count of each fused operator (zeros dropped).
     Runs in a child process under a memory cap; raises RuntimeError if it runs out or crashes."""
     limit = int(_available_bytes() * MEMORY_SHARE)
-    receive, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
-    child = multiprocessing.get_context("spawn").Process(
-        target=_fuse_child, args=(model, out, family, use_gpu, limit, send), daemon=True
-    )
-    child.start()
-    send.close()
-    try:
-        answer = receive.recv()
-    except EOFError:
-        answer = None
-    child.join()
-    if isinstance(answer, dict):
-        return answer
-    why = answer if isinstance(answer, str) else f"its process exited with code {child.exitcode}"
+    argv = [
+        sys.executable,
+        "-m",
+        "container.optimize.fuse",
+        str(model),
+        str(out),
+        family,
+        str(int(use_gpu)),
+        str(limit),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode == 0:
+        counts: dict[str, int] = json.loads(done.stdout.strip().splitlines()[-1])
+        return counts
+    why = (done.stderr.strip().splitlines() or [f"its process exited with code {done.returncode}"])[-1]
     raise RuntimeError(
         f"ONNX Runtime's transformer optimizer failed on this graph ({why}; memory cap {limit / 2**30:.1f} GiB); "
         "the unfused variants go on"
     )
 
 
-def _fuse_child(model: Path, out: Path, family: str, use_gpu: bool, limit: int, send: Connection) -> None:
-    if limit > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+def _main(argv: list[str]) -> int:
+    """The child: `python -m container.optimize.fuse MODEL OUT FAMILY USE_GPU LIMIT_BYTES`; prints the counts."""
+    model, out, family, use_gpu, limit = argv
+    if int(limit) > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (int(limit), int(limit)))
     try:
-        send.send(_fuse_here(model, out, family, use_gpu))
+        counts = _fuse_here(Path(model), Path(out), family, use_gpu == "1")
     except MemoryError:
-        send.send("out of memory")
-    except Exception as exc:  # reported to the parent, which fails this variant with it
-        send.send(f"{type(exc).__name__}: {exc}")
+        print("out of memory", file=sys.stderr)
+        return 1
+    print(json.dumps(counts))
+    return 0
 
 
 def _available_bytes() -> int:
@@ -93,3 +98,7 @@ def to_fp16(model: Path, out: Path) -> Path:
     graph.convert_float_to_float16(keep_io_types=True)
     graph.save_model_to_file(str(out))
     return out
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
