@@ -10,7 +10,7 @@ also sit at the body's root, as the Hugging Face client sends feature-extraction
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +138,13 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
     if task.embeddings and isinstance(value, dict):
         return checked(similarity_inputs(value), raw, task, model, limits), True
     return checked(task.parse_inputs(value), raw, task, model, limits), False
+
+
+def only_fields(data: Mapping[str, object], accepted: Sequence[str]) -> None:
+    """Refuse a body with fields beyond `accepted` (listed in the message in that order)."""
+    unknown = sorted(set(data) - set(accepted))
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(accepted)}")
 
 
 def parameters(value: object, name: str = "parameters") -> dict[str, Any]:

@@ -239,9 +239,7 @@ def _parse(body: bytes, res: Resources, header: int | None) -> tuple[PredictRequ
     if header is not None and not 0 < header <= len(body):
         raise InvalidRequest(f"Inference-Header-Content-Length is {header}; the body has {len(body)} bytes")
     data = schemas.parse_json(body[:header] if header is not None else body)
-    unknown = sorted(set(data) - {"id", "parameters", "inputs", "outputs"})
-    if unknown:
-        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: id, parameters, inputs, outputs")
+    schemas.only_fields(data, ("id", "parameters", "inputs", "outputs"))
     raw = dict(schemas.parameters(data.get("parameters")))
     binary_all = params.boolean(raw, "binary_data_output", False)
     for name in ("binary_data_output", *IGNORED):

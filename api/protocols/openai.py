@@ -34,9 +34,7 @@ PARAMETERS = ("encoding_format", "dimensions")
 def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, None]:
     """OpenAI's embeddings request, as a /predict request (inputs always a list: the answer is a list)."""
     data = schemas.parse_json(body)
-    unknown = sorted(set(data) - set(FIELDS))
-    if unknown:
-        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(FIELDS)}")
+    schemas.only_fields(data, FIELDS)
     if "input" not in data:
         raise InvalidRequest('the body has no "input"; send {"input": "some text"}')
     value = data["input"]

@@ -58,9 +58,7 @@ def document_text(doc: object, i: int, fields: tuple[str, ...]) -> str:
 
 def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any], bool]]:
     data = schemas.parse_json(body)
-    unknown = sorted(set(data) - set(FIELDS))
-    if unknown:
-        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(FIELDS)}")
+    schemas.only_fields(data, FIELDS)
     for name in ("query", "documents"):
         if name not in data:
             raise InvalidRequest(f'the body has no "{name}"; send {{"query": str, "documents": [str]}}')

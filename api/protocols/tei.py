@@ -49,9 +49,7 @@ async def embed(request: Request) -> Response:
 
 def _rerank(body: bytes, res: Resources) -> tuple[PredictRequest, list[str] | None]:
     data = schemas.parse_json(body)
-    unknown = sorted(set(data) - set(RERANK_FIELDS))
-    if unknown:
-        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(RERANK_FIELDS)}")
+    schemas.only_fields(data, RERANK_FIELDS)
     if "query" not in data or "texts" not in data:
         raise InvalidRequest('the body needs "query" and "texts"; send {"query": str, "texts": [str]}')
     inputs = Inputs(params.text_list(data["texts"], "texts"), single=False, query=params.text(data["query"], "query"))
@@ -84,9 +82,7 @@ async def _body(request: Request, res: Resources) -> dict[str, Any]:
 async def tokenize(request: Request) -> Response:
     res = guarded(request)
     data = await _body(request, res)
-    unknown = sorted(set(data) - {"inputs", "add_special_tokens"})
-    if unknown:
-        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: inputs, add_special_tokens")
+    schemas.only_fields(data, ("inputs", "add_special_tokens"))
     if "inputs" not in data:
         raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
     inputs = params.texts(data["inputs"])
@@ -116,9 +112,7 @@ async def tokenize(request: Request) -> Response:
 async def decode(request: Request) -> Response:
     res = guarded(request)
     data = await _body(request, res)
-    unknown = sorted(set(data) - {"ids", "skip_special_tokens"})
-    if unknown:
-        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; accepted: ids, skip_special_tokens")
+    schemas.only_fields(data, ("ids", "skip_special_tokens"))
     if "ids" not in data:
         raise InvalidRequest('the body has no "ids"; send {"ids": [101, 7592, 102]}')
     ids = data["ids"]
