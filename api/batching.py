@@ -149,12 +149,16 @@ class Batcher(Generic[T]):
 
     # ---- admission -------------------------------------------------------------------------------------
 
-    def admit(self) -> Ticket[T]:
+    def admit(self, checked: bool = True) -> Ticket[T]:
         """A place for one request, or Overloaded (429 + Retry-After) when the worker holds `capacity`
-        requests or the machine's queue is expected to take longer than `max_queue`."""
+        requests or the machine's queue is expected to take longer than `max_queue`. `checked=False` skips
+        those bounds, for the worker's own warm-up: a worker that boots (or replaces a dead one) while the
+        machine is overloaded must still come up; refusing its warm-up would fail the boot and make gunicorn
+        stop the whole server."""
         if not self.healthy:
             raise NotReady("the server is shutting down or its model loop stopped; retry shortly")
-        self.admission.check(self._held, self._work())
+        if checked:
+            self.admission.check(self._held, self._work())
         self._held += 1
         self._arriving += 1
         self._publish()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,8 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.api_helpers import serve
 from tests.conftest import ModelFactory
-from tests.live_server import hare_serve
+from tests.live_server import ROOT, hare_serve
 
 Server = tuple[str, subprocess.Popen[bytes], Path]
 
@@ -87,3 +89,37 @@ def test_a_worker_killed_under_load_costs_only_its_requests_and_is_replaced(serv
     assert statuses and set(statuses) <= {200, 429}, statuses  # never a 5xx
     assert broken <= 4  # at most each client's one request in flight on the killed worker
     assert victim not in worker_pids(url)
+
+
+BUSY_WORKER = """
+import sys
+from pathlib import Path
+from container.cores import CorePool
+pool = CorePool(2, Path(sys.argv[1]))
+pool.set_queued(1e12)  # hours of queued work
+print("busy", flush=True)
+sys.stdin.readline()
+pool.set_queued(0)
+print("idle", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.anyio
+async def test_a_worker_boots_while_the_machine_is_overloaded(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    """A worker that starts (or replaces a dead one) under a flood must come up: its warm-up is not a client
+    request to refuse. (Refused, it failed to boot, and gunicorn stopped the whole server.)"""
+    argv = [sys.executable, "-c", BUSY_WORKER, str(tmp_path)]  # another worker of the machine, deep in work
+    with subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as other:
+        assert other.stdin is not None and other.stdout is not None
+        assert other.stdout.readline().strip() == "busy"
+        async with serve(tiny_bundle("feature-extraction"), HARE_CORE_POOL=str(tmp_path)) as client:
+            assert (await client.get("/ready")).status_code == 200
+            refused = await client.post("/predict", json={"inputs": "hello"})
+            assert refused.status_code == 429, refused.text  # clients are refused while the flood lasts
+            other.stdin.write("\n")
+            other.stdin.flush()
+            assert other.stdout.readline().strip() == "idle"
+            assert (await client.post("/predict", json={"inputs": "hello"})).status_code == 200
+        other.stdin.write("\n")
+        other.stdin.flush()
