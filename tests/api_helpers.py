@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
+import numpy.typing as npt
 from starlette.applications import Starlette
 
 from api.app import create_app
@@ -38,3 +42,13 @@ async def serve(bundle: Path, **env: str) -> AsyncIterator[AppClient]:
     app = create_app(settings)
     async with app.router.lifespan_context(app), AppClient(app) as client:
         yield client
+
+
+def assert_ranked(ranked: list[dict[str, Any]], expected: npt.ArrayLike, tol: float) -> None:
+    """A rerank answer is every document once, each with its reference score (within `tol`), best first. Not
+    the reference's exact order: a tiny random model can score two documents within float noise of each other,
+    and batching changes that noise."""
+    scores = np.asarray(expected)
+    assert sorted(r["index"] for r in ranked) == list(range(len(scores)))
+    assert np.allclose([r["score"] for r in ranked], scores[[r["index"] for r in ranked]], atol=tol)
+    assert all(a["score"] >= b["score"] for a, b in itertools.pairwise(ranked))

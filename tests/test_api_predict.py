@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from container.bundle import MODEL_FILE, TOKENIZER_FILE
 from container.runtime import OnnxModel
 from tasks.ops import l2_normalize, pad_batch, softmax
-from tests.api_helpers import serve
+from tests.api_helpers import assert_ranked, serve
 from tests.conftest import ModelFactory
 
 pytestmark = pytest.mark.anyio
@@ -286,8 +286,7 @@ async def test_ranking_order_and_scores_equal_pytorch(ranker: httpx.AsyncClient,
         logits = model(**tokenizer([query] * len(documents), documents, padding=True, return_tensors="pt")).logits
     expected = torch.sigmoid(logits[:, 0]).numpy()
     ranked = await predict(ranker, {"query": query, "documents": documents})
-    assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
-    assert np.allclose([r["score"] for r in ranked], np.sort(expected)[::-1], atol=TOL)
+    assert_ranked(ranked, expected, TOL)
     assert all("document" not in r for r in ranked)
 
 

@@ -13,7 +13,7 @@ import pytest
 from container.bundle import read_manifest
 from container.optimize.pipeline import OptimizeOptions, optimize
 from tasks.registry import get_task
-from tests.api_helpers import serve
+from tests.api_helpers import assert_ranked, serve
 from tests.tiny_models import make_model
 
 pytestmark = pytest.mark.anyio
@@ -53,8 +53,7 @@ async def test_one_logit_scores_equal_cross_encoder_predict(
     async with serve(bundle) as client:
         response = await client.post("/predict", json={"inputs": {"query": QUERY, "documents": DOCUMENTS}})
     ranked = response.json()
-    assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
-    assert np.allclose([r["score"] for r in ranked], np.sort(expected)[::-1], atol=TOL)
+    assert_ranked(ranked, expected, TOL)
 
 
 async def test_two_label_heads_score_the_last_label(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.api_helpers import serve
+from tests.api_helpers import assert_ranked, serve
 from tests.conftest import ModelFactory
 from tests.tiny_models import ARCHS, FAST_PAIRS, SLOW_PAIRS
 
@@ -88,8 +88,7 @@ async def _ranking(client: httpx.AsyncClient, model: Path) -> None:
     query = "capital of France"
     expected = CrossEncoder(str(model), device="cpu").predict([(query, d) for d in DOCUMENTS])
     ranked = await predict(client, {"query": query, "documents": DOCUMENTS})
-    assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
-    assert np.allclose([r["score"] for r in ranked], np.sort(expected)[::-1], atol=TOL)
+    assert_ranked(ranked, expected, TOL)
 
 
 CHECKS = {
