@@ -173,6 +173,15 @@ class Settings:
         "accepted answer's server time near 1 s plus one batch under any overload",
         1000.0,
     )
+    refusal_interval_ms: float = _setting(
+        "HARE_REFUSAL_INTERVAL_MS",
+        _float(0),
+        "while admission refuses, a worker accepts one new connection per this interval (it gets its 429); "
+        "the others wait in the kernel's listen backlog, so a flood of retrying clients cannot starve the "
+        "model with refusals (0: accept every connection at once). 10 refuses up to 100 clients a second per "
+        "worker, more than an overload of a few times capacity needs",
+        10.0,
+    )
     truncate: bool = _setting(
         "HARE_TRUNCATE", _bool, "default of the truncate parameter (false: too-long inputs get 413)", True
     )

@@ -38,6 +38,7 @@ FLAGS = {
     "max_wait_ms": "HARE_MAX_WAIT_MS",
     "queue_size": "HARE_QUEUE_SIZE",
     "max_queue_ms": "HARE_MAX_QUEUE_MS",
+    "refusal_interval_ms": "HARE_REFUSAL_INTERVAL_MS",
     "cores": "HARE_CORES",
     "log_level": "HARE_LOG_LEVEL",
     "model_name": "HARE_MODEL_NAME",
@@ -60,6 +61,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wait-ms", type=float, help="longest a batch waits to fill (default 0.3; 0: never)")
     p.add_argument("--queue-size", type=int, help="requests per worker before 429 (default 256)")
     p.add_argument("--max-queue-ms", type=float, help="longest expected queue wait admitted (default 1000; 0: none)")
+    p.add_argument(
+        "--refusal-interval-ms", type=float, help="while refusing, one new connection per interval (default 10; 0: all)"
+    )
     p.add_argument("--cores", type=int, help="cores the workers share (default: the cgroup's physical cores)")
     p.add_argument("--public", action="store_true", help="public demo profile (rate limit, caps; see README)")
     p.add_argument("--model-name", help="the name clients use for the model (default: the bundle's folder name)")

@@ -47,7 +47,7 @@ if _settings.threads == 1:
 _host = f"[{_settings.host}]" if ":" in _settings.host else _settings.host
 bind = [f"{_host}:{_settings.port}"]
 workers = _settings.workers
-worker_class = "uvicorn_worker.UvicornWorker"
+worker_class = "api.worker.HareWorker"
 graceful_timeout = _settings.graceful_timeout
 timeout = 120  # heartbeat: a worker silent this long (model load included) is replaced
 keepalive = 5

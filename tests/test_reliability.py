@@ -91,6 +91,32 @@ def test_a_worker_killed_under_load_costs_only_its_requests_and_is_replaced(serv
     assert victim not in worker_pids(url)
 
 
+def test_a_refusing_worker_paces_its_refusals_and_lets_the_rest_wait(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    """Greedy clients against a full worker: rather than accept and refuse every connection they make (each
+    refusal costs the cores the model needs), it refuses one per HARE_REFUSAL_INTERVAL_MS and leaves the
+    others waiting in the listen backlog, to be answered when the queue has room."""
+    env = {"HARE_QUEUE_SIZE": "1", "HARE_REFUSAL_INTERVAL_MS": "1000"}
+    clients, seconds = 8, 6.0
+    with hare_serve(tiny_bundle("feature-extraction"), tmp_path / "server.log", env=env) as (url, _):
+        heavy = {"inputs": ["word " * 60] * 100}
+
+        def greedy(_: int) -> list[int]:
+            statuses, deadline = [], time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                statuses.append(httpx.post(f"{url}/predict", json=heavy, timeout=120).status_code)
+                if statuses[-1] == 429:
+                    time.sleep(0.01)
+            return statuses
+
+        with ThreadPoolExecutor(clients) as pool:
+            statuses = [s for one in pool.map(greedy, range(clients)) for s in one]
+    assert set(statuses) <= {200, 429}, statuses
+    # Connections accepted before the queue filled may each be refused once; after that, one per second.
+    # (Without pacing these clients are refused hundreds of times.)
+    assert statuses.count(429) <= 2 * (clients + seconds), statuses
+    assert statuses.count(200) >= clients, statuses
+
+
 BUSY_WORKER = """
 import sys
 from pathlib import Path
