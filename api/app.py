@@ -153,6 +153,7 @@ async def load(settings: Settings) -> Resources:
         widths=backend.widths,
         on_batch=metrics.observe_batch,
         on_depth=metrics.queue_depth.set,
+        on_idle=backend.trim,  # a burst's memory back after a second without batches
         streams=settings.streams,
     )
     batcher.start()
@@ -201,6 +202,8 @@ async def warm_up(res: Resources) -> None:
         await asyncio.gather(*(ask(n, 1) for _ in range(min(res.settings.streams, res.settings.queue_size))))
         if n == WARM_LENGTHS[0]:
             await ask(n, min(8, res.settings.max_batch_size))
+    # The longest sequences grew the arena past what most requests need: give that back before serving.
+    await asyncio.to_thread(res.backend.trim)
 
 
 def _labels(manifest: Manifest) -> tuple[str, ...]:

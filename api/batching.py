@@ -57,7 +57,8 @@ class Batcher(Generic[T]):
     (array) per sequence, computed on `width` cores.
 
     widths: the core counts `run` offers (the backend's session widths); the widest is asked for while the
-    machine is quiet. pool: the machine's cores shared with other workers (None: no core accounting)."""
+    machine is quiet. pool: the machine's cores shared with other workers (None: no core accounting).
+    on_idle: called in a thread once no batch has run for `idle_after` seconds (the backend trims its memory)."""
 
     def __init__(
         self,
@@ -72,6 +73,8 @@ class Batcher(Generic[T]):
         widths: Sequence[int] = (1,),
         on_batch: Callable[[BatchStats], None] | None = None,
         on_depth: Callable[[int], None] | None = None,
+        on_idle: Callable[[], None] | None = None,
+        idle_after: float = 1.0,
         bucket: int = 16,
         streams: int = 1,
     ) -> None:
@@ -80,6 +83,9 @@ class Batcher(Generic[T]):
         self._max_wait = max_wait
         self._on_batch = on_batch
         self._on_depth = on_depth
+        self._on_idle = on_idle
+        self._idle_after = idle_after
+        self._idle_timer: asyncio.TimerHandle | None = None
         self._queue: LengthQueue[T] = LengthQueue(bucket)
         self._pool = pool
         self._narrow, self._wide = min(widths), max(widths)
@@ -108,6 +114,8 @@ class Batcher(Generic[T]):
     async def close(self) -> None:
         """Refuse new requests, stop the loop, and fail whatever still waits (NotReady)."""
         self._closed = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -241,6 +249,9 @@ class Batcher(Generic[T]):
         lone = not (self._running or self._queue.pending or self._arriving) and (
             self._pool is None or self._pool.quiet()
         )
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         self._batches += 1
         self._running[self._batches] = jobs
         padded = max(e.length for e in batch) * len(batch)
@@ -272,6 +283,8 @@ class Batcher(Generic[T]):
         self._publish()
         if self._queue.pending:
             self._wake.set()
+        elif not self._running and self._on_idle is not None and self._idle_timer is None:
+            self._idle_timer = asyncio.get_running_loop().call_later(self._idle_after, self._went_idle)
         if error is None:
             try:
                 self._deliver(batch, jobs, start, rows, width)
@@ -281,6 +294,13 @@ class Batcher(Generic[T]):
         log.error("a batch of %d sequences failed: %s", len(batch), error, exc_info=error)
         for job in jobs:
             _fail(job, error)
+
+    def _went_idle(self) -> None:
+        """No batch for `idle_after` seconds: `on_idle` (the backend trims its memory) off the event loop."""
+        self._idle_timer = None
+        if self._on_idle is not None and not self._running and not self._queue.pending and not self._closed:
+            done = asyncio.get_running_loop().run_in_executor(None, self._on_idle)
+            done.add_done_callback(_log_idle_failure)
 
     async def _gather(self) -> None:
         """Give requests still being read or tokenized a moment to join; perf_counter, not the loop's clock,
@@ -351,3 +371,8 @@ def _fail(job: Job, exc: BaseException) -> None:
         error = InferenceFailed(f"inference failed: {type(exc).__name__}: {exc}")
     error.__cause__ = exc
     job.future.set_exception(error)
+
+
+def _log_idle_failure(done: asyncio.Future[None]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.error("the idle hook failed", exc_info=done.exception())

@@ -27,6 +27,9 @@ Array = NDArray[np.float32]
 # MiniLM: a 64 x 128 batch left the process at 370 MB for good, 190 MB with the shrink; re-allocating costs
 # little next to such a batch's compute). Smaller batches keep their buffers: they come back every call.
 SHRINK_ABOVE = 2048
+# A batch above this many padded tokens leaves the arena grown past what small requests need: `trim` gives it
+# back once the worker is idle (the warm-up's longest sequence included).
+TRIM_ABOVE = 256
 
 
 class Backend:
@@ -48,6 +51,7 @@ class Backend:
         self.providers = first.providers
         self._unk_id = unk_id
         self._on_unknown = on_unknown
+        self._grown = False  # a batch since the last trim left the arena above a small request's needs
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -62,6 +66,16 @@ class Backend:
                 return int(output.shape[-1])
         return None
 
+    def trim(self) -> None:
+        """Give the arena's unused memory back if a batch grew it (for an idle worker: the sessions share one
+        CPU arena, container/runtime.py, which a one-token run with the shrink option trims)."""
+        if not self._grown:
+            return
+        self._grown = False
+        session = self.sessions[min(self.sessions)]
+        one_token = {name: np.full((1, 1), int(name != "token_type_ids"), np.int64) for name in session.input_names}
+        session.run(one_token, shrink=True)
+
     def run(self, batch: Sequence[Encoding], width: int = 1) -> list[Array]:
         """Each sequence's rows: [labels] per sequence, or [its length, dim] for token-level outputs (padding
         trimmed off). `width` picks the session (the widest not above it)."""
@@ -73,6 +87,8 @@ class Backend:
                 self._on_unknown(unknown)
         padded = len(batch) * max((len(e) for e in batch), default=0)
         out = session.run(feeds, shrink=padded > SHRINK_ABOVE)
+        if TRIM_ABOVE < padded <= SHRINK_ABOVE:
+            self._grown = True
         if len(out) != len(batch):
             raise InferenceFailed(f"the model returned {len(out)} rows for {len(batch)} sequences")
         if out.ndim > 2:

@@ -287,3 +287,23 @@ async def test_admission_refuses_when_the_queue_would_take_longer_than_its_bound
     with batcher.admit():  # drained: admitted again
         pass
     await batcher.close()
+
+
+async def test_the_idle_hook_runs_once_after_a_quiet_spell_not_while_busy() -> None:
+    """The backend gives a burst's memory back when the worker has had no batch for `idle_after` seconds."""
+    idle = threading.Event()
+    calls: Calls = []
+    batcher: Batcher[str] = Batcher(
+        echo(calls), max_items=8, max_tokens=1000, max_wait=0.0, capacity=8, on_idle=idle.set, idle_after=0.5
+    )
+    batcher.start()
+    for _ in range(5):  # busy: requests 50 ms apart keep putting the hook off
+        await ask(batcher, ["abc"])
+        await asyncio.sleep(0.05)
+    assert not idle.is_set()
+    await asyncio.to_thread(idle.wait, 5)
+    assert idle.is_set()
+    idle.clear()
+    await asyncio.sleep(1.0)
+    assert not idle.is_set()  # once per quiet spell
+    await batcher.close()
