@@ -49,13 +49,21 @@ class PacedServer(Server):
             return
         for sock in sockets or []:
             sock.setblocking(False)
-            self._accepting.append(asyncio.create_task(self._accept(sock)))
+            task = asyncio.create_task(self._accept(sock))
+            task.add_done_callback(self._accept_stopped)
+            self._accepting.append(task)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for task in self._accepting:  # stop accepting first; the connections drain in uvicorn's shutdown
             task.cancel()
         await asyncio.gather(*self._accepting, return_exceptions=True)
         await super().shutdown(sockets=sockets)
+
+    def _accept_stopped(self, task: asyncio.Task[None]) -> None:
+        """An accept loop that died of a bug leaves a worker that never answers again: exit, gunicorn replaces it."""
+        if not task.cancelled() and task.exception() is not None:
+            log.critical("the accept loop stopped: %r; this worker exits", task.exception())
+            self.should_exit = True
 
     def _protocol(self) -> asyncio.Protocol:
         # As uvicorn's own startup builds it for loop.create_server.
@@ -88,10 +96,14 @@ class PacedServer(Server):
                 log.warning("accept failed: %s", exc)
                 await asyncio.sleep(ACCEPT_ERROR_PAUSE_S)
                 continue
-            conn.setblocking(False)
-            if conn.family != socket.AF_UNIX:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as asyncio's own servers do
-            await loop.connect_accepted_socket(self._protocol, conn)
+            try:
+                conn.setblocking(False)
+                if conn.family != socket.AF_UNIX:
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as asyncio's own servers do
+                await loop.connect_accepted_socket(self._protocol, conn)
+            except Exception:  # this connection is lost (its client sees a reset), not the accept loop
+                log.exception("could not set up an accepted connection")
+                conn.close()
             # Let this connection's request reach admission before the next accept: a backlog taken in one
             # go when admission opens would be refused all but one.
             await asyncio.sleep(0)
