@@ -2,7 +2,8 @@
 from the same HARE_* environment the app reads (api/config.py), so the CLI and a container entrypoint that
 calls gunicorn directly behave the same.
 
-- uvicorn workers (uvicorn-worker's UvicornWorker, uvloop + httptools), one per physical core by default,
+- uvicorn workers (api/worker.py: uvicorn-worker's UvicornWorker, uvloop + httptools, with an accept loop
+  that paces refusals), one per physical core by default,
   each running HARE_STREAMS model threads (api/batching.py).
 - Graceful drain: on SIGTERM gunicorn stops accepting, each worker finishes its in-flight requests (up to
   HARE_GRACEFUL_TIMEOUT seconds), then exits; gunicorn restarts a worker that dies.
@@ -10,8 +11,9 @@ calls gunicorn directly behave the same.
   workers fork, named to them by HARE_CORE_POOL; a worker's model calls hold cores there, so all workers
   together never run more ONNX Runtime threads than HARE_CORES. When a worker dies, its slot is cleared
   (the kernel already dropped its core locks).
-- Cheap refusal: a 429 closes its connection (api/errors.py), and the listen backlog is kept short, so a
-  flood of clients waits in the kernel rather than in the workers' memory.
+- Cheap refusal: a 429 closes its connection (api/errors.py), and while admission refuses a worker accepts
+  one connection per HARE_REFUSAL_INTERVAL_MS (api/worker.py), so a flood of clients waits in the kernel's
+  listen backlog rather than costing the cores a refusal each.
 - Prometheus multiprocess mode: every worker writes its samples under PROMETHEUS_MULTIPROC_DIR, a fresh
   folder made here (before prometheus_client is imported anywhere, since it reads the variable on import)
   and removed when gunicorn exits; a dead worker's live gauges are dropped.
