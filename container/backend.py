@@ -68,7 +68,8 @@ class Backend:
 
     def trim(self) -> None:
         """Give the arena's unused memory back if a batch grew it (for an idle worker: the sessions share one
-        CPU arena, container/runtime.py, which a one-token run with the shrink option trims)."""
+        CPU arena, container/runtime.py, which a one-token run with the shrink option trims). It holds no core
+        of the pool: a one-token run on the one-thread session is about a millisecond."""
         if not self._grown:
             return
         self._grown = False
