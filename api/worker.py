@@ -27,7 +27,6 @@ from gunicorn.arbiter import Arbiter
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
-from api.config import Settings
 from api.state import Resources
 
 log = logging.getLogger("hare")
@@ -37,10 +36,9 @@ ACCEPT_ERROR_PAUSE_S = 0.1  # after EMFILE and the like: let connections close b
 class PacedServer(Server):
     """uvicorn's Server, accepting through `_accept` instead of the event loop's own server."""
 
-    def __init__(self, config: Any, app: Any, refusal_interval: float) -> None:
+    def __init__(self, config: Any, app: Any) -> None:
         super().__init__(config=config)
         self._app = app
-        self._interval = refusal_interval
         self._accepting: list[asyncio.Task[None]] = []
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -73,20 +71,22 @@ class PacedServer(Server):
         )
         return protocol
 
-    def _refusing(self) -> bool:
+    def _pace(self) -> float:
+        """Seconds between accepts: HARE_REFUSAL_INTERVAL_MS while this worker's admission refuses, else 0."""
         res = getattr(self._app.state, "hare", None)
-        return isinstance(res, Resources) and res.batcher.refusal() is not None
+        if not isinstance(res, Resources) or res.settings.refusal_interval_ms <= 0 or res.batcher.refusal() is None:
+            return 0.0
+        return res.settings.refusal_interval_ms / 1000
 
     async def _accept(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         last_refused = 0.0
         while True:
-            if self._interval > 0 and self._refusing():
-                wait = last_refused + self._interval - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                    continue  # admission may have opened meanwhile
-                last_refused = time.monotonic()  # this one will most likely be refused
+            pace = self._pace()
+            wait = last_refused + pace - time.monotonic()
+            if pace and wait > 0:
+                await asyncio.sleep(wait)
+                continue  # admission may have opened meanwhile
             try:
                 conn, _ = sock.accept()
             except BlockingIOError:
@@ -96,6 +96,8 @@ class PacedServer(Server):
                 log.warning("accept failed: %s", exc)
                 await asyncio.sleep(ACCEPT_ERROR_PAUSE_S)
                 continue
+            if pace:
+                last_refused = time.monotonic()  # this one will most likely be refused
             try:
                 conn.setblocking(False)
                 if conn.family != socket.AF_UNIX:
@@ -129,8 +131,7 @@ class HareWorker(UvicornWorker):  # type: ignore[misc]  # uvicorn_worker ships n
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi
-        interval = Settings.from_env().refusal_interval_ms / 1000
-        server = PacedServer(self.config, self.wsgi, interval)
+        server = PacedServer(self.config, self.wsgi)
         self._install_sigquit_handler()
         await server.serve(sockets=[s.sock for s in self.sockets])
         if not server.started:
