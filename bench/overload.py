@@ -33,7 +33,7 @@ from bench.servers import ServerProcess, group_rss_mb, hare_server, split_url
 from bench.store import Point, Store
 from bench.subjects import manifest_hash, versions
 from bench.tables import wide_console
-from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
+from container.bundle import TOKENIZER_FILE, model_bytes, read_manifest
 from container.machine import describe, physical_cores
 
 
@@ -140,7 +140,7 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
     model = modelonly.measure(options.bundle, sc.maker, options.seq_len, 1, 1, 1.0, 3.0, stop=stop)
     model_p50 = modelonly.summary(model).p50
     store.finish_run(sc.run_id, "cancelled" if stop.is_set() else "done", "")
-    file_mb = (options.bundle / MODEL_FILE).stat().st_size / 2**20
+    file_mb = model_bytes(options.bundle) / 2**20
     console.print(f"run {sc.run_id}: {options.bundle} at {options.seq_len} tokens, {sc.cores} cores")
     console.print(f"  model-only, one thread, in process: p50 {model_p50:.1f} ms")
     per_answer = cap.extra.get("server_cores", math.nan) / max(cap.req_s, 1e-9)  # CPU seconds per answer

@@ -1,5 +1,7 @@
-"""The bundle format `hare optimize` writes and `hare serve` reads: model.onnx, tokenizer.json, hare.json,
-and dense.npz when a sentence-transformers model has Dense modules after pooling.
+"""The bundle format `hare optimize` writes and `hare serve` reads: model.onnx and its weights in
+model.onnx.data (container/optimize/graphs.py says why apart), tokenizer.json, hare.json, and dense.npz when a
+sentence-transformers model has Dense modules after pooling. A bundle from before the data file, its weights
+inline in model.onnx, loads the same.
 
 Loading a bundle needs onnxruntime, tokenizers and numpy only.
 """
@@ -99,6 +101,11 @@ def read_manifest(bundle: Path) -> Manifest:
             "rebuild it with `hare optimize`"
         )
     return manifest
+
+
+def model_bytes(bundle: Path) -> int:
+    """The graph's size on disk, its data file included."""
+    return sum(p.stat().st_size for p in (bundle / MODEL_FILE, bundle / (MODEL_FILE + ".data")) if p.is_file())
 
 
 def read_dense(bundle: Path, manifest: Manifest) -> tuple[Dense, ...]:

@@ -183,11 +183,41 @@ def test_a_graph_past_protobufs_limit_ships_with_one_data_file(
     assert len(list(scattered.parent.iterdir())) > 2
 
     monkeypatch.setattr(graphs, "LIMIT_BYTES", 1000)
+    monkeypatch.setattr(graphs, "MAP_BYTES", 1000)  # the tiny model's weights stand in for a real one's
     assert graphs.too_big(onnx.load(str(scattered))) and graphs.too_big(onnx.load(str(inline)))
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    graphs.copy(scattered, bundle / "model.onnx")
+    graphs.ship(scattered, bundle / "model.onnx")
     assert sorted(p.name for p in bundle.iterdir()) == ["model.onnx", "model.onnx.data"]
     ids = np.array([[5, 6, 7, 8]], dtype=np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     assert np.allclose(OnnxModel(bundle / "model.onnx").run(feeds), OnnxModel(inline).run(feeds), atol=1e-6)
+
+
+def test_a_shipped_graph_keeps_its_big_weights_page_aligned_in_the_data_file(
+    tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ONNX Runtime maps a weight of the data file (shared by sessions and workers, not copied into each) only
+    when its offset is a multiple of the allocation granularity: every weight from MAP_BYTES up sits there,
+    smaller ones stay in the graph, and the shipped graph answers as the exported one."""
+    import onnx
+
+    from container.optimize import graphs
+
+    src = source.inspect_source(tiny_model("feature-extraction", "bert"), get_task("feature-extraction"))
+    inline = tmp_path / "inline.onnx"
+    export.export_onnx(src, get_task("feature-extraction"), inline)
+    monkeypatch.setattr(graphs, "MAP_BYTES", 2048)
+    graphs.ship(inline, tmp_path / "model.onnx")
+
+    shipped = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False)
+    sizes = {t.name: len(t.raw_data) for t in onnx.load(str(inline)).graph.initializer}
+    external = {t.name: {e.key: e.value for e in t.external_data} for t in shipped.graph.initializer if t.external_data}
+    assert external and set(external) == {name for name, size in sizes.items() if size >= 2048}
+    for name, info in external.items():
+        assert int(info["offset"]) % graphs.ALIGN == 0 and int(info["length"]) == sizes[name]
+        assert info["location"] == "model.onnx.data"
+    ids = np.array([[5, 6, 7, 8], [9, 10, 0, 0]], dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64), "token_type_ids": np.zeros_like(ids)}
+    expected = OnnxModel(inline).run(feeds)
+    assert np.allclose(OnnxModel(tmp_path / "model.onnx").run(feeds), expected, atol=1e-6)

@@ -1,15 +1,32 @@
-"""ONNX files past protobuf's 2 GiB limit (decoders from 0.5B parameters in fp32): their weights live in a
-data file beside the graph. The exporter writes them so on its own; the stages that save a graph ask here."""
+"""Where a graph's weights live. Stages that save a graph ask `too_big` (protobuf's 2 GiB limit: decoders
+from 0.5B parameters in fp32 must keep their weights in a data file); the bundle stage ships every graph with
+its weights in `model.onnx.data` at page-aligned offsets, which ONNX Runtime maps instead of copying:
+
+    model.onnx       the graph, with small tensors (biases, norms, shapes) inline
+    model.onnx.data  each tensor from MAP_BYTES up at an offset that is a multiple of ALIGN
+
+A mapped weight is the page cache's, not the process's: the worker's narrow and wide sessions (api/backend.py)
+and every worker of the machine share one copy of what the kernels do not repack (embedding tables, above
+all), and the copy ORT makes while loading a file-embedded graph is gone. Measured on the 87 MB fp32
+all-MiniLM-L6-v2 graph, one process with a 1- and a 2-thread session after a batch of 8 x 128: 303 MB RSS
+embedded, 192 MB mapped, at the same speed.
+"""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import onnx
+from onnx import numpy_helper
 
 # A serialized ModelProto must stay under 2 GiB; leave room for the graph itself.
 LIMIT_BYTES = 1_800_000_000
+# ORT maps an external tensor when its offset is a multiple of the allocation granularity: 4 KiB pages on
+# Linux, 64 KiB on Windows. 64 KiB suits both, and the padding (under 64 KiB per large tensor) is noise.
+ALIGN = 65536
+# Tensors below this stay inline: mapping them saves nothing and would pad the file.
+MAP_BYTES = 65536
+_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data")
 
 
 def too_big(model: onnx.ModelProto) -> bool:
@@ -17,21 +34,30 @@ def too_big(model: onnx.ModelProto) -> bool:
     return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer) > LIMIT_BYTES
 
 
-def has_external_data(path: Path) -> bool:
-    graph = onnx.load(str(path), load_external_data=False)
-    return any(onnx.external_data_helper.uses_external_data(t) for t in graph.graph.initializer)
-
-
-def copy(src: Path, dst: Path) -> None:
-    """Copy graph `src` to `dst`; external weights (however many files the exporter wrote) go into one
-    `dst.data` file beside it."""
-    if not has_external_data(src):
-        shutil.copyfile(src, dst)
-        return
-    onnx.save(
-        onnx.load(str(src)),
-        str(dst),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=dst.name + ".data",
-    )
+def ship(src: Path, dst: Path) -> None:
+    """Write graph `src` (weights inline or in any number of files) as `dst` plus `dst.data`, each tensor of
+    MAP_BYTES or more at an ALIGN-aligned offset of the data file (no data file when no tensor is that big)."""
+    model = onnx.load(str(src))
+    data_name = dst.name + ".data"
+    with open(dst.parent / data_name, "wb") as data:
+        for tensor in model.graph.initializer:
+            if tensor.data_type == onnx.TensorProto.STRING:
+                continue
+            raw = tensor.raw_data if tensor.HasField("raw_data") else numpy_helper.to_array(tensor).tobytes()
+            if len(raw) < MAP_BYTES:
+                continue
+            data.write(b"\0" * (-data.tell() % ALIGN))
+            offset = data.tell()
+            data.write(raw)
+            for name in _DATA_FIELDS:
+                tensor.ClearField(name)
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            del tensor.external_data[:]
+            for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+        mapped = data.tell() > 0
+    if not mapped:  # a tiny graph (the tests' models) keeps every tensor inline
+        (dst.parent / data_name).unlink()
+    # Every big tensor now points into the data file and has no raw bytes, so onnx.save writes the graph only.
+    onnx.save(model, str(dst))

@@ -291,7 +291,7 @@ def _bundle(w: Work, step: Step) -> None:
     best = min((r for r in w.reports if r.passed), key=lambda r: autotune.score(r.timings_ms))
     bundle = w.folder / "bundle"
     bundle.mkdir()
-    graphs.copy(w.file(best.name), bundle / MODEL_FILE)
+    graphs.ship(w.file(best.name), bundle / MODEL_FILE)
     shutil.copyfile(w.tokenizer_file, bundle / TOKENIZER_FILE)
     if w.src.dense:
         # The Dense modules run in numpy after pooling (tasks/ops.Dense): their weights travel as plain arrays.
