@@ -32,8 +32,13 @@ def session_options(threads: int, arena: bool = True) -> ort.SessionOptions:
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Spinning threads burn the core another call was granted (api/cores.py): a call's threads sleep when idle.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # A wide call holds every core its threads run on (api/cores.py): they spin between the graph's operators
+    # rather than sleep and wake for each one, and stop spinning when the run returns, so the cores it gives
+    # back are idle. Measured on all-MiniLM-L6-v2 fp32 with 2 threads: 13.4 ms at 128 tokens and 2.2 ms at 16,
+    # against 15.1 and 3.1 ms sleeping; 0.1 ms of CPU in the 20 ms after a run, against 17 ms spinning on.
+    spin = threads != 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    options.add_session_config_entry("session.force_spinning_stop", "1" if spin else "0")
     options.enable_cpu_mem_arena = arena
     if arena:
         shared_cpu_arena()
