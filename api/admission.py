@@ -68,7 +68,7 @@ class Admission:
     def __init__(self, capacity: int, max_queue: float, cores: int, pool: CorePool | None = None) -> None:
         self.capacity = capacity
         self.max_queue = max_queue
-        self._cores = max(1, cores)
+        self.cores = max(1, cores)
         self._pool = pool
         self.rate = 0.0  # padded tokens per second per core; 0 until a batch was measured
 
@@ -84,7 +84,7 @@ class Admission:
         if self.rate <= 0:
             return 0.0
         queued = self._pool.queued() if self._pool is not None else local_tokens
-        return queued / (self.rate * self._cores)
+        return queued / (self.rate * self.cores)
 
     def check(self, held: int, local_tokens: float) -> None:
         """Raise Overloaded (with the seconds to wait) when one more request must not come in."""

@@ -156,6 +156,7 @@ async def load(settings: Settings) -> Resources:
         on_depth=metrics.queue_depth.set,
         on_idle=backend.trim,  # a burst's memory back after a second without batches
         streams=settings.streams,
+        idle_priority=settings.idle_priority,
     )
     batcher.start()
     res = Resources(

@@ -84,6 +84,7 @@ class Batcher(Generic[T]):
         idle_after: float = 1.0,
         bucket: int = 16,
         streams: int = 1,
+        idle_priority: bool = False,
     ) -> None:
         self._max_items = max_items
         self._max_tokens = max_tokens
@@ -100,7 +101,7 @@ class Batcher(Generic[T]):
         self._held = 0  # requests admitted and not yet left
         self._arriving = 0  # admitted requests that have not queued their sequences yet
         self._reported = 0  # the depth last reported (reports only on change: each is a metrics write)
-        self._model = ModelThreads(run, streams, pool)
+        self._model = ModelThreads(run, streams, pool, idle_priority)
         self._streams = streams
         self._running: dict[int, list[Job]] = {}  # the requests of each batch on the model threads, by number
         self._running_tokens = 0  # padded tokens of the batches on the model threads
@@ -186,6 +187,13 @@ class Batcher(Generic[T]):
         except Overloaded as exc:
             return exc
         return None
+
+    def answers_per_second(self) -> float:
+        """The machine's measured capacity: requests a second at the measured token rate and the average
+        request's padded tokens (0 until a batch was measured)."""
+        if self.admission.rate <= 0 or self._request_tokens <= 0:
+            return 0.0
+        return self.admission.rate * self.admission.cores / self._request_tokens
 
     def _submit(self, items: Sequence[T]) -> Job:
         self._arriving -= 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Sequence
 from queue import SimpleQueue
@@ -33,11 +34,15 @@ Done = Callable[[Rows | None, BaseException | None, int], None]
 
 
 class ModelThreads(Generic[T]):
-    """`count` threads taking model calls from one queue; with a `pool`, each call first holds its cores."""
+    """`count` threads taking model calls from one queue; with a `pool`, each call first holds its cores.
+    `idle`: the threads run in Linux's SCHED_IDLE class, so the event loop (and anything else of normal
+    priority) takes a core from a model call the moment it wakes, instead of waiting for the kernel's next
+    time slice (up to 3 ms; HARE_IDLE_PRIORITY, docs/serving.md, The tail)."""
 
-    def __init__(self, run: Run[T], count: int, pool: CorePool | None = None) -> None:
+    def __init__(self, run: Run[T], count: int, pool: CorePool | None = None, idle: bool = False) -> None:
         self._run = run
         self._pool = pool
+        self._idle = idle and hasattr(os, "sched_setscheduler")
         self._jobs: SimpleQueue[tuple[list[T], int, asyncio.AbstractEventLoop, Done] | None] = SimpleQueue()
         self._threads = [
             threading.Thread(target=self._serve, args=(i,), name=f"hare-model-{i}", daemon=True) for i in range(count)
@@ -55,6 +60,8 @@ class ModelThreads(Generic[T]):
             self._jobs.put(None)
 
     def _serve(self, index: int) -> None:
+        if self._idle:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
         seat = self._pool.seat(index) if self._pool is not None else None
         try:
             while (job := self._jobs.get()) is not None:

@@ -39,6 +39,7 @@ FLAGS = {
     "queue_size": "HARE_QUEUE_SIZE",
     "max_queue_ms": "HARE_MAX_QUEUE_MS",
     "refusal_interval_ms": "HARE_REFUSAL_INTERVAL_MS",
+    "refusals_per_answer": "HARE_REFUSALS_PER_ANSWER",
     "refuse_in_accept": "HARE_REFUSE_IN_ACCEPT",
     "cores": "HARE_CORES",
     "log_level": "HARE_LOG_LEVEL",
@@ -65,7 +66,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue-size", type=int, help="requests per worker before 429 (default 256)")
     p.add_argument("--max-queue-ms", type=float, help="longest expected queue wait admitted (default 1000; 0: none)")
     p.add_argument(
-        "--refusal-interval-ms", type=float, help="while refusing, one new connection per interval (default 2; 0: all)"
+        "--refusals-per-answer",
+        type=float,
+        help="while refusing, new connections a second per answer a second of capacity (default 3; 0: the interval)",
+    )
+    p.add_argument(
+        "--refusal-interval-ms", type=float, help="while refusing, the least time between new connections (default 0.5)"
     )
     p.add_argument(
         "--refuse-in-accept",

@@ -7,12 +7,15 @@ a refusal costs the server as little as possible and keeps up with the clients w
   Through uvicorn and the app a refusal cost about 0.2 ms of a core, too much to keep up with arrivals a few
   times past capacity: the connections it could not reach waited unseen in the listen backlog, and an
   accepted answer came 10-30 s after its client sent it.
-- Paced refusals (HARE_REFUSAL_INTERVAL_MS): while admission refuses, a worker accepts one connection per
-  interval. A greedy client is back 10 ms after its 429, so refusing every connection at once lets a flood
-  of them spend a core on refusals (its own and the server's); paced, the rest of a flood waits in the
-  kernel's listen backlog at no cost. The default (2 ms) refuses up to 500 new connections a second per
-  worker, far above what open-loop overload brings. As soon as admission opens, the worker accepts as fast
-  as connections come, oldest first. A worker that never refuses accepts exactly as uvicorn would.
+- Paced refusals (HARE_REFUSALS_PER_ANSWER, HARE_REFUSAL_INTERVAL_MS): while admission refuses, the workers
+  together accept up to 3 new connections a second for each answer a second the machine is measured to give
+  (never two sooner than the interval apart). A greedy client is back 10 ms after its 429, so refusing every
+  connection at once lets a flood of them spend the cores on refusals (the server's, the clients' and the
+  kernel's: about 0.7 ms of CPU each on the build machine, against 25 ms for an answer at 128 tokens);
+  paced, the rest of a flood waits in the kernel's listen backlog at no cost. Open-loop arrivals up to 4x
+  capacity are all refused at once; a fixed pace was either too slow for short requests (hundreds of
+  answers a second) or too fast for long ones. As soon as admission opens, the worker accepts as fast as
+  connections come, oldest first. A worker that never refuses accepts exactly as uvicorn would.
 
     kernel listen backlog (one socket, every worker)
         -> accept loop (this module): open while admitted, one per interval while refusing
@@ -89,6 +92,19 @@ class PacedServer(Server):
         res = self._resources()
         return res.batcher.refusal() if res is not None else None
 
+    def _pace(self) -> float:
+        """Seconds between two connections this worker accepts while refusing: its share of the refusals
+        per answer times the measured capacity, and never below the configured interval."""
+        res = self._resources()
+        if res is None:
+            return 0.0
+        settings = res.settings
+        floor = settings.refusal_interval_ms / 1000
+        capacity = res.batcher.answers_per_second()
+        if settings.refusals_per_answer <= 0 or capacity <= 0:
+            return floor
+        return max(floor, settings.workers / (settings.refusals_per_answer * capacity))
+
     def _count_refusal(self) -> None:
         res = self._resources()
         if res is not None:
@@ -115,7 +131,6 @@ class PacedServer(Server):
     async def _accept(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         res = self._resources()
-        interval = res.settings.refusal_interval_ms / 1000 if res is not None else 0.0
         refuser = Refuser(self._refusal, self._hand_off, self._count_refusal)
         canned = res is not None and res.settings.refuse_in_accept
         sweeper = asyncio.create_task(self._sweep(refuser)) if canned else None
@@ -124,6 +139,7 @@ class PacedServer(Server):
         try:
             while True:
                 refusing = self._refusal() is not None
+                interval = self._pace() if refusing else 0.0
                 wait = last_refused + interval - time.monotonic()
                 if refusing and interval and wait > 0:
                     await asyncio.sleep(wait)

@@ -292,6 +292,22 @@ async def test_admission_refuses_when_the_queue_would_take_longer_than_its_bound
     await batcher.close()
 
 
+async def test_the_measured_capacity_follows_the_model_speed_and_the_request_size() -> None:
+    """What paces refusals (api/worker.py): answers a second the machine gives, unknown (0) before a batch ran,
+    then the token rate over the average request's padded tokens."""
+
+    def run(batch: list[str], width: int = 1) -> Rows:
+        time.sleep(0.02 * len(batch))  # 16 padded tokens per sequence in 20 ms each: 50 answers a second
+        return echo([])(batch, width)
+
+    batcher = make(run, max_items=1)
+    assert batcher.answers_per_second() == 0
+    for _ in range(5):
+        await ask(batcher, ["x" * 10])
+    assert 30 < batcher.answers_per_second() <= 50
+    await batcher.close()
+
+
 async def test_a_request_that_waited_past_the_bound_is_refused_not_run() -> None:
     """Admission's estimate can be wrong (the machine slowed down): a request still waiting for the model
     after the bound gets its 429 when its turn comes, and the model's time goes to the ones behind it."""

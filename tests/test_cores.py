@@ -3,6 +3,7 @@ a lone call gets every core, a contended one gets one; a killed process leaks no
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -35,6 +36,52 @@ def test_a_quiet_machine_grants_every_core_and_a_contended_one_grants_one(tmp_pa
     for seat in (wide, other):
         seat.close()
     pool.close()
+
+
+def test_overlapping_calls_keep_the_machine_busy_so_no_wide_call_stalls_the_other_user(tmp_path: Path) -> None:
+    """Two users on two cores: each call gets its own core at once, and the overlap alone marks the machine
+    busy, so neither asks for both cores (and makes the other's next request wait for it); alone, a call
+    leaves the machine quiet."""
+    pool = CorePool(2, tmp_path, quiet=60.0)
+    first, second = pool.seat(0), pool.seat(1)
+    assert first.acquire(1) == 1 and pool.quiet()  # alone: nothing else runs
+    first.release()
+    assert first.acquire(1) == 1
+    assert second.acquire(1) == 1  # granted at once, but another call is running
+    assert not pool.quiet()
+    for seat in (first, second):
+        seat.release()
+        seat.close()
+    pool.close()
+
+
+def test_a_call_runs_on_the_cpus_of_the_cores_it_holds(tmp_path: Path) -> None:
+    """Where cores and CPUs are one to one, a call's thread is pinned to its cores' CPUs: two narrow calls
+    never share a CPU while another stands idle."""
+    allowed = sorted(os.sched_getaffinity(0))
+    pool = CorePool(len(allowed), tmp_path)
+    assert pool.cpus == allowed
+    seen: list[set[int]] = []
+
+    def call(home: int, want: int) -> None:
+        seat = pool.seat(home)
+        granted = seat.acquire(want)
+        seen.append(os.sched_getaffinity(0))
+        assert len(seen[-1]) == granted
+        seat.release()
+        seat.close()
+
+    for home, want in ((0, 1), (len(allowed) - 1, 1), (0, len(allowed))):
+        thread = threading.Thread(target=call, args=(home, want))
+        thread.start()
+        thread.join(5)
+    assert seen[0] != seen[1] or len(allowed) == 1
+    assert seen[2] == set(allowed)
+    assert os.sched_getaffinity(0) == set(allowed)  # the caller's own thread is untouched
+    pool.close()
+    more = CorePool(len(allowed) + 1)  # more cores than CPUs (hyper-threads counted apart): the kernel places
+    assert more.cpus is None
+    more.close()
 
 
 def test_a_killed_worker_leaks_no_core_and_its_queue_is_forgotten(tmp_path: Path) -> None:

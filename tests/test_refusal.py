@@ -25,15 +25,15 @@ BURST = 48
 TIMEOUT_S = 60.0  # a hung connection fails the test instead of hanging it
 
 
-@pytest.fixture(scope="module", params=["0", "1"], ids=["unpaced", "paced"])
+@pytest.fixture(scope="module", params=["0", "3"], ids=["unpaced", "paced"])
 def full_server(
     request: pytest.FixtureRequest, tiny_bundle: ModelFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """A one-worker server that holds one request at a time, kept busy by a client sending heavy requests
-    back to back, so that admission refuses nearly always; refusing every new connection at once, or one per
-    millisecond (the default pace)."""
+    back to back, so that admission refuses nearly always; refusing every new connection at once, or at the
+    default pace (3 a second per answer a second of capacity)."""
     log = tmp_path_factory.mktemp("refusal") / "server.log"
-    env = {"HARE_QUEUE_SIZE": "1", "HARE_REFUSAL_INTERVAL_MS": request.param}
+    env = {"HARE_QUEUE_SIZE": "1", "HARE_REFUSAL_INTERVAL_MS": "0", "HARE_REFUSALS_PER_ANSWER": request.param}
     with hare_serve(tiny_bundle("feature-extraction"), log, env=env) as (url, _):
         stop = threading.Event()
 

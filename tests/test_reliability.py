@@ -95,7 +95,7 @@ def test_a_refusing_worker_paces_its_refusals_and_lets_the_rest_wait(tiny_bundle
     """Greedy clients against a full worker: rather than accept and refuse every connection they make (each
     refusal costs the cores the model needs), it refuses one per HARE_REFUSAL_INTERVAL_MS and leaves the
     others waiting in the listen backlog, to be answered when the queue has room."""
-    env = {"HARE_QUEUE_SIZE": "1", "HARE_REFUSAL_INTERVAL_MS": "1000"}
+    env = {"HARE_QUEUE_SIZE": "1", "HARE_REFUSAL_INTERVAL_MS": "1000", "HARE_REFUSALS_PER_ANSWER": "0"}
     clients, seconds = 8, 6.0
     with hare_serve(tiny_bundle("feature-extraction"), tmp_path / "server.log", env=env) as (url, _):
         heavy = {"inputs": ["word " * 60] * 100}
