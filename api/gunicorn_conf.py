@@ -12,7 +12,7 @@ calls gunicorn directly behave the same.
   together never run more ONNX Runtime threads than HARE_CORES. When a worker dies, its slot is cleared
   (the kernel already dropped its core locks).
 - Cheap refusal: a 429 closes its connection (api/errors.py); while admission refuses, a worker answers a new
-  connection's POST with a prebuilt 429 from its accept loop, one per HARE_REFUSAL_INTERVAL_MS (api/worker.py,
+  connection's POST with a prebuilt 429 from its accept loop, paced by the measured capacity (api/worker.py,
   api/refuser.py), so refusals keep up with arrivals and a greedy flood waits in the listen backlog.
 - Prometheus multiprocess mode: every worker writes its samples under PROMETHEUS_MULTIPROC_DIR, a fresh
   folder made here (before prometheus_client is imported anywhere, since it reads the variable on import)
