@@ -18,7 +18,7 @@ a refusal costs the server as little as possible and keeps up with the clients w
   connections come, oldest first. A worker that never refuses accepts exactly as uvicorn would.
 
     kernel listen backlog (one socket, every worker)
-        -> accept loop (this module): open while admitted, one per interval while refusing
+        -> accept loop (this module): open while admitted, paced by capacity while refusing
             -> refusing: api/refuser.py (peek "POST ", the prebuilt 429, a lingering close)
             -> otherwise: uvicorn's protocol (httptools) -> the app (api/app.py): RefuseEarly, routes, batcher
 """
