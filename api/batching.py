@@ -50,7 +50,8 @@ T = TypeVar("T", bound=Sized)
 
 @dataclass(frozen=True, slots=True)
 class BatchStats:
-    """One model call: sequences, padded tokens (longest x sequences), real tokens, seconds, cores used."""
+    """One model call: sequences, padded tokens (longest x sequences), real tokens, seconds on its cores (the
+    wait for them not counted), cores used."""
 
     size: int
     padded_tokens: int
@@ -309,8 +310,10 @@ class Batcher(Generic[T]):
         rows: Rows | None,
         error: BaseException | None,
         width: int,
+        ran: float,
     ) -> None:
-        """On the event loop when a model thread is done: every request in the batch gets its rows or an error."""
+        """On the event loop when a model thread is done (`ran`: its seconds on the cores it held): every
+        request in the batch gets its rows or an error."""
         self._running.pop(number, None)
         self._running_tokens -= padded
         self._publish()
@@ -320,7 +323,7 @@ class Batcher(Generic[T]):
             self._idle_timer = asyncio.get_running_loop().call_later(self._idle_after, self._went_idle)
         if error is None:
             try:
-                self._deliver(batch, jobs, start, rows, width)
+                self._deliver(batch, jobs, start, rows, width, ran)
                 return
             except Exception as exc:
                 error = exc
@@ -342,7 +345,9 @@ class Batcher(Generic[T]):
         while self._arriving and self._queue.pending < self._max_items and time.perf_counter() < deadline:
             await asyncio.sleep(0)
 
-    def _deliver(self, batch: list[Entry[T]], jobs: list[Job], start: float, rows: Rows | None, width: int) -> None:
+    def _deliver(
+        self, batch: list[Entry[T]], jobs: list[Job], start: float, rows: Rows | None, width: int, ran: float
+    ) -> None:
         if rows is None or len(rows) != len(batch):
             found = "no" if rows is None else len(rows)
             raise InferenceFailed(f"the model returned {found} rows for {len(batch)} sequences")
@@ -358,8 +363,11 @@ class Batcher(Generic[T]):
                 assert job.started is not None
                 job.future.set_result(Result(job.outputs, job.started - job.submitted, job.inference))  # type: ignore[arg-type]
         longest = max(e.length for e in batch)
-        stats = BatchStats(len(batch), longest * len(batch), sum(e.length for e in batch), seconds, width)
-        self.admission.observe(stats.padded_tokens, seconds, width)
+        # The model's own time, not the batch's since dispatch: that includes waiting for a core, and under
+        # load (more model threads than cores) measured the rate at about half, so admission refused early
+        # and the refusal pace ran at half its setting.
+        stats = BatchStats(len(batch), longest * len(batch), sum(e.length for e in batch), ran, width)
+        self.admission.observe(stats.padded_tokens, ran, width)
         if self._on_batch is not None:
             # After the waiting requests' wake-ups, so metrics never delay an answer.
             asyncio.get_running_loop().call_soon(self._on_batch, stats)

@@ -3,7 +3,7 @@ length of its call.
 
     event loop ── call(items, want, done) ──> job queue ──> model thread: take cores (want, or one; waits
                                                               while none is free) ── run(items, width)
-               <── done(rows, error, width) ───────────────────  ── release the cores
+               <── done(rows, error, width, seconds) ──────────  ── release the cores
 
 Leaner than a ThreadPoolExecutor on the hot path: one queue put there, one call_soon_threadsafe back, no
 concurrent.futures chaining.
@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from queue import SimpleQueue
 from typing import Generic, TypeVar
@@ -29,8 +30,9 @@ Array = NDArray[np.float32]
 Rows = Sequence[Array]
 # The model call: a batch and the cores granted (its width) -> one row per item.
 Run = Callable[[list[T], int], Rows]
-# Called on the event loop with a call's rows or the error it raised, and the width it ran with.
-Done = Callable[[Rows | None, BaseException | None, int], None]
+# Called on the event loop with a call's rows or the error it raised, the width it ran with and its seconds
+# on those cores (not counting the wait for them: what the model costs, for the token rate).
+Done = Callable[[Rows | None, BaseException | None, int, float], None]
 
 
 class ModelThreads(Generic[T]):
@@ -69,6 +71,7 @@ class ModelThreads(Generic[T]):
                 result: Rows | None = None
                 error: BaseException | None = None
                 width = seat.acquire(want) if seat is not None else want
+                began = time.perf_counter()
                 try:
                     result = self._run(items, width)
                 except BaseException as exc:  # handed to the event loop, which decides
@@ -77,7 +80,7 @@ class ModelThreads(Generic[T]):
                     if seat is not None:
                         seat.release()
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (shutdown): nobody waits
-                    loop.call_soon_threadsafe(done, result, error, width)
+                    loop.call_soon_threadsafe(done, result, error, width, time.perf_counter() - began)
         finally:
             if seat is not None:
                 seat.close()

@@ -7,12 +7,14 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 from numpy.typing import NDArray
 
 from api.batching import Batcher, BatchStats, Result
+from api.cores import CorePool
 from api.errors import NotReady, Overloaded
 from container.runtime import InferenceFailed
 from tasks.errors import InputError
@@ -303,9 +305,28 @@ async def test_the_measured_capacity_follows_the_model_speed_and_the_request_siz
     batcher = make(run, max_items=1)
     assert batcher.answers_per_second() == 0
     for _ in range(5):
-        await ask(batcher, ["x" * 10])
-    assert 30 < batcher.answers_per_second() <= 50
+        await ask(batcher, ["x" * 16])
+    assert 35 < batcher.answers_per_second() <= 50
     await batcher.close()
+
+
+async def test_waiting_for_a_core_does_not_count_as_model_time(tmp_path: Path) -> None:
+    """Two streams sharing one core: each call waits for the other's, but the measured capacity (admission's
+    token rate, the refusal pace) is what the core does, not half of it."""
+
+    def run(batch: list[str], width: int = 1) -> Rows:
+        time.sleep(0.02)  # one sequence of 16 padded tokens in 20 ms: 50 answers a second on the one core
+        return echo([])(batch, width)
+
+    pool = CorePool(1, tmp_path)
+    batcher: Batcher[str] = Batcher(
+        run, max_items=1, max_tokens=10_000, max_wait=0.0, capacity=64, streams=2, pool=pool
+    )
+    batcher.start()
+    await asyncio.gather(*(ask(batcher, ["x" * 16]) for _ in range(12)))
+    assert 35 < batcher.answers_per_second() <= 50  # 25 if the wait for the core were counted
+    await batcher.close()
+    pool.close()
 
 
 async def test_a_request_that_waited_past_the_bound_is_refused_not_run() -> None:
