@@ -157,6 +157,7 @@ async def load(settings: Settings) -> Resources:
         on_idle=backend.trim,  # a burst's memory back after a second without batches
         streams=settings.streams,
         idle_priority=settings.idle_priority,
+        inline_seconds=settings.inline_ms / 1000,
     )
     batcher.start()
     res = Resources(

@@ -143,6 +143,15 @@ class Settings:
         "else of normal priority in the container comes first too",
         False,
     )
+    inline_ms: float = _setting(
+        "HARE_INLINE_MS",
+        _float(0),
+        "a worker serving a single connection runs a model call expected to take at most this long (at the "
+        "measured token rate) on its event loop instead of a model thread: no thread hand-offs, each a wake-up "
+        "that can wait for a busy core. Its one client waits for that answer anyway, and new connections go "
+        "to the other workers meanwhile (0: always a model thread)",
+        50.0,
+    )
     core_pool: Path | None = _setting(  # noqa: RUF009 (_setting returns a dataclasses.field)
         "HARE_CORE_POOL",
         lambda text: Path(text) if text else None,

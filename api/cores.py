@@ -99,6 +99,12 @@ class Seat:
             os.sched_setaffinity(0, wanted)  # 0: the calling thread, on Linux
             self._pinned = wanted
 
+    def unpin(self) -> None:
+        """Let this thread run on every CPU again (for a thread that does other work between calls)."""
+        if self._pinned is not None and self._pool.cpus is not None:
+            os.sched_setaffinity(0, self._pool.cpus)
+            self._pinned = None
+
     def release(self) -> None:
         for i in self._held:
             fcntl.flock(self._fds[i], fcntl.LOCK_UN)

@@ -6,7 +6,8 @@ length of its call.
                <── done(rows, error, width, seconds) ──────────  ── release the cores
 
 Leaner than a ThreadPoolExecutor on the hot path: one queue put there, one call_soon_threadsafe back, no
-concurrent.futures chaining.
+concurrent.futures chaining. `run_here` runs a call on the event loop's own thread instead, for a worker
+that serves a single connection (api/batching.py says when): no hand-off at all.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Generic, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from api.cores import CorePool
+from api.cores import CorePool, Seat
 
 T = TypeVar("T")
 Array = NDArray[np.float32]
@@ -49,6 +50,7 @@ class ModelThreads(Generic[T]):
         self._threads = [
             threading.Thread(target=self._serve, args=(i,), name=f"hare-model-{i}", daemon=True) for i in range(count)
         ]
+        self._here: Seat | None = None  # the event loop thread's seat, made at its first run_here
         for thread in self._threads:
             thread.start()
 
@@ -57,9 +59,29 @@ class ModelThreads(Generic[T]):
         event loop."""
         self._jobs.put((items, want, asyncio.get_running_loop(), done))
 
+    def run_here(self, items: list[T], want: int) -> tuple[Rows | None, BaseException | None, int, float]:
+        """Run the model on `items` on the calling thread (the event loop's, which waits for it), holding up to
+        `want` cores as a model thread would: (rows or None, the error or None, width, seconds on the cores)."""
+        if self._here is None and self._pool is not None:
+            self._here = self._pool.seat(len(self._threads))
+        seat = self._here
+        width = seat.acquire(want) if seat is not None else want
+        began = time.perf_counter()
+        try:
+            return self._run(items, width), None, width, time.perf_counter() - began
+        except Exception as exc:  # handed to the caller's done, as a model thread's error would be
+            return None, exc, width, time.perf_counter() - began
+        finally:
+            if seat is not None:
+                seat.release()
+                seat.unpin()  # the event loop runs anywhere between calls
+
     def stop(self) -> None:
         for _ in self._threads:
             self._jobs.put(None)
+        if self._here is not None:
+            self._here.close()
+            self._here = None
 
     def _serve(self, index: int) -> None:
         if self._idle:

@@ -41,6 +41,7 @@ FLAGS = {
     "refusal_interval_ms": "HARE_REFUSAL_INTERVAL_MS",
     "refusals_per_answer": "HARE_REFUSALS_PER_ANSWER",
     "refuse_in_accept": "HARE_REFUSE_IN_ACCEPT",
+    "inline_ms": "HARE_INLINE_MS",
     "cores": "HARE_CORES",
     "log_level": "HARE_LOG_LEVEL",
     "model_name": "HARE_MODEL_NAME",
@@ -69,6 +70,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--refusals-per-answer",
         type=float,
         help="while refusing, new connections a second per answer a second of capacity (default 3; 0: the interval)",
+    )
+    p.add_argument(
+        "--inline-ms",
+        type=float,
+        help="a worker alone on one connection runs calls expected under this on its event loop (default 50; 0: off)",
     )
     p.add_argument(
         "--refusal-interval-ms", type=float, help="while refusing, the least time between new connections (default 0.5)"

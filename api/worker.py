@@ -57,6 +57,10 @@ class PacedServer(Server):
         await super().startup(sockets=[])  # lifespan, and no loop server: the sockets are ours
         if not self.started:
             return
+        res = self._resources()
+        if res is not None:  # the batcher runs a solo connection's short calls on this loop (api/batching.py)
+            connections = self.server_state.connections
+            res.batcher.solo = lambda: len(connections) == 1
         for sock in sockets or []:
             sock.setblocking(False)
             task = asyncio.create_task(self._accept(sock))

@@ -4,6 +4,7 @@ admission by count and by expected wait."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -373,3 +374,44 @@ async def test_the_idle_hook_runs_once_after_a_quiet_spell_not_while_busy() -> N
     await asyncio.sleep(1.0)
     assert not idle.is_set()  # once per quiet spell
     await batcher.close()
+
+
+async def test_a_worker_alone_on_one_connection_runs_short_calls_on_its_event_loop(tmp_path: Path) -> None:
+    """Its one client waits for this answer anyway: a short call runs on the loop's own thread, with no hand-off
+    to a model thread and back. Not before the rate is measured, not for a call expected to run long (the
+    worker's health and metrics answers would wait), and never while the worker has other connections; the
+    loop's thread runs on every CPU again afterwards."""
+    threads: list[int] = []
+
+    def run(batch: list[str], width: int = 1) -> Rows:
+        threads.append(threading.get_ident())
+        time.sleep(0.002)  # 16 padded tokens in 2 ms: a 1000-token sequence is expected to take 125 ms
+        if batch[0] == "fail":
+            raise InputError("the model refused this")
+        return echo([])(batch, width)
+
+    cpus = os.sched_getaffinity(0)
+    pool = CorePool(len(cpus), tmp_path)  # cores = CPUs: calls are pinned to the cores they hold
+    batcher: Batcher[str] = Batcher(
+        run, max_items=8, max_tokens=10_000, max_wait=0.0, capacity=64, streams=2, pool=pool, inline_seconds=0.05
+    )
+    batcher.start()
+    alone = True
+    batcher.solo = lambda: alone
+    loop = threading.get_ident()
+
+    await ask(batcher, ["x" * 16])  # no rate measured yet
+    assert threads[-1] != loop
+    result = await ask(batcher, ["x" * 16, "y" * 15])
+    assert threads[-1] == loop and [float(r[0]) for r in result.outputs] == [16.0, 15.0]
+    assert os.sched_getaffinity(0) == cpus
+    with pytest.raises(InputError, match="refused"):
+        await ask(batcher, ["fail"])
+    assert threads[-1] == loop
+    await ask(batcher, ["x" * 1000])  # expected 125 ms at the measured rate
+    assert threads[-1] != loop
+    alone = False
+    await ask(batcher, ["x" * 16])
+    assert threads[-1] != loop
+    await batcher.close()
+    pool.close()
