@@ -19,6 +19,7 @@ import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tokenizers import Encoding, Tokenizer
 
 from api import errors, openapi, routes
@@ -54,7 +55,7 @@ VERSIONED = ("hare", "onnxruntime", "tokenizers", "numpy", "starlette", "uvicorn
 
 
 def create_app(settings: Settings) -> Starlette:
-    middleware = [Middleware(errors.RefuseEarly), Middleware(MetricsMiddleware)]
+    middleware = [Middleware(errors.RefuseEarly), Middleware(Rebalance), Middleware(MetricsMiddleware)]
     if settings.cors_origins:
         middleware.insert(
             0,
@@ -223,6 +224,27 @@ def _versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
+
+
+class Rebalance:
+    """Answers with Connection: close when the worker says it holds too many connections (api/worker.py):
+    the client's next request opens a new one, which a less busy worker accepts."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        res = getattr(scope["app"].state, "hare", None) if scope["type"] == "http" else None
+        if res is None or not res.rebalance():
+            await self.app(scope, receive, send)
+            return
+
+        async def closing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, closing)
 
 
 def _info(res: Resources) -> dict[str, object]:

@@ -4,6 +4,7 @@ run on, so that all workers together never run more intra-op threads than the cg
     pool folder (/dev/shm, made by the gunicorn master before it forks; a temp folder for a lone process)
       core-0 .. core-{C-1}   one lock file per core: a model thread holds core i while it holds flock(core-i)
       state                  shared page: when a call last found no free core, and each worker's queued tokens
+                             and open connections
 
 - flock locks belong to an open file description, so each model thread opens its own descriptors and threads
   of one process exclude each other like threads of two; the kernel drops the locks of a process that dies
@@ -34,10 +35,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 QUIET_SECONDS = 1.0  # a wide (all-core) call only after this long without contention
 SLOTS = 64  # worker slots in the shared page (a gunicorn server restarts workers into free slots)
 _HEADER = struct.Struct("d")  # contended_at (CLOCK_MONOTONIC, the same clock in every process)
-_SLOT = struct.Struct("qd")  # pid, queued tokens
+_SLOT = struct.Struct("qdq")  # pid, queued tokens, open connections
+_TOKENS, _TOKENS_AT = struct.Struct("d"), 8  # one field of a slot, written alone
+_CONNECTIONS, _CONNECTIONS_AT = struct.Struct("q"), 16
+_SLOT_DTYPE = np.dtype([("pid", "=i8"), ("tokens", "=f8"), ("connections", "=i8")])
 _SIZE = _HEADER.size + SLOTS * _SLOT.size
 
 
@@ -133,6 +139,11 @@ class CorePool:
                     os.ftruncate(fd, _SIZE)
             self._page = mmap.mmap(fd, _SIZE)
             self._slot = self._claim(fd)
+            self._offset = _HEADER.size + self._slot * _SLOT.size
+            # The slots as one array over the shared page: read per request (admission, balancing) at the
+            # cost of one numpy call rather than 64 unpacks.
+            self._slots = np.frombuffer(self._page, dtype=_SLOT_DTYPE, count=SLOTS, offset=_HEADER.size)
+            self._others = np.arange(SLOTS) != self._slot
         finally:
             os.close(fd)
 
@@ -150,19 +161,24 @@ class CorePool:
 
     def set_queued(self, tokens: float) -> None:
         """This worker's queued tokens (admission reads the machine's sum)."""
-        _SLOT.pack_into(self._page, _HEADER.size + self._slot * _SLOT.size, os.getpid(), tokens)
+        _TOKENS.pack_into(self._page, self._offset + _TOKENS_AT, tokens)
+
+    def set_connections(self, count: int) -> None:
+        """This worker's open connections (the accept loops balance them, api/worker.py)."""
+        _CONNECTIONS.pack_into(self._page, self._offset + _CONNECTIONS_AT, count)
+
+    def fewest_connections_elsewhere(self) -> int | None:
+        """The open connections of the least busy other worker (None: this worker is alone)."""
+        others = self._slots["connections"][(self._slots["pid"] != 0) & self._others]
+        return int(others.min()) if others.size else None
 
     def queued(self) -> float:
         """Tokens queued in every worker of the machine."""
-        total = 0.0
-        for i in range(SLOTS):
-            pid, tokens = _SLOT.unpack_from(self._page, _HEADER.size + i * _SLOT.size)
-            if pid:
-                total += tokens
-        return total
+        return float(self._slots["tokens"][self._slots["pid"] != 0].sum())
 
     def close(self) -> None:
-        self._write_slot(self._slot, 0, 0.0)
+        self._write_slot(self._slot, 0, 0.0, 0)
+        del self._slots  # the page cannot close while an array still points into it
         self._page.close()
         if self._owned:
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -171,14 +187,18 @@ class CorePool:
         """A free slot of the shared page for this process (a dead worker's slot is free again)."""
         with _locked(fd):
             for i in range(SLOTS):
-                pid, _ = _SLOT.unpack_from(self._page, _HEADER.size + i * _SLOT.size)
+                pid, _, _ = self._read_slot(i)
                 if pid == 0 or pid == os.getpid() or not _alive(pid):
-                    self._write_slot(i, os.getpid(), 0.0)
+                    self._write_slot(i, os.getpid(), 0.0, 0)
                     return i
         raise RuntimeError(f"more than {SLOTS} workers share the core pool {self.folder}")
 
-    def _write_slot(self, i: int, pid: int, tokens: float) -> None:
-        _SLOT.pack_into(self._page, _HEADER.size + i * _SLOT.size, pid, tokens)
+    def _read_slot(self, i: int) -> tuple[int, float, int]:
+        pid, tokens, connections = _SLOT.unpack_from(self._page, _HEADER.size + i * _SLOT.size)
+        return pid, tokens, connections
+
+    def _write_slot(self, i: int, pid: int, tokens: float, connections: int) -> None:
+        _SLOT.pack_into(self._page, _HEADER.size + i * _SLOT.size, pid, tokens, connections)
 
 
 def forget(folder: Path, pid: int) -> None:
@@ -192,7 +212,7 @@ def forget(folder: Path, pid: int) -> None:
             for i in range(SLOTS):
                 offset = _HEADER.size + i * _SLOT.size
                 if _SLOT.unpack_from(page, offset)[0] == pid:
-                    _SLOT.pack_into(page, offset, 0, 0.0)
+                    _SLOT.pack_into(page, offset, 0, 0.0, 0)
     finally:
         os.close(fd)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.requests import HTTPConnection
@@ -20,6 +21,10 @@ from api.public import RateLimiter
 from api.schemas import Limits
 from container.bundle import Manifest
 from tasks.base import ModelInfo, TaskSpec
+
+
+def _never() -> bool:
+    return False
 
 
 @dataclass
@@ -43,6 +48,8 @@ class Resources:
     info: bytes = b"{}"
     openapi: bytes = b"{}"
     ready: bool = False
+    # Whether this worker should hand a connection to a less busy one (api/worker.py sets it; app.Rebalance).
+    rebalance: Callable[[], bool] = _never
 
     @property
     def compute_type_header(self) -> bytes:

@@ -15,7 +15,14 @@ a refusal costs the server as little as possible and keeps up with the clients w
   paced, the rest of a flood waits in the kernel's listen backlog at no cost. Open-loop arrivals up to 4x
   capacity are all refused at once; a fixed pace was either too slow for short requests (hundreds of
   answers a second) or too fast for long ones. As soon as admission opens, the worker accepts as fast as
-  connections come, oldest first. A worker that never refuses accepts exactly as uvicorn would.
+  connections come, oldest first. A worker that never refuses accepts exactly as uvicorn would, but for:
+- Balanced connections: every worker wakes for a new connection, and one that serves more connections than
+  the least busy other worker (counts on the shared page of api/cores.py) lets that one take it first
+  (1 ms). Keep-alive connections made while only one worker was up (right after a start, or while a
+  replaced worker boots) would all stay on it: a worker holding 2 more than the least busy one answers
+  one request with Connection: close (api/app.py, Rebalance), and its client reconnects to the other. Two
+  clients of a two-worker server then run on two workers, each alone on its connection, which runs short
+  calls on its event loop (api/batching.py); on one, the p99 was 40% higher.
 
     kernel listen backlog (one socket, every worker)
         -> accept loop (this module): open while admitted, paced by capacity while refusing
@@ -30,6 +37,7 @@ import logging
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gunicorn.arbiter import Arbiter
@@ -43,6 +51,9 @@ from api.state import Resources
 log = logging.getLogger("hare")
 ACCEPT_ERROR_PAUSE_S = 0.1  # after EMFILE and the like: let connections close before trying again
 REFUSALS_PER_YIELD = 64  # canned refusals taken from the backlog between two turns of the event loop
+BALANCE_S = 0.001  # a worker with more connections than another lets it take a new one first, this long
+REBALANCE_AT = 2  # connections more than the least busy worker at which a client is asked to reconnect
+REBALANCE_S = 0.1  # at most one such request per worker in this time
 
 
 class PacedServer(Server):
@@ -52,15 +63,20 @@ class PacedServer(Server):
         super().__init__(config=config)
         self._app = app
         self._accepting: list[asyncio.Task[None]] = []
+        self._rebalanced = 0.0  # when this worker last asked a client to reconnect
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=[])  # lifespan, and no loop server: the sockets are ours
         if not self.started:
             return
         res = self._resources()
-        if res is not None:  # the batcher runs a solo connection's short calls on this loop (api/batching.py)
-            connections = self.server_state.connections
-            res.batcher.solo = lambda: len(connections) == 1
+        if res is not None:
+            # Every worker sees this one's count as soon as it changes (the accept loops balance them).
+            pool = res.pool
+            connections = _Counted(self.server_state.connections, pool.set_connections if pool else None)
+            self.server_state.connections = connections  # uvicorn's protocols add and discard themselves here
+            res.batcher.solo = lambda: len(connections) == 1  # its short calls run on this loop (api/batching.py)
+            res.rebalance = self._overfull
         for sock in sockets or []:
             sock.setblocking(False)
             task = asyncio.create_task(self._accept(sock))
@@ -109,6 +125,26 @@ class PacedServer(Server):
             return floor
         return max(floor, settings.workers / (settings.refusals_per_answer * capacity))
 
+    def _crowded(self) -> bool:
+        """Whether another worker serves fewer connections than this one (and should take the next)."""
+        res = self._resources()
+        if res is None or res.pool is None:
+            return False
+        fewest = res.pool.fewest_connections_elsewhere()
+        return fewest is not None and fewest < len(self.server_state.connections)
+
+    def _overfull(self) -> bool:
+        """Whether this worker holds REBALANCE_AT connections more than the least busy other worker, and has
+        not asked a client to reconnect in the last REBALANCE_S (the reconnection takes that long to show)."""
+        res = self._resources()
+        if res is None or res.pool is None or time.monotonic() - self._rebalanced < REBALANCE_S:
+            return False
+        fewest = res.pool.fewest_connections_elsewhere()
+        if fewest is None or len(self.server_state.connections) - fewest < REBALANCE_AT:
+            return False
+        self._rebalanced = time.monotonic()
+        return True
+
     def _count_refusal(self) -> None:
         res = self._resources()
         if res is not None:
@@ -140,6 +176,7 @@ class PacedServer(Server):
         sweeper = asyncio.create_task(self._sweep(refuser)) if canned else None
         last_refused = 0.0
         refused_in_a_row = 0
+        deferred = False
         try:
             while True:
                 refusing = self._refusal() is not None
@@ -148,15 +185,21 @@ class PacedServer(Server):
                 if refusing and interval and wait > 0:
                     await asyncio.sleep(wait)
                     continue  # admission may have opened meanwhile
+                if not refusing and not deferred and self._crowded():
+                    deferred = True  # once per connection: the other worker may be busy, or gone
+                    await asyncio.sleep(BALANCE_S)  # a worker with fewer connections takes it meanwhile
+                    continue
                 try:
                     conn, _ = sock.accept()
                 except BlockingIOError:
+                    deferred = False
                     await _readable(loop, sock)
                     continue
                 except OSError as exc:  # out of descriptors, a connection reset before accept: not fatal
                     log.warning("accept failed: %s", exc)
                     await asyncio.sleep(ACCEPT_ERROR_PAUSE_S)
                     continue
+                deferred = False
                 conn.setblocking(False)
                 if refusing:
                     last_refused = time.monotonic()  # this one will most likely be refused
@@ -175,6 +218,24 @@ class PacedServer(Server):
             if sweeper is not None:
                 sweeper.cancel()
             refuser.close_all()
+
+
+class _Counted(set[Any]):
+    """uvicorn's set of open connections, telling `publish` its size whenever a connection comes or goes."""
+
+    def __init__(self, items: set[Any], publish: Callable[[int], None] | None) -> None:
+        super().__init__(items)
+        self._publish = publish
+
+    def add(self, item: Any) -> None:
+        super().add(item)
+        if self._publish is not None:
+            self._publish(len(self))
+
+    def discard(self, item: Any) -> None:
+        super().discard(item)
+        if self._publish is not None:
+            self._publish(len(self))
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:

@@ -5,7 +5,9 @@ exits cleanly. Also: serving never imports torch or transformers."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import os
 import re
 import signal
 import subprocess
@@ -81,6 +83,57 @@ def test_concurrent_clients_each_get_their_own_answer_and_batches_form(
     assert sequences == 48 and batches < 48, (sequences, batches)  # some requests shared a model call
     # Both workers' samples are merged: every request counted once.
     assert metric(after, "hare_requests_total") - metric(before, "hare_requests_total") >= 48 + 1
+
+
+def worker_of(connection: http.client.HTTPConnection) -> int:
+    """The pid of the worker serving `connection` (its /info says)."""
+    connection.request("GET", "/info")
+    pid: int = json.loads(connection.getresponse().read())["pid"]
+    return pid
+
+
+def keep_alive(url: str, count: int) -> list[http.client.HTTPConnection]:
+    """`count` keep-alive connections, opened one after another, each with one answered request."""
+    host, port = url.removeprefix("http://").split(":")
+    connections = [http.client.HTTPConnection(host, int(port), timeout=30) for _ in range(count)]
+    for connection in connections:
+        connection.request("POST", "/predict", json.dumps({"inputs": "balanced"}), {"content-type": "application/json"})
+        assert connection.getresponse().read()
+    return connections
+
+
+def test_two_clients_of_a_two_worker_server_are_served_by_two_workers(
+    server: tuple[str, subprocess.Popen[bytes], Path],
+) -> None:
+    """Each worker alone on one connection runs its short calls on its own event loop (api/batching.py); two
+    users on one worker would share its loop and its model threads."""
+    url, _, _ = server
+    for _ in range(3):  # one after the other: with no balancing, the second lands on either worker
+        connections = keep_alive(url, 2)
+        assert worker_of(connections[0]) != worker_of(connections[1])
+        for connection in connections:
+            connection.close()
+        time.sleep(0.2)  # the server sees them gone
+
+
+def test_connections_spread_again_once_a_replaced_worker_is_up(
+    server: tuple[str, subprocess.Popen[bytes], Path],
+) -> None:
+    """Keep-alive connections made while one worker was down all stay on the other; once the replacement is
+    up, the crowded worker asks clients to reconnect (Connection: close) until both serve some."""
+    url, _, _ = server
+    probe = keep_alive(url, 1)[0]
+    os.kill(worker_of(probe), signal.SIGKILL)  # gunicorn starts a replacement, which loads the model
+    probe.close()
+    connections = keep_alive(url, 4)  # all on the survivor, while the replacement boots
+    survivor = {worker_of(c) for c in connections}
+    assert len(survivor) == 1
+    deadline = time.monotonic() + 60
+    while len({worker_of(c) for c in connections}) < 2:  # http.client reconnects after Connection: close
+        assert time.monotonic() < deadline, "the connections never left the survivor"
+        time.sleep(0.05)
+    for connection in connections:
+        connection.close()
 
 
 def test_sigterm_drains_in_flight_requests_and_exits(server: tuple[str, subprocess.Popen[bytes], Path]) -> None:

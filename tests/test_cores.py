@@ -84,7 +84,7 @@ def test_a_call_runs_on_the_cpus_of_the_cores_it_holds(tmp_path: Path) -> None:
     more.close()
 
 
-def test_a_killed_worker_leaks_no_core_and_its_queue_is_forgotten(tmp_path: Path) -> None:
+def test_a_killed_worker_leaks_no_core_and_its_queue_and_connections_are_forgotten(tmp_path: Path) -> None:
     holder = textwrap.dedent(
         f"""
         import sys, time
@@ -92,6 +92,7 @@ def test_a_killed_worker_leaks_no_core_and_its_queue_is_forgotten(tmp_path: Path
         from api.cores import CorePool
         pool = CorePool(1, Path({str(tmp_path)!r}))
         pool.set_queued(100)
+        pool.set_connections(3)
         seat = pool.seat(0)
         seat.acquire(1)
         print("held", flush=True)
@@ -104,6 +105,8 @@ def test_a_killed_worker_leaks_no_core_and_its_queue_is_forgotten(tmp_path: Path
         pool = CorePool(1, tmp_path)
         pool.set_queued(28)
         assert pool.queued() == 128  # every worker's queue, read from the shared page
+        pool.set_connections(5)
+        assert pool.fewest_connections_elsewhere() == 3  # the other worker's, not this one's own
         seat = pool.seat(0)
         got = threading.Event()
 
@@ -119,6 +122,7 @@ def test_a_killed_worker_leaks_no_core_and_its_queue_is_forgotten(tmp_path: Path
         assert got.is_set()
         forget(tmp_path, process.pid)  # what the gunicorn master does when it reaps a worker
         assert pool.queued() == 28
+        assert pool.fewest_connections_elsewhere() is None  # alone now
         seat.release()
         seat.close()
         pool.close()
