@@ -20,7 +20,8 @@
   `inline_seconds` at the measured token rate) on the event loop itself. Nothing else can reach this worker
   while it runs (its only client waits for this answer; new connections go to other workers), and the answer
   leaves without the two thread hand-offs, each a wake-up that waits for a core while the other user's call
-  runs (p99 at users = cores and 8 tokens: 7.3-9.8 ms through the threads, 5.3-5.7 ms here).
+  runs (p99 at users = cores and 8 tokens: 7.3-9.8 ms through the threads, 5.3-5.7 ms here). When no core
+  is free, the call goes to a model thread as usual: the loop never waits for another worker's call.
 - Shedding by age: a request still waiting for its first batch after the admission bound (`max_queue`) is
   refused (429 with Retry-After) when its turn comes rather than run: admission's estimate was wrong (the
   machine slowed down), and its answer would come later than the bound promised. Waiting costs no core, so
@@ -284,13 +285,15 @@ class Batcher(Generic[T]):
         self._publish()
         done = functools.partial(self._finish, self._batches, batch, jobs, start, padded)
         want = self._wide if lone else self._narrow
-        if self._here(padded, want):
+        items = [e.item for e in batch]
+        ran = self._model.run_here(items, want) if self._inline(padded, want) else None
+        if ran is not None:
             # Delivered on the loop's next turn, as a model thread's call_soon_threadsafe would be.
-            asyncio.get_running_loop().call_soon(done, *self._model.run_here([e.item for e in batch], want))
+            asyncio.get_running_loop().call_soon(done, *ran)
         else:
-            self._model.call([e.item for e in batch], want, done)
+            self._model.call(items, want, done)
 
-    def _here(self, padded: int, width: int) -> bool:
+    def _inline(self, padded: int, width: int) -> bool:
         """Whether to run this batch on the event loop: the only batch of a worker alone on its connection, and
         short at the measured rate (a long one would hold up the worker's health and metrics answers)."""
         rate = self.admission.rate * width

@@ -57,8 +57,9 @@ class Seat:
         self._held: list[int] = []
         self._pinned: frozenset[int] | None = None
 
-    def acquire(self, want: int) -> int:
-        """Hold `want` cores if that many are free, else one (waiting for it if none is free); returns how many."""
+    def acquire(self, want: int, wait: bool = True) -> int:
+        """Hold `want` cores if that many are free, else one (waiting for it if none is free, or holding none
+        and returning 0 without `wait`); returns how many."""
         order = [(self._home + i) % len(self._fds) for i in range(len(self._fds))]
         for i in order:
             if len(self._held) == want:
@@ -70,6 +71,8 @@ class Seat:
             self._held.append(i)
         if not self._held:
             self._pool.contended()
+            if not wait:
+                return 0
             fcntl.flock(self._fds[self._home], fcntl.LOCK_EX)
             self._held.append(self._home)
         elif len(self._held) < want:  # a partial grant runs on one core: the sessions come in widths 1 and want

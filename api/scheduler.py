@@ -50,7 +50,7 @@ class ModelThreads(Generic[T]):
         self._threads = [
             threading.Thread(target=self._serve, args=(i,), name=f"hare-model-{i}", daemon=True) for i in range(count)
         ]
-        self._here: Seat | None = None  # the event loop thread's seat, made at its first run_here
+        self._loop_seat: Seat | None = None  # the event loop thread's seat, made at its first run_here
         for thread in self._threads:
             thread.start()
 
@@ -59,13 +59,16 @@ class ModelThreads(Generic[T]):
         event loop."""
         self._jobs.put((items, want, asyncio.get_running_loop(), done))
 
-    def run_here(self, items: list[T], want: int) -> tuple[Rows | None, BaseException | None, int, float]:
+    def run_here(self, items: list[T], want: int) -> tuple[Rows | None, BaseException | None, int, float] | None:
         """Run the model on `items` on the calling thread (the event loop's, which waits for it), holding up to
-        `want` cores as a model thread would: (rows or None, the error or None, width, seconds on the cores)."""
-        if self._here is None and self._pool is not None:
-            self._here = self._pool.seat(len(self._threads))
-        seat = self._here
-        width = seat.acquire(want) if seat is not None else want
+        `want` cores as a model thread would: (rows or None, the error or None, width, seconds on the cores).
+        None, without running, when no core is free: the event loop must not wait for another worker's call."""
+        if self._loop_seat is None and self._pool is not None:
+            self._loop_seat = self._pool.seat(len(self._threads))
+        seat = self._loop_seat
+        width = seat.acquire(want, wait=False) if seat is not None else want
+        if not width:
+            return None
         began = time.perf_counter()
         try:
             return self._run(items, width), None, width, time.perf_counter() - began
@@ -79,9 +82,9 @@ class ModelThreads(Generic[T]):
     def stop(self) -> None:
         for _ in self._threads:
             self._jobs.put(None)
-        if self._here is not None:
-            self._here.close()
-            self._here = None
+        if self._loop_seat is not None:
+            self._loop_seat.close()
+            self._loop_seat = None
 
     def _serve(self, index: int) -> None:
         if self._idle:

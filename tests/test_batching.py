@@ -379,8 +379,8 @@ async def test_the_idle_hook_runs_once_after_a_quiet_spell_not_while_busy() -> N
 async def test_a_worker_alone_on_one_connection_runs_short_calls_on_its_event_loop(tmp_path: Path) -> None:
     """Its one client waits for this answer anyway: a short call runs on the loop's own thread, with no hand-off
     to a model thread and back. Not before the rate is measured, not for a call expected to run long (the
-    worker's health and metrics answers would wait), and never while the worker has other connections; the
-    loop's thread runs on every CPU again afterwards."""
+    worker's health and metrics answers would wait), not while another call holds every core, and never while
+    the worker has other connections; the loop's thread runs on every CPU again afterwards."""
     threads: list[int] = []
 
     def run(batch: list[str], width: int = 1) -> Rows:
@@ -410,6 +410,15 @@ async def test_a_worker_alone_on_one_connection_runs_short_calls_on_its_event_lo
     assert threads[-1] == loop
     await ask(batcher, ["x" * 1000])  # expected 125 ms at the measured rate
     assert threads[-1] != loop
+    other = pool.seat(9)  # another worker's call holds every core: the loop must not wait for it
+    other.acquire(len(cpus))
+    waiting = asyncio.ensure_future(ask(batcher, ["x" * 16]))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # a model thread waits for a core, the loop goes on
+    other.release()
+    await waiting
+    assert threads[-1] != loop
+    other.close()
     alone = False
     await ask(batcher, ["x" * 16])
     assert threads[-1] != loop
