@@ -126,6 +126,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     over.add_argument("--duration", type=float, default=10.0, help="seconds recorded per phase (default 10)")
     over.add_argument("--soak", type=float, default=0.0, help="seconds of soak with RSS sampling (default: none)")
     over.add_argument("--serve-arg", action="append", default=[], help="extra argument for `hare serve` (repeat)")
+    over.add_argument(
+        "--tail", type=_ints, default=[8, 128], help="token counts of the p99/p50 phases at users = cores and 16 users"
+    )
+    over.add_argument("--no-tail", action="store_true", help="skip the p99/p50 phases")
     _common(over)
 
     model = sub.add_parser("model", help="write a random-weights model folder of a real checkpoint's geometry")
@@ -273,8 +277,9 @@ def _headline(args: argparse.Namespace) -> int:
 def _overload(args: argparse.Namespace) -> int:
     from bench.overload import OverloadOptions, run_overload
 
+    tail = () if args.no_tail else tuple(args.tail)
     options = OverloadOptions(
-        args.bundle, args.seq, args.factor, args.flood, args.duration, args.soak, tuple(args.serve_arg)
+        args.bundle, args.seq, args.factor, args.flood, args.duration, args.soak, tuple(args.serve_arg), tail
     )
     with cancellable() as stop:
         run_overload(options, _store(args), stop)

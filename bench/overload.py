@@ -2,6 +2,7 @@
 for the whole scenario, every phase stored as a point of one run (kind "overload"):
 
     one-user     1 closed-loop user, against the bundle's session with one thread in process (model-only)
+    tail-Nt-Uu   U closed-loop users (users = cores, and 16) at N tokens (8 and 128): p99/p50 as they see it
     capacity     2 users per core, closed loop: the capacity the later phases are measured against
     open-kx      Poisson arrivals at k x capacity, as the clients see it: accepted answers' latency from the
                  intended send time (p50, p99), goodput (answers/s over capacity, the window lasting until
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import modelonly
-from bench.inputs import TextMaker, load_tokenizer, make_bodies
+from bench.inputs import Bodies, TextMaker, load_tokenizer, make_bodies
 from bench.loadgen import CONNECT, TIMEOUT, LoadSpec, Samples, latency_summary, run_load
 from bench.runner import Planned, make_point
 from bench.servers import ServerProcess, group_rss_mb, hare_server, split_url
@@ -35,6 +36,8 @@ from bench.subjects import manifest_hash, versions
 from bench.tables import wide_console
 from container.bundle import TOKENIZER_FILE, model_bytes, read_manifest
 from container.machine import describe, physical_cores
+
+TAIL_USERS = 16  # the tail's second phase: many users per core
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class OverloadOptions:
     duration_s: float = 10.0
     soak_s: float = 0.0
     serve_args: tuple[str, ...] = ()
+    tail_seqs: tuple[int, ...] = (8, 128)  # token counts of the tail phases (empty: none)
 
 
 class _Scenario:
@@ -59,11 +63,23 @@ class _Scenario:
         self.k = 0
         self.run_id = 0
 
-    def point(self, name: str, samples: Samples, load: str, users: int, rate: float, **extra: Any) -> Point:
+    def point(
+        self,
+        name: str,
+        samples: Samples,
+        load: str,
+        users: int,
+        rate: float,
+        seq: int | None = None,
+        bodies: Bodies | None = None,
+        **extra: Any,
+    ) -> Point:
+        """Store a phase as a point (at the scenario's own length and bodies unless `seq` and `bodies`)."""
+        bodies = bodies or self.bodies
         self.k += 1
         if samples.probe_delta is not None:  # over the recording window's nominal length
             extra["server_cores"] = sum(samples.probe_delta.values()) / max(self.options.duration_s, 1e-9)
-        planned = Planned("hare", None, None, self.options.seq_len, 1, users, rate)
+        planned = Planned("hare", None, None, seq or self.options.seq_len, 1, users, rate)
         point = make_point(
             self.run_id,
             self.k,
@@ -72,7 +88,7 @@ class _Scenario:
             0,
             0,
             planned,
-            self.bodies.tokens_per_sequence,
+            bodies.tokens_per_sequence,
             samples.window_s,
             samples.requests,
             samples.ok,
@@ -87,14 +103,21 @@ class _Scenario:
         return point
 
     def load(
-        self, server: ServerProcess, load: str, users: int = 1, rate: float = 0.0, warmup: float = 2.0, **kw: Any
+        self,
+        server: ServerProcess,
+        load: str,
+        users: int = 1,
+        rate: float = 0.0,
+        warmup: float = 2.0,
+        bodies: Bodies | None = None,
+        **kw: Any,
     ) -> Samples:
         host, port = split_url(server.url)
         spec = LoadSpec(
             host=host,
             port=port,
             path="/predict",
-            bodies=self.bodies.bodies,
+            bodies=(bodies or self.bodies).bodies,
             load="open" if load == "open" else "closed",
             concurrency=users,
             rate=rate,
@@ -128,6 +151,11 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
         rss["warm"] = max(group_rss_mb(pgid).values())
         users = 2 * sc.cores
         one = sc.point("one-user", sc.load(server, "closed", 1), "closed", 1, 0.0)
+        for seq in options.tail_seqs:
+            bodies = make_bodies(sc.task, 1, seq, sc.maker)
+            for n in (sc.cores, TAIL_USERS):
+                samples = sc.load(server, "closed", n, bodies=bodies)
+                sc.point(f"tail-{seq}t-{n}u", samples, "closed", n, 0.0, seq, bodies)
         cap = sc.point("capacity", sc.load(server, "closed", users), "closed", users, 0.0)
         rate = options.factor * cap.req_s
         sc.point(f"open-{options.factor:g}x", sc.load(server, "open", rate=rate, warmup=1.0), "open", 0, rate)
@@ -208,7 +236,18 @@ def evaluate(
         )
 
     out = [line("one user p50 / one-thread model-only p50", one_p50 / model_p50, 0.7, False)]
+    cores = physical_cores()
     for name, p in points.items():
+        if name.startswith("tail-"):
+            target = 1.5 if p.concurrency <= cores else 2.0
+            out.append(
+                line(
+                    f"{name} ({p.seq_len} tokens, {p.concurrency} users): p99 / p50",
+                    p.lat_p99 / p.lat_p50,
+                    target,
+                    False,
+                )
+            )
         if name.startswith("open-"):
             refused = p.errors.get("429", 0)
             bad = sum(v for k, v in p.errors.items() if k.startswith("5"))

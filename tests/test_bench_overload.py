@@ -10,6 +10,7 @@ import pytest
 
 from bench.overload import OverloadOptions, run_overload
 from bench.store import Store
+from container.machine import physical_cores
 from tests.conftest import ModelFactory
 
 
@@ -17,13 +18,15 @@ def test_every_phase_is_stored_and_every_goal_printed(
     tiny_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = Store(tmp_path / "bench.db")
-    options = OverloadOptions(tiny_bundle("feature-extraction"), seq_len=16, flood=20, duration_s=0.5)
+    options = OverloadOptions(tiny_bundle("feature-extraction"), seq_len=16, flood=20, duration_s=0.5, tail_seqs=(8,))
     run_id = run_overload(options, store, threading.Event())
     scenarios = [p.extra["scenario"] for p in store.points(run_id)]
-    assert scenarios == ["one-user", "capacity", "open-3x", "flood", "recovery"]
+    cores = physical_cores()
+    tail = [f"tail-8t-{cores}u", "tail-8t-16u"]
+    assert scenarios == ["one-user", *tail, "capacity", "open-3x", "flood", "recovery"]
     printed = capsys.readouterr().out
     goals = ("model-only p50", "p99 from the intended send time", "open-3x: goodput", "never answered", "Retry-After")
-    for goal in (*goals, "5xx", "flood goodput", "RSS after"):
+    for goal in (*goals, "5xx", "flood goodput", "RSS after", f"{tail[0]} (8 tokens, {cores} users): p99 / p50"):
         assert goal in printed, goal
     points = {p.extra["scenario"]: p for p in store.points(run_id)}
     assert all(p.extra["server_cores"] >= 0 for p in points.values())  # the server's CPU, from its clocks
