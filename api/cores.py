@@ -40,11 +40,9 @@ import numpy as np
 QUIET_SECONDS = 1.0  # a wide (all-core) call only after this long without contention
 SLOTS = 64  # worker slots in the shared page (a gunicorn server restarts workers into free slots)
 _HEADER = struct.Struct("d")  # contended_at (CLOCK_MONOTONIC, the same clock in every process)
-_SLOT = struct.Struct("qdq")  # pid, queued tokens, open connections
-_TOKENS, _TOKENS_AT = struct.Struct("d"), 8  # one field of a slot, written alone
-_CONNECTIONS, _CONNECTIONS_AT = struct.Struct("q"), 16
-_SLOT_DTYPE = np.dtype([("pid", "=i8"), ("tokens", "=f8"), ("connections", "=i8")])
-_SIZE = _HEADER.size + SLOTS * _SLOT.size
+# One worker's slot: pid (0: free), queued tokens, open connections.
+_SLOT = np.dtype([("pid", "=i8"), ("tokens", "=f8"), ("connections", "=i8")])
+_SIZE = _HEADER.size + SLOTS * _SLOT.itemsize
 
 
 class Seat:
@@ -141,11 +139,10 @@ class CorePool:
                 if os.fstat(fd).st_size < _SIZE:
                     os.ftruncate(fd, _SIZE)
             self._page = mmap.mmap(fd, _SIZE)
-            self._slot = self._claim(fd)
-            self._offset = _HEADER.size + self._slot * _SLOT.size
             # The slots as one array over the shared page: read per request (admission, balancing) at the
             # cost of one numpy call rather than 64 unpacks.
-            self._slots = np.frombuffer(self._page, dtype=_SLOT_DTYPE, count=SLOTS, offset=_HEADER.size)
+            self._slots = _slots(self._page)
+            self._slot = self._claim(fd)
             self._others = np.arange(SLOTS) != self._slot
         finally:
             os.close(fd)
@@ -164,11 +161,11 @@ class CorePool:
 
     def set_queued(self, tokens: float) -> None:
         """This worker's queued tokens (admission reads the machine's sum)."""
-        _TOKENS.pack_into(self._page, self._offset + _TOKENS_AT, tokens)
+        self._slots["tokens"][self._slot] = tokens
 
     def set_connections(self, count: int) -> None:
         """This worker's open connections (the accept loops balance them, api/worker.py)."""
-        _CONNECTIONS.pack_into(self._page, self._offset + _CONNECTIONS_AT, count)
+        self._slots["connections"][self._slot] = count
 
     def fewest_connections_elsewhere(self) -> int | None:
         """The open connections of the least busy other worker (None: this worker is alone)."""
@@ -180,7 +177,7 @@ class CorePool:
         return float(self._slots["tokens"][self._slots["pid"] != 0].sum())
 
     def close(self) -> None:
-        self._write_slot(self._slot, 0, 0.0, 0)
+        self._slots[self._slot] = (0, 0.0, 0)
         del self._slots  # the page cannot close while an array still points into it
         self._page.close()
         if self._owned:
@@ -190,18 +187,11 @@ class CorePool:
         """A free slot of the shared page for this process (a dead worker's slot is free again)."""
         with _locked(fd):
             for i in range(SLOTS):
-                pid, _, _ = self._read_slot(i)
+                pid = int(self._slots["pid"][i])
                 if pid == 0 or pid == os.getpid() or not _alive(pid):
-                    self._write_slot(i, os.getpid(), 0.0, 0)
+                    self._slots[i] = (os.getpid(), 0.0, 0)
                     return i
         raise RuntimeError(f"more than {SLOTS} workers share the core pool {self.folder}")
-
-    def _read_slot(self, i: int) -> tuple[int, float, int]:
-        pid, tokens, connections = _SLOT.unpack_from(self._page, _HEADER.size + i * _SLOT.size)
-        return pid, tokens, connections
-
-    def _write_slot(self, i: int, pid: int, tokens: float, connections: int) -> None:
-        _SLOT.pack_into(self._page, _HEADER.size + i * _SLOT.size, pid, tokens, connections)
 
 
 def forget(folder: Path, pid: int) -> None:
@@ -212,12 +202,16 @@ def forget(folder: Path, pid: int) -> None:
         return
     try:
         with _locked(fd), mmap.mmap(fd, _SIZE) as page:
-            for i in range(SLOTS):
-                offset = _HEADER.size + i * _SLOT.size
-                if _SLOT.unpack_from(page, offset)[0] == pid:
-                    _SLOT.pack_into(page, offset, 0, 0.0, 0)
+            slots = _slots(page)
+            slots[slots["pid"] == pid] = (0, 0.0, 0)
+            del slots  # before the page closes
     finally:
         os.close(fd)
+
+
+def _slots(page: mmap.mmap) -> np.ndarray:
+    """The page's worker slots as a structured array (writes go to the page, seen by every worker)."""
+    return np.frombuffer(page, dtype=_SLOT, count=SLOTS, offset=_HEADER.size)
 
 
 class _locked:

@@ -125,22 +125,20 @@ class PacedServer(Server):
             return floor
         return max(floor, settings.workers / (settings.refusals_per_answer * capacity))
 
+    def _surplus(self) -> int:
+        """Connections this worker holds over the least busy other worker (0 when it is alone, or not above)."""
+        res = self._resources()
+        fewest = res.pool.fewest_connections_elsewhere() if res is not None and res.pool is not None else None
+        return 0 if fewest is None else len(self.server_state.connections) - fewest
+
     def _crowded(self) -> bool:
         """Whether another worker serves fewer connections than this one (and should take the next)."""
-        res = self._resources()
-        if res is None or res.pool is None:
-            return False
-        fewest = res.pool.fewest_connections_elsewhere()
-        return fewest is not None and fewest < len(self.server_state.connections)
+        return self._surplus() > 0
 
     def _overfull(self) -> bool:
         """Whether this worker holds REBALANCE_AT connections more than the least busy other worker, and has
         not asked a client to reconnect in the last REBALANCE_S (the reconnection takes that long to show)."""
-        res = self._resources()
-        if res is None or res.pool is None or time.monotonic() - self._rebalanced < REBALANCE_S:
-            return False
-        fewest = res.pool.fewest_connections_elsewhere()
-        if fewest is None or len(self.server_state.connections) - fewest < REBALANCE_AT:
+        if time.monotonic() - self._rebalanced < REBALANCE_S or self._surplus() < REBALANCE_AT:
             return False
         self._rebalanced = time.monotonic()
         return True
