@@ -114,6 +114,7 @@ async def load(settings: Settings) -> Resources:
     manifest = read_manifest(settings.bundle)
     if manifest.task not in TASKS:
         raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
+    settings = settings.for_bundle(manifest)
     task = TASKS[manifest.task]
     tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
     metrics = Metrics()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from container.bundle import Manifest
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
 from tasks.errors import InputError
@@ -25,6 +26,8 @@ PROFILES = ("throughput", "latency")
 # beat 1 x 2 at every point (1,843 vs 1,505 req/s at 16 users, 8 tokens, when the connections spread), and
 # 2 x 1 ran at half speed whenever both clients landed on one worker.
 MIN_STREAMS = 2
+# Padded tokens per model call for a bundle whose budget was not measured (a GPU bundle, an older bundle).
+BATCH_TOKENS = 8192
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _UNSET = object()
 
@@ -172,8 +175,10 @@ class Settings:
     max_batch_tokens: int = _setting(
         "HARE_MAX_BATCH_TOKENS",
         _int(1),
-        "padded tokens per model call at most (longest sequence x sequences); one sequence always fits",
-        8192,
+        "padded tokens per model call at most (longest sequence x sequences); one sequence always fits (0: the "
+        "budget `hare optimize` measured for the bundle on its machine, the smallest batch within 5% of the best "
+        f"token rate with every core busy; {BATCH_TOKENS} for a bundle without one)",
+        0,
     )
     max_wait_ms: float = _setting(
         "HARE_MAX_WAIT_MS",
@@ -286,6 +291,12 @@ class Settings:
             streams=settings.streams or streams,
             threads=settings.threads or threads,
             cores=settings.cores or physical_cores(),
+        )
+
+    def for_bundle(self, manifest: Manifest) -> Settings:
+        """These settings with what was left to the bundle filled from its manifest."""
+        return dataclasses.replace(
+            self, max_batch_tokens=self.max_batch_tokens or manifest.max_batch_tokens or BATCH_TOKENS
         )
 
     def to_env(self) -> dict[str, str]:

@@ -45,6 +45,9 @@ class Manifest:
     pair_template: ranking with a causal LM: how a (query, document) pair is written (tasks.base.ModelInfo).
     heads: sparse-embedding from a bge-m3 folder: the outputs its graph carries (dense, sparse, colbert).
     source: where the model came from, and fused_operators: what ONNX Runtime's fusion found in its graph.
+    max_batch_tokens: the padded tokens per model call the server batches up to by default: the smallest batch
+      within 5% of the best token rate measured with every core busy (None: not measured, as for a GPU).
+    token_rates: that measurement, tokens a second by padded tokens per call.
     """
 
     task: str
@@ -71,6 +74,8 @@ class Manifest:
     pad_id: int = 0
     pair_template: dict[str, str] = field(default_factory=dict)
     heads: list[str] = field(default_factory=list)
+    max_batch_tokens: int | None = None
+    token_rates: dict[str, float] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

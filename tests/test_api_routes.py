@@ -3,7 +3,10 @@ public demo profile (rate limit, caps, admin routes off, CORS allowlist)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -50,13 +53,24 @@ async def test_info_describes_the_bundle_and_the_process(ner: AppClient) -> None
     assert (info["workers"], info["streams"], info["threads"]) == (1, 2, 1)
     assert info["batching"] == {
         "max_batch_size": 32,
-        "max_batch_tokens": 8192,
+        "max_batch_tokens": ner.resources.manifest.max_batch_tokens,  # the bundle's measured budget
         "max_wait_ms": 0.3,
         "queue_size": 256,
         "max_queue_ms": 1000,
     }
     assert {"onnxruntime", "tokenizers", "hare", "bundle"} <= set(info["versions"])
     assert "aggregation_strategy" in info["parameters"] and isinstance(info["pid"], int)
+
+
+async def test_the_batch_budget_is_the_bundles_unless_the_operator_sets_one(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    bundle = shutil.copytree(tiny_bundle("text-classification"), tmp_path / "bundle")
+    manifest = json.loads((bundle / "hare.json").read_text())
+    for measured, env, expected in ((512, {}, 512), (512, {"HARE_MAX_BATCH_TOKENS": "2048"}, 2048), (None, {}, 8192)):
+        (bundle / "hare.json").write_text(json.dumps(manifest | {"max_batch_tokens": measured}))
+        async with serve(bundle, **env) as client:
+            assert (await client.get("/info")).json()["batching"]["max_batch_tokens"] == expected
 
 
 async def test_metrics_count_requests_batches_tokens_and_labels(ner: AppClient) -> None:

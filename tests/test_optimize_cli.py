@@ -13,7 +13,7 @@ import pytest
 from onnx import numpy_helper
 
 from container.bundle import read_manifest
-from container.optimize import pipeline
+from container.optimize import autotune, pipeline
 from hare.cli import main
 from tests.conftest import ModelFactory
 
@@ -42,6 +42,31 @@ def test_bundle_has_manifest_with_every_variant(tiny_model: ModelFactory, tmp_pa
     assert "avx2" in manifest.machine["flags"] or manifest.machine["cpu"]
     assert sorted(p.name for p in out.iterdir()) == ["hare.json", "model.onnx", "tokenizer.json"]
     assert not list(tmp_path.glob(".bundle.partial-*"))
+
+
+def test_the_bundle_carries_the_batch_budget_measured_with_every_core_busy(
+    tiny_model: ModelFactory, tmp_path: Path
+) -> None:
+    out = tmp_path / "bundle"
+    args = ("--task", "feature-extraction", "--out", out, "--variants", "fp32", "--tune-streams", "2", *QUICK)
+    assert run(tiny_model("feature-extraction"), *args) == 0
+    manifest = read_manifest(out)
+    rates = {int(budget): rate for budget, rate in manifest.token_rates.items()}
+    assert sorted(rates) == list(autotune.BUDGETS) and min(rates.values()) > 0
+    assert manifest.max_batch_tokens == autotune.batch_budget(rates)
+    assert manifest.machine["tune_streams"] == 2
+
+
+@pytest.mark.parametrize(
+    ("rates", "budget"),
+    [
+        ({128: 5000, 256: 9300, 512: 8400, 1024: 7700, 8192: 5100}, 256),  # falls once the cache is outgrown
+        ({128: 100, 256: 180, 512: 196, 1024: 200}, 512),  # 196 is within 5% of the best: no need to wait for 1024
+        ({128: 100, 256: 100, 512: 100}, 128),  # flat: the smallest, so no request waits behind a big batch
+    ],
+)
+def test_the_batch_budget_is_the_smallest_batch_near_the_best_rate(rates: dict[int, float], budget: int) -> None:
+    assert autotune.batch_budget(rates) == budget
 
 
 def test_bundle_loads_without_torch_or_transformers(tiny_bundle: ModelFactory) -> None:

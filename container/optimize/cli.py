@@ -44,6 +44,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-lengths", type=_ints, default=[16, 128, 384], help="sequence lengths timed")
     p.add_argument("--tune-batches", type=_ints, default=[1, 8], help="batch sizes timed")
     p.add_argument("--tune-threads", type=int, default=1, help="ORT threads while timing (serving: 1 per worker)")
+    p.add_argument(
+        "--tune-streams",
+        type=int,
+        default=0,
+        help="model calls at once while measuring the batch budget (0: one per physical core, as under load)",
+    )
     gates = p.add_argument_group("parity gates (a variant must meet every one to ship)")
     gates.add_argument("--max-fp32-diff", type=float, default=1e-4, help="fp32 max |Δ output| vs PyTorch")
     gates.add_argument("--min-top1", type=float, default=0.99, help="classification top-1 agreement")
@@ -90,10 +96,14 @@ def main(args: argparse.Namespace) -> int:
             tune_lengths=args.tune_lengths,
             tune_batches=args.tune_batches,
             tune_threads=args.tune_threads,
+            tune_streams=args.tune_streams,
         ),
         console,
     )
     console.print(variant_table(manifest))
+    if manifest.max_batch_tokens:
+        rates = ", ".join(f"{budget}: {rate:,.0f}" for budget, rate in manifest.token_rates.items())
+        console.print(f"batch budget [bold]{manifest.max_batch_tokens}[/] padded tokens (tokens/s by budget: {rates})")
     console.print(f"bundle written to [bold]{out}[/] (variant [bold]{manifest.variant}[/])")
     return 0
 

@@ -26,7 +26,7 @@ from rich.progress import (
 from tokenizers import Encoding, Tokenizer
 
 from container.bundle import DENSE_FILE, MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE, Manifest
-from container.machine import describe
+from container.machine import describe, physical_cores
 from container.optimize import autotune, export, fuse, graphs, quantize, source, textset, tokenizer, validate
 from container.optimize.errors import UnsupportedModel, ValidationFailed
 from container.runtime import PROVIDERS, available_targets
@@ -97,6 +97,7 @@ class OptimizeOptions:
     tune_batches: Sequence[int] = (1, 8)
     tune_threads: int = 1
     tune_seconds: float = 0.2
+    tune_streams: int = 0  # model calls at once while measuring the batch budget (0: one per physical core)
 
 
 class Stages:
@@ -183,10 +184,16 @@ class Work:
     reference: Path | None = None
     build_errors: dict[str, str] = field(default_factory=dict)
     reports: list[validate.VariantReport] = field(default_factory=list)
+    token_rates: dict[int, float] = field(default_factory=dict)
     manifest: Manifest | None = None
 
     def file(self, variant: str) -> Path:
         return self.folder / f"{variant}.onnx"
+
+    @property
+    def best(self) -> validate.VariantReport:
+        """The variant that ships: the fastest of those that passed."""
+        return min((r for r in self.reports if r.passed), key=lambda r: autotune.score(r.timings_ms))
 
     @property
     def tokenizer_file(self) -> Path:
@@ -287,8 +294,20 @@ def _autotune(w: Work, step: Step) -> None:
             step(r.name)
 
 
+def _budget(w: Work, step: Step) -> None:
+    # A GPU wants its batches large; on a CPU the rate by batch size decides (container/optimize/autotune.py).
+    if w.opts.target == "cpu":
+        assert w.tokenizer is not None
+        o = w.opts
+        streams = o.tune_streams or physical_cores()
+        w.token_rates = autotune.token_rates(
+            w.file(w.best.name), w.tokenizer, streams, o.target, min_seconds=o.tune_seconds
+        )
+    step()
+
+
 def _bundle(w: Work, step: Step) -> None:
-    best = min((r for r in w.reports if r.passed), key=lambda r: autotune.score(r.timings_ms))
+    best = w.best
     bundle = w.folder / "bundle"
     bundle.mkdir()
     graphs.ship(w.file(best.name), bundle / MODEL_FILE)
@@ -332,6 +351,7 @@ STAGES = (
     ),
     Stage("validate", _validate, "pass --variants fp32", lambda w: len(w.chosen)),
     Stage("autotune", _autotune, "pass --variants fp32", lambda w: sum(r.passed for r in w.reports)),
+    Stage("batch budget", _budget, "pass --tune-streams 1, or set HARE_MAX_BATCH_TOKENS when serving"),
     Stage("bundle", _bundle, "check free disk space at --out"),
 )
 
@@ -388,7 +408,7 @@ def _manifest(w: Work, best: validate.VariantReport) -> Manifest:
         variant=best.name,
         precision=best.precision,
         variants=[asdict(r) | {"chosen": r.name == best.name} for r in w.reports],
-        machine=describe() | {"tune_threads": opts.tune_threads},
+        machine=describe() | {"tune_threads": opts.tune_threads, "tune_streams": opts.tune_streams or physical_cores()},
         versions=_versions(),
         source={
             "path": str(src.path.resolve()),
@@ -408,4 +428,6 @@ def _manifest(w: Work, best: validate.VariantReport) -> Manifest:
         pad_id=src.pad_id or 0,
         pair_template=src.pair_template,
         heads=src.sparse.outputs if src.sparse else [],
+        max_batch_tokens=autotune.batch_budget(w.token_rates) if w.token_rates else None,
+        token_rates={str(budget): rate for budget, rate in w.token_rates.items()},
     )
