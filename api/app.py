@@ -25,7 +25,7 @@ from tokenizers import Encoding, Tokenizer
 from api import errors, openapi, routes
 from api.backend import Backend
 from api.batching import Batcher
-from api.config import Settings
+from api.config import BATCH_TOKENS, Settings
 from api.cores import CorePool
 from api.encoder import Encoder, vocab
 from api.metrics import Metrics, MetricsMiddleware
@@ -114,6 +114,13 @@ async def load(settings: Settings) -> Resources:
     manifest = read_manifest(settings.bundle)
     if manifest.task not in TASKS:
         raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
+    if not settings.max_batch_tokens and manifest.max_batch_tokens is None and manifest.target == "cpu":
+        log.info(
+            "%s has no measured batch budget (built before hare measured one): batching up to %d padded "
+            "tokens; `hare optimize` again measures this machine's, or set HARE_MAX_BATCH_TOKENS",
+            settings.bundle,
+            BATCH_TOKENS,
+        )
     settings = settings.for_bundle(manifest)
     task = TASKS[manifest.task]
     tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))

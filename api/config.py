@@ -174,7 +174,7 @@ class Settings:
     max_batch_size: int = _setting("HARE_MAX_BATCH_SIZE", _int(1), "sequences per model call at most", 32)
     max_batch_tokens: int = _setting(
         "HARE_MAX_BATCH_TOKENS",
-        _int(1),
+        _int(0),
         "padded tokens per model call at most (longest sequence x sequences); one sequence always fits (0: the "
         "budget `hare optimize` measured for the bundle on its machine, the smallest batch within 5% of the best "
         f"token rate with every core busy; {BATCH_TOKENS} for a bundle without one)",

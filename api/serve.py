@@ -62,7 +62,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", choices=PROFILES, help="throughput (default) or latency")
     p.add_argument("--target", choices=["cpu", "gpu"], help="execution provider (default: the bundle's target)")
     p.add_argument("--max-batch-size", type=int, help="sequences per model call (default 32)")
-    p.add_argument("--max-batch-tokens", type=int, help="padded tokens per model call (default 8192)")
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        help="padded tokens per model call (default: the bundle's measured budget, else 8192)",
+    )
     p.add_argument("--max-wait-ms", type=float, help="longest a batch waits to fill (default 0.3; 0: never)")
     p.add_argument("--queue-size", type=int, help="requests per worker before 429 (default 256)")
     p.add_argument("--max-queue-ms", type=float, help="longest expected queue wait admitted (default 1000; 0: none)")
