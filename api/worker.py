@@ -33,6 +33,7 @@ a refusal costs the server as little as possible and keeps up with the clients w
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket
 import sys
@@ -69,6 +70,11 @@ class PacedServer(Server):
         await super().startup(sockets=[])  # lifespan, and no loop server: the sockets are ours
         if not self.started:
             return
+        # What exists after the lifespan's warm-up (modules, sessions, the app) lives as long as the worker:
+        # frozen, it is out of the collector's sight, and a full collection walks only what requests made
+        # since. Unfrozen, one took 17-20 ms over the worker's ~45,000 objects, in the middle of an answer.
+        gc.collect()
+        gc.freeze()
         res = self._resources()
         if res is not None:
             # Every worker sees this one's count as soon as it changes (the accept loops balance them).
