@@ -60,6 +60,15 @@ def is_bundle(path: Path) -> bool:
     return (path / MANIFEST_FILE).is_file()
 
 
+def _current(bundle: Path) -> bool:
+    """A cached bundle as this hare builds it. One from before the optimizer measured a batch budget would be
+    served at the old fixed one, and the bench would measure a server no user of this hare runs."""
+    if not is_bundle(bundle):
+        return False
+    manifest = read_manifest(bundle)
+    return manifest.target != "cpu" or manifest.max_batch_tokens is not None
+
+
 def bundle_for_model(model_dir: Path, task: str, out: Path | None = None, variants: list[str] | None = None) -> Path:
     """`hare optimize` a model folder into the bench cache (reused while the weights are the same)."""
     from container.optimize.pipeline import OptimizeOptions, optimize
@@ -69,7 +78,7 @@ def bundle_for_model(model_dir: Path, task: str, out: Path | None = None, varian
     spec = get_task(task)
     source = inspect_source(model_dir, spec)
     out = out or cache_dir() / f"{source.weights_sha256[:16]}-{task}"
-    if is_bundle(out):
+    if _current(out):
         return out
     optimize(OptimizeOptions(model_dir=model_dir, task=spec, out=out, force=True, only=variants))
     return out
