@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -14,6 +15,7 @@ from onnx import numpy_helper
 
 from container.bundle import read_manifest
 from container.optimize import autotune, pipeline
+from container.runtime import InferenceFailed, OnnxModel
 from hare.cli import main
 from tests.conftest import ModelFactory
 
@@ -68,6 +70,24 @@ def test_the_bundle_carries_the_batch_budget_measured_with_every_core_busy(
 )
 def test_the_batch_budget_is_the_smallest_batch_near_the_best_rate(rates: dict[int, float], budget: int) -> None:
     assert autotune.batch_budget(rates) == budget
+
+
+def test_a_batch_too_big_for_the_machine_ends_the_climb_and_the_bundle_still_ships(
+    tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_model = OnnxModel.run
+
+    def out_of_memory_past_512(self: OnnxModel, feeds: Any, shrink: bool = False) -> Any:
+        if feeds["input_ids"].size > 512:
+            raise InferenceFailed("inference failed: Failed to allocate memory")  # as ORT's arena words it
+        return run_model(self, feeds, shrink)
+
+    monkeypatch.setattr(OnnxModel, "run", out_of_memory_past_512)
+    out = tmp_path / "bundle"
+    args = ("--task", "feature-extraction", "--out", out, "--variants", "fp32", *QUICK)
+    assert run(tiny_model("feature-extraction"), *args) == 0
+    manifest = read_manifest(out)
+    assert list(manifest.token_rates) == ["128", "256", "512"] and manifest.max_batch_tokens in (128, 256, 512)
 
 
 def test_the_budget_climb_stops_once_two_budgets_in_a_row_fall_well_below_the_best() -> None:
