@@ -27,7 +27,7 @@ from tests.tiny_models import make_lm_reranker
 
 pytestmark = pytest.mark.anyio
 TOL = 1e-4
-QUICK = ["--tune-lengths", "8", "--tune-batches", "1"]
+QUICK = ["--tune-lengths", "8", "--tune-batches", "1", "--tune-seconds", "0.02"]
 QUERY = "capital of France"
 DOCUMENTS = [
     "Paris is the capital of France",

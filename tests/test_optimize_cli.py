@@ -19,7 +19,7 @@ from container.runtime import InferenceFailed, OnnxModel
 from hare.cli import main
 from tests.conftest import ModelFactory
 
-QUICK = ["--tune-lengths", "8", "--tune-batches", "1"]
+QUICK = ["--tune-lengths", "8", "--tune-batches", "1", "--tune-seconds", "0.02"]
 
 
 def run(*args: object) -> int:

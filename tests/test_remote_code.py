@@ -14,7 +14,7 @@ from container.bundle import read_manifest
 from hare.cli import main
 from tests.tiny_models import make_remote_code_model
 
-QUICK = ["--variants", "fp32", "--tune-lengths", "8", "--tune-batches", "1"]
+QUICK = ["--variants", "fp32", "--tune-lengths", "8", "--tune-batches", "1", "--tune-seconds", "0.02"]
 SERVE = """
 import asyncio, sys
 import httpx

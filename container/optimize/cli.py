@@ -45,6 +45,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-batches", type=_ints, default=[1, 8], help="batch sizes timed")
     p.add_argument("--tune-threads", type=int, default=1, help="ORT threads while timing (serving: 1 per worker)")
     p.add_argument(
+        "--tune-seconds", type=float, default=0.2, help="least time spent timing each point (variants, batch budgets)"
+    )
+    p.add_argument(
         "--tune-streams",
         type=int,
         default=0,
@@ -96,6 +99,7 @@ def main(args: argparse.Namespace) -> int:
             tune_lengths=args.tune_lengths,
             tune_batches=args.tune_batches,
             tune_threads=args.tune_threads,
+            tune_seconds=args.tune_seconds,
             tune_streams=args.tune_streams,
         ),
         console,
