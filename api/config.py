@@ -294,10 +294,10 @@ class Settings:
         )
 
     def for_bundle(self, manifest: Manifest) -> Settings:
-        """These settings with what was left to the bundle filled from its manifest."""
-        return dataclasses.replace(
-            self, max_batch_tokens=self.max_batch_tokens or manifest.max_batch_tokens or BATCH_TOKENS
-        )
+        """These settings with what was left to the bundle filled from its manifest. The bundle's batch budget
+        was measured on its own target: a CPU budget served on a GPU (HARE_TARGET) would starve the device."""
+        measured = manifest.max_batch_tokens if (self.target or manifest.target) == manifest.target else None
+        return dataclasses.replace(self, max_batch_tokens=self.max_batch_tokens or measured or BATCH_TOKENS)
 
     def to_env(self) -> dict[str, str]:
         """The HARE_* variables that reproduce these settings (what `hare serve` hands to gunicorn)."""

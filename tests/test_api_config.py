@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from api import serve
 from api.config import Settings, describe, layout
+from container.bundle import read_manifest
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
 from tasks.errors import InputError
@@ -132,3 +134,11 @@ def test_serve_builds_the_default_bundle_when_missing_then_execs_gunicorn(
     with pytest.raises(InputError, match="does not exist"):
         serve.main(parser.parse_args([str(tmp_path / "elsewhere")]))
     assert built == []
+
+
+def test_the_bundles_batch_budget_applies_only_on_the_target_it_was_measured_on(tiny_bundle: ModelFactory) -> None:
+    manifest = dataclasses.replace(read_manifest(tiny_bundle("feature-extraction")), max_batch_tokens=256)
+    assert Settings.from_env({}).for_bundle(manifest).max_batch_tokens == 256
+    assert Settings.from_env({"HARE_MAX_BATCH_TOKENS": "1024"}).for_bundle(manifest).max_batch_tokens == 1024
+    # A CPU bundle served on a GPU: 256-token batches would starve the device.
+    assert Settings.from_env({"HARE_TARGET": "gpu"}).for_bundle(manifest).max_batch_tokens == 8192
