@@ -34,6 +34,7 @@ from api.public import RateLimiter
 from api.schemas import COMMON, Limits, PredictRequest
 from api.state import Resources
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
+from container.machine import same_cpu
 from container.runtime import bound_malloc
 from tasks.base import Inputs, ModelInfo
 from tasks.errors import InputError
@@ -114,13 +115,25 @@ async def load(settings: Settings) -> Resources:
     manifest = read_manifest(settings.bundle)
     if manifest.task not in TASKS:
         raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
-    if not settings.max_batch_tokens and manifest.max_batch_tokens is None and manifest.target == "cpu":
-        log.info(
-            "%s has no measured batch budget (built before hare measured one): batching up to %d padded "
-            "tokens; `hare optimize` again measures this machine's, or set HARE_MAX_BATCH_TOKENS",
-            settings.bundle,
-            BATCH_TOKENS,
-        )
+    if not settings.max_batch_tokens and manifest.target == "cpu":
+        if manifest.max_batch_tokens is None:
+            log.info(
+                "%s has no measured batch budget (built before hare measured one): batching up to %d padded "
+                "tokens; `hare tune %s` measures this machine's, or set HARE_MAX_BATCH_TOKENS",
+                settings.bundle,
+                BATCH_TOKENS,
+                settings.bundle,
+            )
+        elif not same_cpu(measured_on := manifest.budget_machine or manifest.machine):
+            log.warning(
+                "%s's batch budget (%d padded tokens) was measured on another machine (%s, %s cores): "
+                "`hare tune %s` measures this one's, or set HARE_MAX_BATCH_TOKENS",
+                settings.bundle,
+                manifest.max_batch_tokens,
+                measured_on.get("cpu"),
+                measured_on.get("physical_cores"),
+                settings.bundle,
+            )
     settings = settings.for_bundle(manifest)
     task = TASKS[manifest.task]
     tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))

@@ -176,7 +176,7 @@ class Settings:
         "HARE_MAX_BATCH_TOKENS",
         _int(0),
         "padded tokens per model call at most (longest sequence x sequences); one sequence always fits (0: the "
-        "budget `hare optimize` measured for the bundle on its machine, the smallest batch within 5% of the best "
+        "budget `hare optimize` or `hare tune` measured for the bundle, the smallest batch within 5% of the best "
         f"token rate with every core busy; {BATCH_TOKENS} for a bundle without one)",
         0,
     )

@@ -48,6 +48,8 @@ class Manifest:
     max_batch_tokens: the padded tokens per model call the server batches up to by default: the smallest batch
       within 5% of the best token rate measured with every core busy (None: not measured, as for a GPU).
     token_rates: that measurement, tokens a second by padded tokens per call.
+    budget_machine: the machine it was measured on and its model calls at once (`streams`); `hare tune`
+      measures it again on the machine at hand.
     """
 
     task: str
@@ -76,6 +78,7 @@ class Manifest:
     heads: list[str] = field(default_factory=list)
     max_batch_tokens: int | None = None
     token_rates: dict[str, float] = field(default_factory=dict)
+    budget_machine: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

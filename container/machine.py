@@ -85,3 +85,10 @@ def describe() -> dict[str, Any]:
         "flags": [f for f in INTERESTING_FLAGS if f in flags],
         "platform": platform.platform(),
     }
+
+
+def same_cpu(record: dict[str, Any]) -> bool:
+    """Whether `record` (a describe() kept in a bundle) names this machine's CPU model and physical cores:
+    what a measurement made there, such as a batch budget, depends on."""
+    here = describe()
+    return record.get("cpu") == here["cpu"] and record.get("physical_cores") == here["physical_cores"]

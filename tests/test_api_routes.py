@@ -4,12 +4,14 @@ public demo profile (rate limit, caps, admin routes off, CORS allowlist)."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from container.machine import describe
 from tests.api_helpers import AppClient, serve
 from tests.conftest import ModelFactory
 
@@ -71,6 +73,27 @@ async def test_the_batch_budget_is_the_bundles_unless_the_operator_sets_one(
         (bundle / "hare.json").write_text(json.dumps(manifest | {"max_batch_tokens": measured}))
         async with serve(bundle, **env) as client:
             assert (await client.get("/info")).json()["batching"]["max_batch_tokens"] == expected
+
+
+async def test_the_start_log_says_when_the_budget_was_measured_on_another_machine(
+    tiny_bundle: ModelFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bundle = shutil.copytree(tiny_bundle("text-classification"), tmp_path / "bundle")
+    manifest = json.loads((bundle / "hare.json").read_text())
+    for cpu, warned in (("Another CPU", True), (describe()["cpu"], False)):
+        measured_on = describe() | {"cpu": cpu}
+        (bundle / "hare.json").write_text(
+            json.dumps(manifest | {"max_batch_tokens": 512, "budget_machine": measured_on})
+        )
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="hare"):
+            async with serve(bundle) as client:
+                # Still the bundle's budget: measured elsewhere is closer than the generic default.
+                assert (await client.get("/info")).json()["batching"]["max_batch_tokens"] == 512
+        warnings = [r.getMessage() for r in caplog.records if "measured on another machine" in r.getMessage()]
+        assert bool(warnings) == warned, caplog.text
+        assert not warnings or f"Another CPU, {describe()['physical_cores']} cores" in warnings[0]
+        assert not warnings or f"`hare tune {bundle}`" in warnings[0]
 
 
 async def test_metrics_count_requests_batches_tokens_and_labels(ner: AppClient) -> None:

@@ -207,6 +207,14 @@ def test_cpu_image_is_slim(engine: Engine, cpu_image: str) -> None:
     assert found == ["onnxruntime"], f"the serving image holds {found}"
 
 
+def test_cpu_image_tunes_its_bundle_for_the_machine_it_runs_on(engine: Engine, cpu_image: str) -> None:
+    # The image's /bundle is read-only to its user: --dry-run prints the setting to deploy instead.
+    args = ("run", "--rm", cpu_image, "tune", "/bundle", "--dry-run", "--seconds", "0.05")
+    result = engine.docker(*args)
+    line = result.stdout.strip().splitlines()[-1]
+    assert line.startswith("HARE_MAX_BATCH_TOKENS=") and int(line.split("=")[1]) >= 128, result.stdout
+
+
 def test_docker_stop_drains_in_flight_requests(engine: Engine, cpu_image: str, containers: Containers) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -505,6 +505,7 @@ def test_entrypoint_serves_a_bundle(tmp_path: Path) -> None:
         "9000",
     ]
     assert entrypoint.command(["optimize", "--help"], {})[0] == ["hare", "optimize", "--help"]
+    assert entrypoint.command(["tune", "/bundle", "--dry-run"], {})[0] == ["hare", "tune", "/bundle", "--dry-run"]
 
 
 def test_entrypoint_refuses_what_it_cannot_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

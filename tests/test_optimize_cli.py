@@ -57,7 +57,7 @@ def test_the_bundle_carries_the_batch_budget_measured_with_every_core_busy(
     # Smallest first, up to the server's default or until the rate is past its peak.
     assert list(rates) == list(autotune.BUDGETS[: len(rates)]) and len(rates) >= 3 and min(rates.values()) > 0
     assert manifest.max_batch_tokens == autotune.batch_budget(rates)
-    assert manifest.machine["tune_streams"] == 2
+    assert manifest.budget_machine["streams"] == 2 and manifest.budget_machine["cpu"] == manifest.machine["cpu"]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ where users mount theirs):
   starts serve the cached bundle. Only the optimizer images
   (hare:cpu-optimizer, hare:gpu-optimizer) carry torch for that; the serving images refuse with a message.
 
-`docker run IMAGE optimize|bench ...` runs that `hare` subcommand instead; other arguments go to `hare serve`.
+`docker run IMAGE optimize|tune|bench ...` runs that `hare` subcommand instead; other arguments go to `hare serve`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 DEFAULT_BUNDLE = "/bundle"
 DEFAULT_CACHE = "/cache"
-OTHER_COMMANDS = ("optimize", "bench", "console")
+OTHER_COMMANDS = ("optimize", "tune", "bench", "console")
 
 
 class SetupError(Exception):

@@ -16,10 +16,12 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
+from container.machine import describe
 from container.optimize.textset import SENTENCES
 from container.runtime import InferenceFailed, OnnxModel
 from tasks.ops import pad_batch
@@ -124,3 +126,13 @@ def batch_budget(rates: dict[int, float], within: float = 0.95) -> int:
     makes every request in it, and every one queued behind it, wait longer."""
     best = max(rates.values())
     return min(budget for budget, rate in rates.items() if rate >= within * best)
+
+
+def budget_fields(rates: dict[int, float], streams: int) -> dict[str, Any]:
+    """The manifest's record of a budget measurement (`hare optimize`'s last stage, `hare tune`): the budget,
+    the rates it was picked from, and the machine and streams they were measured with."""
+    return {
+        "max_batch_tokens": batch_budget(rates),
+        "token_rates": {str(budget): rate for budget, rate in rates.items()},
+        "budget_machine": describe() | {"streams": streams},
+    }

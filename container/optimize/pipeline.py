@@ -196,6 +196,11 @@ class Work:
         return min((r for r in self.reports if r.passed), key=lambda r: autotune.score(r.timings_ms))
 
     @property
+    def streams(self) -> int:
+        """Model calls at once while the batch budget is measured (recorded with the machine)."""
+        return self.opts.tune_streams or physical_cores()
+
+    @property
     def tokenizer_file(self) -> Path:
         return self.folder / TOKENIZER_FILE
 
@@ -299,9 +304,8 @@ def _budget(w: Work, step: Step) -> None:
     if w.opts.target == "cpu":
         assert w.tokenizer is not None
         o = w.opts
-        streams = o.tune_streams or physical_cores()
         w.token_rates = autotune.token_rates(
-            w.file(w.best.name), w.tokenizer, streams, o.target, min_seconds=o.tune_seconds
+            w.file(w.best.name), w.tokenizer, w.streams, o.target, min_seconds=o.tune_seconds
         )
     step()
 
@@ -408,7 +412,7 @@ def _manifest(w: Work, best: validate.VariantReport) -> Manifest:
         variant=best.name,
         precision=best.precision,
         variants=[asdict(r) | {"chosen": r.name == best.name} for r in w.reports],
-        machine=describe() | {"tune_threads": opts.tune_threads, "tune_streams": opts.tune_streams or physical_cores()},
+        machine=describe() | {"tune_threads": opts.tune_threads},
         versions=_versions(),
         source={
             "path": str(src.path.resolve()),
@@ -428,6 +432,5 @@ def _manifest(w: Work, best: validate.VariantReport) -> Manifest:
         pad_id=src.pad_id or 0,
         pair_template=src.pair_template,
         heads=src.sparse.outputs if src.sparse else [],
-        max_batch_tokens=autotune.batch_budget(w.token_rates) if w.token_rates else None,
-        token_rates={str(budget): rate for budget, rate in w.token_rates.items()},
+        **(autotune.budget_fields(w.token_rates, w.streams) if w.token_rates else {}),
     )

@@ -1,0 +1,75 @@
+"""`hare tune` as a user runs it on a bundle built elsewhere: the budget measured here, written or printed."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from container.bundle import read_manifest
+from container.machine import describe
+from container.optimize import autotune
+from hare.cli import main
+from tests.conftest import ModelFactory
+
+QUICK = ["--seconds", "0.02", "--streams", "2"]
+
+
+@pytest.fixture
+def elsewhere(tiny_bundle: ModelFactory, tmp_path: Path) -> Path:
+    """A CPU bundle whose budget was measured on another machine."""
+    bundle = shutil.copytree(tiny_bundle("feature-extraction"), tmp_path / "bundle")
+    manifest = json.loads((bundle / "hare.json").read_text())
+    other = {"cpu": "Another CPU", "physical_cores": 64, "streams": 64}
+    (bundle / "hare.json").write_text(json.dumps(manifest | {"max_batch_tokens": 8192, "budget_machine": other}))
+    return bundle
+
+
+def test_tune_measures_the_budget_here_and_keeps_the_rest_of_the_bundle(elsewhere: Path) -> None:
+    before = read_manifest(elsewhere)
+    assert main(["tune", str(elsewhere), *QUICK]) == 0
+    after = read_manifest(elsewhere)
+    rates = {int(budget): rate for budget, rate in after.token_rates.items()}
+    assert list(rates) == list(autotune.BUDGETS[: len(rates)]) and min(rates.values()) > 0
+    assert after.max_batch_tokens == autotune.batch_budget(rates)
+    assert after.budget_machine["cpu"] == describe()["cpu"] and after.budget_machine["streams"] == 2
+    assert (after.variant, after.variants, after.machine, after.labels) == (
+        before.variant,
+        before.variants,
+        before.machine,
+        before.labels,
+    )
+
+
+def test_a_dry_run_prints_the_setting_and_leaves_the_bundle_alone(
+    elsewhere: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = (elsewhere / "hare.json").read_bytes()
+    assert main(["tune", str(elsewhere), "--dry-run", *QUICK]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("HARE_MAX_BATCH_TOKENS=") and int(line.split("=")[1]) in autotune.BUDGETS
+    assert (elsewhere / "hare.json").read_bytes() == manifest
+
+
+def test_a_read_only_bundle_gets_the_setting_to_use_instead(
+    elsewhere: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def read_only(*_: object) -> None:  # an image's /bundle on a read-only root filesystem
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr("container.optimize.tune.os.replace", read_only)
+    assert main(["tune", str(elsewhere), *QUICK]) == 2
+    err = capsys.readouterr().err
+    assert "Read-only file system" in err and "set HARE_MAX_BATCH_TOKENS=" in err
+    assert read_manifest(elsewhere).max_batch_tokens == 8192
+    assert [p.name for p in elsewhere.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
+
+
+def test_a_gpu_bundle_is_refused_with_what_it_batches_to(elsewhere: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = json.loads((elsewhere / "hare.json").read_text())
+    (elsewhere / "hare.json").write_text(json.dumps(manifest | {"target": "gpu"}))
+    assert main(["tune", str(elsewhere), *QUICK]) == 2
+    assert "measured for CPU bundles" in capsys.readouterr().err
