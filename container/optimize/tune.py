@@ -53,7 +53,8 @@ def main(args: argparse.Namespace) -> int:
     fields = autotune.budget_fields(rates, streams)
     budget = fields["max_batch_tokens"]
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
-    console.print(_table(rates, budget, manifest.max_batch_tokens, fields["budget_machine"]["cpu"], streams))
+    console.print(f"batch budget on {fields['budget_machine']['cpu']}, {streams} model calls at once")
+    console.print(_table(rates, budget, manifest.max_batch_tokens))
     if args.dry_run:
         print(f"HARE_MAX_BATCH_TOKENS={budget}")
         return 0
@@ -72,8 +73,8 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(rates: dict[int, float], budget: int, before: int | None, cpu: str, streams: int) -> Table:
-    table = Table(title=f"batch budget on {cpu}, {streams} calls at once")
+def _table(rates: dict[int, float], budget: int, before: int | None) -> Table:
+    table = Table()
     for col in ("padded tokens per call", "tokens/s", ""):
         table.add_column(col, justify="right")
     best = max(rates.values())
