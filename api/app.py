@@ -115,7 +115,7 @@ async def load(settings: Settings) -> Resources:
     manifest = read_manifest(settings.bundle)
     if manifest.task not in TASKS:
         raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
-    if not settings.max_batch_tokens and (settings.target or manifest.target) == manifest.target == "cpu":
+    if not settings.max_batch_tokens and manifest.target == "cpu" and settings.on_bundle_target(manifest):
         if manifest.max_batch_tokens is None:
             log.info(
                 "%s has no measured batch budget (built before hare measured one): batching up to %d padded "

@@ -293,10 +293,14 @@ class Settings:
             cores=settings.cores or physical_cores(),
         )
 
+    def on_bundle_target(self, manifest: Manifest) -> bool:
+        """Whether the bundle is served on the target it was built and measured for (HARE_TARGET may differ)."""
+        return (self.target or manifest.target) == manifest.target
+
     def for_bundle(self, manifest: Manifest) -> Settings:
         """These settings with what was left to the bundle filled from its manifest. The bundle's batch budget
         was measured on its own target: a CPU budget served on a GPU (HARE_TARGET) would starve the device."""
-        measured = manifest.max_batch_tokens if (self.target or manifest.target) == manifest.target else None
+        measured = manifest.max_batch_tokens if self.on_bundle_target(manifest) else None
         return dataclasses.replace(self, max_batch_tokens=self.max_batch_tokens or measured or BATCH_TOKENS)
 
     def to_env(self) -> dict[str, str]:
