@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from container.optimize import export, fuse, quantize, source, textset, tokenizer, validate
+from container.optimize import export, fuse, masks, quantize, source, textset, tokenizer, validate
 from container.runtime import OnnxModel
 from tasks.registry import get_task
 from tests.conftest import ModelFactory
@@ -27,6 +27,7 @@ def test_every_stage_keeps_parity(tiny_model: ModelFactory, tmp_path: Path, arch
 
     fp32 = tmp_path / "fp32.onnx"
     inputs = export.export_onnx(src, task, fp32)
+    masks.additive_masks(fp32, fp32)  # as the pipeline's export stage does
     # token_type_ids only where the model has segment embeddings to feed
     assert ("token_type_ids" in inputs) == FAMILIES[arch].segments
 
@@ -73,6 +74,41 @@ def test_blockwise_int8_keeps_parity(tiny_model: ModelFactory, tmp_path: Path) -
     block = quantize.quantize_blockwise(fp32, tmp_path / "block.onnx")
     report = validate.validate(block, "int8-block32", "int8", validate.Parity(ref, encodings, samples, task, "mean"))
     assert report.metrics["max_abs_diff"] <= INT8_TOL and report.passed, report.metrics
+
+
+def test_selected_attention_masks_become_additive_with_the_same_outputs(
+    tiny_model: ModelFactory, tmp_path: Path
+) -> None:
+    """DistilBERT's masked_fill attention: the full-size Expand + Where per layer become a broadcast Add, and
+    a padded batch (the rows' lengths differ, so the masks matter) gives the very same outputs."""
+    import onnx
+
+    task = get_task("feature-extraction")
+    src = source.inspect_source(tiny_model("feature-extraction", "distilbert"), task)
+    exported, additive = tmp_path / "exported.onnx", tmp_path / "additive.onnx"
+    export.export_onnx(src, task, exported)
+    assert masks.additive_masks(exported, additive) == 2  # one per layer
+    ops = [n.op_type for n in onnx.load(str(additive)).graph.node]
+    assert "Expand" not in ops and ops.count("Where") == 2  # the Wheres left select on the small mask
+
+    ids = np.arange(5, 5 + 4 * 12, dtype=np.int64).reshape(4, 12) % 90 + 5
+    mask = np.ones_like(ids)
+    for row, length in enumerate([12, 7, 3, 1]):
+        mask[row, length:] = 0
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    before, after = OnnxModel(exported).run(feeds), OnnxModel(additive).run(feeds)
+    assert np.array_equal(before, after)
+
+
+def test_a_graph_without_selected_masks_is_left_alone(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    """BERT adds its mask already: nothing to rewrite, and the file is not written again."""
+    task = get_task("feature-extraction")
+    src = source.inspect_source(tiny_model("feature-extraction"), task)
+    graph = tmp_path / "fp32.onnx"
+    export.export_onnx(src, task, graph)
+    written = graph.stat().st_mtime_ns
+    assert masks.additive_masks(graph, graph) == 0
+    assert graph.stat().st_mtime_ns == written
 
 
 def test_outputs_have_dynamic_batch_and_sequence_axes(tiny_model: ModelFactory, tmp_path: Path) -> None:

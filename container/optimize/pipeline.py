@@ -27,7 +27,18 @@ from tokenizers import Encoding, Tokenizer
 
 from container.bundle import DENSE_FILE, MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE, Manifest
 from container.machine import describe, physical_cores
-from container.optimize import autotune, export, fuse, graphs, quantize, source, textset, tokenizer, validate
+from container.optimize import (
+    autotune,
+    export,
+    fuse,
+    graphs,
+    masks,
+    quantize,
+    source,
+    textset,
+    tokenizer,
+    validate,
+)
 from container.optimize.errors import UnsupportedModel, ValidationFailed
 from container.runtime import PROVIDERS, available_targets
 from tasks import text_ranking
@@ -226,7 +237,8 @@ Step = Callable[..., None]
 
 def _export(w: Work, step: Step) -> None:
     w.inputs = export.export_onnx(w.src, w.opts.task, w.file("fp32"))
-    step()
+    rewritten = masks.additive_masks(w.file("fp32"), w.file("fp32"))
+    step(f"{rewritten} attention masks made additive" if rewritten else "")
 
 
 def _tokenizer(w: Work, step: Step) -> None:
