@@ -44,7 +44,8 @@ class Manifest:
     pad_id: the id batches are padded with (the model's pad token).
     pair_template: ranking with a causal LM: how a (query, document) pair is written (tasks.base.ModelInfo).
     heads: sparse-embedding from a bge-m3 folder: the outputs its graph carries (dense, sparse, colbert).
-    source: where the model came from, and fused_operators: what ONNX Runtime's fusion found in its graph.
+    source: where the model came from; fused_operators: what ONNX Runtime's fusion found in its graph;
+      additive_masks: the attention masks the export made additive (container/optimize/masks.py).
     max_batch_tokens: the padded tokens per model call the server batches up to by default: the smallest batch
       within 5% of the best token rate measured with every core busy (None: not measured, as for a GPU).
     token_rates: that measurement, tokens a second by padded tokens per call.

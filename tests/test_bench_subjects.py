@@ -10,7 +10,7 @@ from container.bundle import read_manifest
 from tests.conftest import ModelFactory
 
 
-def test_a_cached_bundle_is_reused_unless_it_predates_the_measured_batch_budget(
+def test_a_cached_bundle_is_reused_unless_it_predates_the_batch_budget_or_additive_masks(
     tiny_model: ModelFactory, tmp_path: Path
 ) -> None:
     model, out = tiny_model("feature-extraction"), tmp_path / "cached"
@@ -23,3 +23,9 @@ def test_a_cached_bundle_is_reused_unless_it_predates_the_measured_batch_budget(
     manifest_file.write_text(json.dumps(json.loads(manifest_file.read_text()) | {"max_batch_tokens": None}))
     bundle_for_model(model, "feature-extraction", out, ["fp32"])
     assert read_manifest(out).max_batch_tokens is not None
+    # As a bundle built before masks were made additive: rebuilt, and the new one says how many it made.
+    manifest = json.loads(manifest_file.read_text())
+    del manifest["source"]["additive_masks"]
+    manifest_file.write_text(json.dumps(manifest))
+    bundle_for_model(model, "feature-extraction", out, ["fp32"])
+    assert read_manifest(out).source["additive_masks"] == 0  # BERT adds its mask already

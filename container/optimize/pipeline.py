@@ -193,6 +193,7 @@ class Work:
     samples: list[textset.Sample] = field(default_factory=list)
     encodings: list[Encoding] = field(default_factory=list)
     reference: Path | None = None
+    additive_masks: int = 0  # attention masks the export stage made additive (container/optimize/masks.py)
     build_errors: dict[str, str] = field(default_factory=dict)
     reports: list[validate.VariantReport] = field(default_factory=list)
     token_rates: dict[int, float] = field(default_factory=dict)
@@ -237,8 +238,8 @@ Step = Callable[..., None]
 
 def _export(w: Work, step: Step) -> None:
     w.inputs = export.export_onnx(w.src, w.opts.task, w.file("fp32"))
-    rewritten = masks.additive_masks(w.file("fp32"), w.file("fp32"))
-    step(f"{rewritten} attention masks made additive" if rewritten else "")
+    w.additive_masks = masks.additive_masks(w.file("fp32"), w.file("fp32"))
+    step()
 
 
 def _tokenizer(w: Work, step: Step) -> None:
@@ -433,6 +434,7 @@ def _manifest(w: Work, best: validate.VariantReport) -> Manifest:
             "trust_remote_code": src.trust_remote_code,
             "fusion_model_type": FUSION_MODEL_TYPE,
             "fused_operators": _fused_counts(w.file("fused-fp32")),
+            "additive_masks": w.additive_masks,
         },
         dense=[
             {"in_features": d.in_features, "out_features": d.out_features, "bias": d.bias, "activation": d.activation}
