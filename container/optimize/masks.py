@@ -101,8 +101,8 @@ def _constant(graph: onnx.GraphProto, producer: dict[str, onnx.NodeProto], name:
 
 
 def _drop_unread(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
-    """Remove those of `nodes` whose outputs nothing reads any more (a layer may share its mask's Expand with
-    the next, so the last rewrite decides), the reads of subgraphs (If, Loop) included."""
+    """Remove those of `nodes` whose outputs nothing reads any more, the reads of subgraphs (If, Loop)
+    included: a node something else still reads stays."""
     while True:
         read = {o.name for o in graph.output} | _reads(graph)
         unread = [n for n in nodes if n in graph.node and not any(o in read for o in n.output)]
