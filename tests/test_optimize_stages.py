@@ -100,6 +100,28 @@ def test_selected_attention_masks_become_additive_with_the_same_outputs(
     assert np.array_equal(before, after)
 
 
+def test_additive_masks_read_the_same_in_fp16(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    """The GPU chain (fused for CUDA, then fp16, where the fill becomes -65504) run here on the CPU: with and
+    without the rewrite, every real token's output is the same."""
+    import onnxruntime as ort
+
+    task = get_task("feature-extraction")
+    src = source.inspect_source(tiny_model("feature-extraction", "distilbert"), task)
+    export.export_onnx(src, task, tmp_path / "selected.onnx")
+    assert masks.additive_masks(tmp_path / "selected.onnx", tmp_path / "additive.onnx") == 2
+    lengths = [12, 7, 3, 1]
+    ids = np.arange(5, 5 + 4 * 12, dtype=np.int64).reshape(4, 12) % 90 + 5
+    real = np.arange(12)[None, :] < np.array(lengths)[:, None]
+    outputs = []
+    for name in ("selected", "additive"):
+        fuse.fuse(tmp_path / f"{name}.onnx", tmp_path / f"{name}-fused.onnx", use_gpu=True)
+        fp16 = fuse.to_fp16(tmp_path / f"{name}-fused.onnx", tmp_path / f"{name}-fp16.onnx")
+        session = ort.InferenceSession(str(fp16), providers=["CPUExecutionProvider"])
+        outputs.append(session.run(None, {"input_ids": ids, "attention_mask": real.astype(np.int64)})[0][real])
+    assert np.isfinite(outputs[1]).all()
+    assert np.array_equal(outputs[0], outputs[1])
+
+
 def test_a_graph_without_selected_masks_is_left_alone(tiny_model: ModelFactory, tmp_path: Path) -> None:
     """BERT adds its mask already: nothing to rewrite, and the file is not written again."""
     task = get_task("feature-extraction")
