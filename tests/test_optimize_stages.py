@@ -83,19 +83,11 @@ def test_selected_attention_masks_become_additive_with_the_same_outputs(
     a padded batch (the rows' lengths differ, so the masks matter) gives the very same outputs."""
     import onnx
 
-    task = get_task("feature-extraction")
-    src = source.inspect_source(tiny_model("feature-extraction", "distilbert"), task)
-    exported, additive = tmp_path / "exported.onnx", tmp_path / "additive.onnx"
-    export.export_onnx(src, task, exported)
-    assert masks.additive_masks(exported, additive) == 2  # one per layer
+    exported, additive = _distilbert_made_additive(tiny_model, tmp_path)
     ops = [n.op_type for n in onnx.load(str(additive)).graph.node]
     assert "Expand" not in ops and ops.count("Where") == 2  # the Wheres left select on the small mask
 
-    ids = np.arange(5, 5 + 4 * 12, dtype=np.int64).reshape(4, 12) % 90 + 5
-    mask = np.ones_like(ids)
-    for row, length in enumerate([12, 7, 3, 1]):
-        mask[row, length:] = 0
-    feeds = {"input_ids": ids, "attention_mask": mask}
+    feeds = _padded_batch()
     before, after = OnnxModel(exported).run(feeds), OnnxModel(additive).run(feeds)
     assert np.array_equal(before, after)
 
@@ -105,21 +97,33 @@ def test_additive_masks_read_the_same_in_fp16(tiny_model: ModelFactory, tmp_path
     without the rewrite, every real token's output is the same."""
     import onnxruntime as ort
 
-    task = get_task("feature-extraction")
-    src = source.inspect_source(tiny_model("feature-extraction", "distilbert"), task)
-    export.export_onnx(src, task, tmp_path / "selected.onnx")
-    assert masks.additive_masks(tmp_path / "selected.onnx", tmp_path / "additive.onnx") == 2
-    lengths = [12, 7, 3, 1]
-    ids = np.arange(5, 5 + 4 * 12, dtype=np.int64).reshape(4, 12) % 90 + 5
-    real = np.arange(12)[None, :] < np.array(lengths)[:, None]
+    feeds = _padded_batch()
+    real = feeds["attention_mask"] == 1
     outputs = []
-    for name in ("selected", "additive"):
-        fuse.fuse(tmp_path / f"{name}.onnx", tmp_path / f"{name}-fused.onnx", use_gpu=True)
-        fp16 = fuse.to_fp16(tmp_path / f"{name}-fused.onnx", tmp_path / f"{name}-fp16.onnx")
+    for graph in _distilbert_made_additive(tiny_model, tmp_path):
+        fuse.fuse(graph, tmp_path / f"{graph.stem}-fused.onnx", use_gpu=True)
+        fp16 = fuse.to_fp16(tmp_path / f"{graph.stem}-fused.onnx", tmp_path / f"{graph.stem}-fp16.onnx")
         session = ort.InferenceSession(str(fp16), providers=["CPUExecutionProvider"])
-        outputs.append(session.run(None, {"input_ids": ids, "attention_mask": real.astype(np.int64)})[0][real])
+        outputs.append(session.run(None, feeds)[0][real])
     assert np.isfinite(outputs[1]).all()
     assert np.array_equal(outputs[0], outputs[1])
+
+
+def _distilbert_made_additive(tiny_model: ModelFactory, folder: Path) -> tuple[Path, Path]:
+    """A tiny DistilBERT's export, and the same graph with its masks made additive (one per layer)."""
+    task = get_task("feature-extraction")
+    src = source.inspect_source(tiny_model("feature-extraction", "distilbert"), task)
+    exported, additive = folder / "exported.onnx", folder / "additive.onnx"
+    export.export_onnx(src, task, exported)
+    assert masks.additive_masks(exported, additive) == 2
+    return exported, additive
+
+
+def _padded_batch() -> dict[str, np.ndarray]:
+    """Four rows of 12, 7, 3 and 1 real tokens: the masks matter."""
+    ids = np.arange(5, 5 + 4 * 12, dtype=np.int64).reshape(4, 12) % 90 + 5
+    mask = (np.arange(12)[None, :] < np.array([12, 7, 3, 1])[:, None]).astype(np.int64)
+    return {"input_ids": ids, "attention_mask": mask}
 
 
 def test_a_graph_without_selected_masks_is_left_alone(tiny_model: ModelFactory, tmp_path: Path) -> None:

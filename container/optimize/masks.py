@@ -51,10 +51,9 @@ def rewrite(graph: onnx.GraphProto) -> int:
     count = 0
     for where in [n for n in graph.node if n.op_type == "Where"]:
         cond, fill, scores = where.input
-        cast = producer.get(cond)
-        expand = producer.get(cast.input[0]) if cast is not None and cast.op_type == "Cast" else cast
-        if cast is expand:
-            cast = None
+        node = producer.get(cond)
+        cast = node if node is not None and node.op_type == "Cast" else None
+        expand = producer.get(cast.input[0]) if cast is not None else node
         if expand is None or expand.op_type != "Expand":
             continue
         shape = producer.get(expand.input[1])
@@ -83,7 +82,8 @@ def rewrite(graph: onnx.GraphProto) -> int:
         for offset, node in enumerate(new):
             graph.node.insert(at + offset, node)
         count += 1
-    _drop_unread(graph, bypassed)
+    if bypassed:
+        _drop_unread(graph, bypassed)
     return count
 
 
