@@ -246,7 +246,8 @@ def evaluate(
     def line(goal: str, value: float, target: float, higher: bool, unit: str = "") -> str:
         met = value >= target if higher else value <= target
         return (
-            f"{'met ' if met else 'MISS'}  {goal}: {value:.3g}{unit} (goal {'≥' if higher else '≤'} {target:g}{unit})"
+            f"{'met ' if met else 'MISS'}  {goal}: {_figure(value)}{unit} "
+            f"(goal {'≥' if higher else '≤'} {_figure(target)}{unit})"
         )
 
     out = [line("one user p50 / one-thread model-only p50", one_p50 / model_p50, 0.7, False)]
@@ -276,9 +277,14 @@ def evaluate(
         out.append(line("flood goodput / capacity", points["flood"].req_s / capacity, 0.8, True))
     if "recovery" in points:
         out.append(line("10 s after the flood / capacity", points["recovery"].req_s / capacity, 0.9, True))
-    for when in ("warm", "flood"):
-        if when in rss:
-            out.append(line(f"largest process RSS after {when} - model file", rss[when] - file_mb, 200, False, " MB"))
+    for when, key in (("warm", "warm"), ("flood", "flood"), ("the soak", "soak_end")):
+        if key in rss:
+            out.append(line(f"largest process RSS after {when} - model file", rss[key] - file_mb, 200, False, " MB"))
     if "soak_start" in rss:
         out.append(line("RSS growth over the soak", rss["soak_end"] / rss["soak_start"] - 1, 0.05, False))
     return out
+
+
+def _figure(value: float) -> str:
+    """Three significant digits, never an exponent: 1121 ms reads as 1121, not 1.12e+03."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"

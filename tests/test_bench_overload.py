@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.overload import OverloadOptions, run_overload
+from bench.overload import OverloadOptions, evaluate, run_overload
 from bench.store import Store
 from container.machine import physical_cores
 from tests.conftest import ModelFactory
@@ -31,3 +31,14 @@ def test_every_phase_is_stored_and_every_goal_printed(
     points = {p.extra["scenario"]: p for p in store.points(run_id)}
     assert all(p.extra["server_cores"] >= 0 for p in points.values())  # the server's CPU, from its clocks
     assert "µs CPU each" in printed and "unanswered" in printed
+
+
+def test_the_soak_is_held_to_the_memory_goal_and_figures_read_without_exponents() -> None:
+    # The memory goal holds after 30 minutes of soak too, not only after warm-up and the flood.
+    rss = {"warm": 180.0, "flood": 1334.0, "soak_start": 300.0, "soak_end": 350.0}
+    lines = evaluate({}, one_p50=16.5, model_p50=25.0, capacity=75.0, rss=rss, file_mb=100.0)
+    assert "met   largest process RSS after warm - model file: 80 MB (goal ≤ 200 MB)" in lines
+    assert "MISS  largest process RSS after flood - model file: 1234 MB (goal ≤ 200 MB)" in lines
+    assert "MISS  largest process RSS after the soak - model file: 250 MB (goal ≤ 200 MB)" in lines
+    assert "MISS  RSS growth over the soak: 0.167 (goal ≤ 0.05)" in lines
+    assert "met   one user p50 / one-thread model-only p50: 0.66 (goal ≤ 0.7)" in lines
