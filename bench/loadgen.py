@@ -54,7 +54,11 @@ class LoadSpec:
 class Samples:
     """Everything recorded in the window, one entry per answer in answer order."""
 
-    latencies: list[float] = field(default_factory=list)  # seconds, of 200 answers (errors are only counted)
+    # Seconds from the send (open loop: the intended send) to the answer's arrival at the client's socket, of
+    # 200 answers (errors are only counted); read_latencies: to when the load generator read it (bench/client.py).
+    # A connection's set-up counts in both.
+    latencies: list[float] = field(default_factory=list)
+    read_latencies: list[float] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)  # "200", "429", "connect", "timeout"
     compute: list[bytes] = field(default_factory=list)  # x-compute-time of 200 answers
     timing: list[bytes] = field(default_factory=list)  # server-timing of 200 answers
@@ -132,7 +136,7 @@ class _Window:
     def over(self, t: float) -> bool:
         return t >= self.end or self.closed_at is not None
 
-    def record(self, latency: float, answer: Answer | None, error: str | None, t: float) -> None:
+    def record(self, latency: float, read: float, answer: Answer | None, error: str | None, t: float) -> None:
         s = self.samples
         self.last_answer = t
         if answer is not None:
@@ -140,6 +144,7 @@ class _Window:
             if answer.status == 200:
                 s.ok += 1
                 s.latencies.append(latency)
+                s.read_latencies.append(read)
                 s.compute.append(answer.headers.get(b"x-compute-time", b""))
                 timing = answer.headers.get(b"server-timing")
                 if timing:
@@ -214,9 +219,11 @@ async def _closed(spec: LoadSpec, window: _Window) -> None:
             t0 = time.perf_counter()
             answer: Answer | None = None
             error: str | None = None
+            sent = t0
             try:
                 if conn is None or conn.closed:
                     conn = await Connection.open(spec.host, spec.port)
+                sent = time.perf_counter()
                 pending = conn.send(raws[i % n], spec.timeout_s)
                 joined[index].set()
                 answer = await pending
@@ -228,7 +235,8 @@ async def _closed(spec: LoadSpec, window: _Window) -> None:
             i += 1
             t1 = time.perf_counter()
             if window.recording(t1):
-                window.record(t1 - t0, answer, error, t1)
+                latency = sent - t0 + answer.wire if answer is not None else t1 - t0
+                window.record(latency, t1 - t0, answer, error, t1)
             if error is not None or (answer is not None and answer.status in (429, 503)):
                 await asyncio.sleep(BACKOFF_S)
         joined[index].set()
@@ -251,6 +259,7 @@ async def _open(spec: LoadSpec, window: _Window) -> None:
         answer: Answer | None = None
         error: str | None = None
         conn: Connection | None = None
+        sent = intended
         try:
             while conn is None:
                 if idle:
@@ -268,6 +277,7 @@ async def _open(spec: LoadSpec, window: _Window) -> None:
                 else:
                     async with freed:
                         await freed.wait()
+            sent = time.perf_counter()
             answer = await conn.send(raw, spec.timeout_s)
         except RequestTimeout:
             error = TIMEOUT
@@ -276,7 +286,8 @@ async def _open(spec: LoadSpec, window: _Window) -> None:
         t1 = time.perf_counter()
         # Latency from the intended send time: waiting for a connection is part of what a client would see.
         if window.start <= intended < window.end and window.closed_at is None:
-            window.record(t1 - intended, answer, error, t1)
+            latency = sent - intended + answer.wire if answer is not None else t1 - intended
+            window.record(latency, t1 - intended, answer, error, t1)
         if conn is not None:
             if conn.closed:
                 opened -= 1
@@ -339,6 +350,7 @@ def run_load(
     return uvloop.run(main())
 
 
-def latency_summary(samples: Samples) -> Summary:
-    """Client latency in milliseconds: min/avg/p50/p90/p95/p99/max over every recorded answer."""
-    return summarize([x * 1000.0 for x in samples.latencies])
+def latency_summary(samples: Samples, read: bool = False) -> Summary:
+    """Client latency in milliseconds: min/avg/p50/p90/p95/p99/max over every recorded answer, to its arrival
+    at the client's socket (`read`: to when the load generator read it)."""
+    return summarize([x * 1000.0 for x in (samples.read_latencies if read else samples.latencies)])

@@ -77,6 +77,9 @@ class _Scenario:
         """Store a phase as a point (at the scenario's own length and bodies unless `seq` and `bodies`)."""
         bodies = bodies or self.bodies
         self.k += 1
+        if samples.read_latencies:  # as the load generator read the answers, its own waits for a core included
+            read = latency_summary(samples, read=True)
+            extra["read_p50"], extra["read_p99"] = read.p50, read.p99
         if samples.probe_delta is not None:  # over the recording window's nominal length
             extra["server_cores"] = sum(samples.probe_delta.values()) / max(self.options.duration_s, 1e-9)
         planned = Planned("hare", None, None, seq or self.options.seq_len, 1, users, rate)
@@ -255,6 +258,7 @@ def evaluate(
     for name, p in points.items():
         if name.startswith("tail-"):
             target = 1.5 if p.concurrency <= cores else 2.0
+            read = p.extra.get("read_p99", math.nan) / p.extra.get("read_p50", math.nan)
             out.append(
                 line(
                     f"{name} ({p.seq_len} tokens, {p.concurrency} users): p99 / p50",
@@ -262,6 +266,7 @@ def evaluate(
                     target,
                     False,
                 )
+                + f"; as the load generator read them {_figure(read)}"
             )
         if name.startswith("open-"):
             refused = p.errors.get("429", 0)

@@ -1,0 +1,92 @@
+"""The bench's HTTP client: an answer's time is when it reached the client's socket, not when the load
+generator got around to reading it (on a shared machine the load generator waits for a core)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvloop
+
+from bench.client import Connection, build_request
+
+ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-compute-time: 0.001\r\n\r\nok"
+
+
+@pytest.fixture()
+def server() -> Iterator[tuple[int, list[float]]]:
+    """A one-connection server: reads a request, waits the delay given in the list, answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    delays: list[float] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            while delays and conn.recv(65536):
+                time.sleep(delays.pop(0))
+                conn.sendall(ANSWER)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1], delays
+    listener.close()
+
+
+def _ask(port: int, stall: float) -> tuple[float, float, int, bytes]:
+    """One request; the event loop is blocked for `stall` seconds right after sending it."""
+
+    async def main() -> tuple[float, float, int, bytes]:
+        conn = await Connection.open("127.0.0.1", port)
+        start = time.perf_counter()
+        pending = conn.send(build_request("127.0.0.1", port, "POST", "/predict", b"{}"), 5.0)
+        time.sleep(stall)  # the load generator off its core while the answer comes in
+        answer = await pending
+        read = time.perf_counter() - start
+        conn.close()
+        return answer.wire, read, answer.status, answer.headers[b"x-compute-time"]
+
+    return uvloop.run(main())
+
+
+def test_the_answer_is_timed_at_its_arrival_not_at_its_read(server: tuple[int, list[float]]) -> None:
+    port, delays = server
+    delays.append(0.0)
+    wire, read, status, compute = _ask(port, stall=0.3)
+    assert status == 200 and compute == b"0.001"
+    assert read >= 0.3
+    assert 0 < wire < 0.1  # the server answered at once; the 0.3 s were the client's
+
+
+def test_the_server_time_is_in_it(server: tuple[int, list[float]]) -> None:
+    port, delays = server
+    delays.append(0.2)
+    wire, read, _, _ = _ask(port, stall=0.0)
+    assert 0.2 <= wire <= read < 1.0
+
+
+def test_a_closed_connection_fails_the_request() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def close_after_request() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.close()
+
+    threading.Thread(target=close_after_request, daemon=True).start()
+
+    async def main() -> None:
+        conn = await Connection.open("127.0.0.1", listener.getsockname()[1])
+        with pytest.raises(ConnectionError):
+            await conn.send(build_request("127.0.0.1", 0, "POST", "/predict", b"{}"), 5.0)
+        assert conn.closed
+
+    asyncio.run(main())
+    listener.close()
