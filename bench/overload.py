@@ -2,7 +2,8 @@
 for the whole scenario, every phase stored as a point of one run (kind "overload"):
 
     one-user     1 closed-loop user, against the bundle's session with one thread in process (model-only)
-    tail-Nt-Uu   U closed-loop users (users = cores, and 16) at N tokens (8 and 128): p99/p50 as they see it
+    tail-Nt-Uu   U closed-loop users (users = cores, and 16) at N tokens (8 and 128): p99/p50 as they see it,
+                 at their sockets (and, beside it, as the load generator read the answers: bench/client.py)
     capacity     2 users per core, closed loop: the capacity the later phases are measured against
     open-kx      Poisson arrivals at k x capacity, as the clients see it: accepted answers' latency from the
                  intended send time (p50, p99), goodput (answers/s over capacity, the window lasting until
