@@ -7,11 +7,11 @@ Loopback only: it speaks plain HTTP to the host it is given and never follows re
 
 When an answer arrived: the kernel stamps every segment with its arrival at the socket (SO_TIMESTAMPNS, on
 Linux), and `Answer.wire` is the time from the request's write to that stamp on the answer's last bytes, both
-on the wall clock the stamps use. The load generator reads them only once
-it gets a core, and on a machine it shares with the server both cores are often busy with model calls: at 8
-tokens and two users, 1% of the answers were read about 1 ms after they arrived, which alone moved p99/p50
-from 1.17 to 1.5. That wait is the load generator's, not the server's; a client on another machine would not
-have it. Where the kernel gives no stamp, `wire` ends when the bytes were read.
+on the wall clock the stamps use. The load generator reads them only once it gets a core, and on a machine
+it shares with the server both cores are often busy with model calls: at 8 tokens and two users, 1% of the
+answers were read about 1 ms after they arrived, which alone moved p99/p50 from about 1.17 to 1.5. That wait
+is the load generator's, not the server's; a client on another machine would not have it. Where the kernel
+gives no stamp, `wire` ends when the bytes were read.
 """
 
 from __future__ import annotations
