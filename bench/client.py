@@ -127,6 +127,7 @@ class Connection:
             self.close()
 
     def _writable(self) -> None:
+        self.loop.remove_writer(self.fd)
         self._write(b"")
 
     def _write(self, data: bytes) -> None:
@@ -138,8 +139,7 @@ class Connection:
         except OSError as exc:
             self._lost(exc)
             return
-        self.loop.remove_writer(self.fd)
-        if sent < len(data):
+        if sent < len(data):  # rare: the rest goes when the socket can take it
             self.unsent = data[sent:]
             self.loop.add_writer(self.fd, self._writable)
 

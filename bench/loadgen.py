@@ -136,15 +136,17 @@ class _Window:
     def over(self, t: float) -> bool:
         return t >= self.end or self.closed_at is not None
 
-    def record(self, latency: float, read: float, answer: Answer | None, error: str | None, t: float) -> None:
+    def record(self, start: float, sent: float, answer: Answer | None, error: str | None, t: float) -> None:
+        """One request that began at `start` (open loop: its intended send time), was written at `sent` and
+        read at `t`, all on time.perf_counter()."""
         s = self.samples
         self.last_answer = t
         if answer is not None:
             status = str(answer.status)
             if answer.status == 200:
                 s.ok += 1
-                s.latencies.append(latency)
-                s.read_latencies.append(read)
+                s.latencies.append(sent - start + answer.wire)
+                s.read_latencies.append(t - start)
                 s.compute.append(answer.headers.get(b"x-compute-time", b""))
                 timing = answer.headers.get(b"server-timing")
                 if timing:
@@ -235,8 +237,7 @@ async def _closed(spec: LoadSpec, window: _Window) -> None:
             i += 1
             t1 = time.perf_counter()
             if window.recording(t1):
-                latency = sent - t0 + answer.wire if answer is not None else t1 - t0
-                window.record(latency, t1 - t0, answer, error, t1)
+                window.record(t0, sent, answer, error, t1)
             if error is not None or (answer is not None and answer.status in (429, 503)):
                 await asyncio.sleep(BACKOFF_S)
         joined[index].set()
@@ -286,8 +287,7 @@ async def _open(spec: LoadSpec, window: _Window) -> None:
         t1 = time.perf_counter()
         # Latency from the intended send time: waiting for a connection is part of what a client would see.
         if window.start <= intended < window.end and window.closed_at is None:
-            latency = sent - intended + answer.wire if answer is not None else t1 - intended
-            window.record(latency, t1 - intended, answer, error, t1)
+            window.record(intended, sent, answer, error, t1)
         if conn is not None:
             if conn.closed:
                 opened -= 1
