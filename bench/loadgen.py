@@ -305,7 +305,9 @@ async def _open(spec: LoadSpec, window: _Window) -> None:
             if delay > 0:
                 await asyncio.sleep(delay)
             now = time.perf_counter()
-            if window.over(now):
+            # Over by the schedule, not by the clock: an arrival the client is late for is still sent (and
+            # counted from its intended time), so a client that falls behind cannot drop the window's last ones.
+            if window.over(t):
                 break
             # A timer may fire a little early: count from the actual send then, never before it.
             task = asyncio.create_task(one(raws[i % len(raws)], min(t, now)))

@@ -42,8 +42,11 @@ def server(
     tiny_bundle: ModelFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    # HARE_MAX_WAIT_MS generous, so concurrent requests visibly share batches on a busy machine.
-    with hare_serve(tiny_bundle("feature-extraction"), log, workers=2, env={"HARE_MAX_WAIT_MS": "5"}) as (url, process):
+    # HARE_MAX_WAIT_MS generous, so concurrent requests visibly share batches on a busy machine. No time bound
+    # at admission (HARE_MAX_QUEUE_MS 0): these tests send seconds of work at once and check that every request
+    # is answered, which the default bound (1 s of expected wait) would refuse on a slow or loaded machine.
+    env = {"HARE_MAX_WAIT_MS": "5", "HARE_MAX_QUEUE_MS": "0"}
+    with hare_serve(tiny_bundle("feature-extraction"), log, workers=2, env=env) as (url, process):
         yield url, process, log
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -27,10 +28,10 @@ def test_closed_loop_counts_add_up(trivial: ServerProcess) -> None:
     spec = LoadSpec("127.0.0.1", trivial.port, "/predict", BODY, concurrency=3, warmup_s=0.2, duration_s=1.0,
                     max_requests=10**8)  # fmt: skip
     s = run_load(spec)
-    assert time.perf_counter() - start < 5
-    assert s.ok > 100 and s.ok == s.requests == len(s.latencies) == len(s.compute)
+    assert time.perf_counter() - start < 30  # it stops (the rate itself depends on what else the CPU runs)
+    assert s.ok > 0 and s.ok == s.requests == len(s.latencies) == len(s.compute)
     assert s.errors() == {}
-    assert s.window_s == pytest.approx(1.0, abs=0.15)
+    assert s.window_s == pytest.approx(1.0)  # the window is the duration asked, not when the last user stopped
     lat = latency_summary(s)
     assert 0 < lat.min <= lat.p50 <= lat.p99 <= lat.max
     assert s.server_figures()["compute_p50"] == pytest.approx(0.01)
@@ -46,11 +47,32 @@ def test_max_requests_bounds_the_window(trivial: ServerProcess) -> None:
     assert s.requests == 500 and time.perf_counter() - start < 10
 
 
-def test_open_loop_keeps_its_rate(trivial: ServerProcess) -> None:
+def test_open_loop_sends_every_arrival_its_schedule_puts_in_the_window(trivial: ServerProcess) -> None:
+    """The arrivals are the seed's Poisson schedule, whatever the machine's load: a client that falls behind
+    sends late (and counts from the intended time), it never skips an arrival."""
     spec = LoadSpec("127.0.0.1", trivial.port, "/predict", BODY, load="open", rate=300, warmup_s=0.2, duration_s=1.0)
     s = run_load(spec)
-    assert 200 < s.ok < 400 and s.errors() == {}
+    rng, t, expected = random.Random(spec.seed), 0.0, 0
+    while t < spec.warmup_s + spec.duration_s:
+        t += rng.expovariate(spec.rate)
+        expected += spec.warmup_s <= t < spec.warmup_s + spec.duration_s
+    # The schedule starts a few microseconds after the window is set: an arrival at an edge may move across.
+    assert abs(s.requests - expected) <= 2, (s.requests, expected)
+    assert s.ok == s.requests and s.errors() == {}
     assert latency_summary(s).min > 0
+
+
+def test_open_loop_counts_from_the_intended_send_when_the_client_falls_behind(trivial: ServerProcess) -> None:
+    """A client that stalls (its event loop blocked for 0.3 s mid-window) still sends the arrivals it missed,
+    and their latencies include the stall: the queueing a slow client would hide is counted."""
+    spec = LoadSpec("127.0.0.1", trivial.port, "/predict", BODY, load="open", rate=200, warmup_s=0.1, duration_s=1.0)
+
+    def stall(_snapshot: dict[str, float]) -> None:
+        time.sleep(0.3)  # called on the event loop about once a second: blocks every send and read
+
+    s = run_load(spec, on_tick=stall)
+    assert s.ok == s.requests and s.requests > 100
+    assert max(s.latencies) >= 0.2
 
 
 def test_refused_connections_are_errors_and_the_loop_stops() -> None:

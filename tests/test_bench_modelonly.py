@@ -17,9 +17,12 @@ def test_streams_side_by_side_each_record_their_calls(tiny_bundle: ModelFactory)
     maker = TextMaker(load_tokenizer(bundle))
     one = modelonly.measure(bundle, maker, 8, 1, 1, warmup_s=0.05, duration_s=0.3)
     two = modelonly.measure(bundle, maker, 8, 1, 1, warmup_s=0.05, duration_s=0.3, streams=2)
-    for result in (one, two):
-        assert result.latencies_ms and min(result.latencies_ms) > 0
-        assert 0.25 < result.window_s < 1.0 and result.cpu_s > 0
+    for streams, result in ((1, one), (2, two)):
+        assert result.latencies_ms and min(result.latencies_ms) > 0 and result.cpu_s > 0
+        # Every stream runs until the deadline (so the window holds at least the duration asked), and every
+        # recorded call lies inside the window: however slow a loaded machine makes each call.
+        assert result.window_s >= 0.3
+        assert sum(result.latencies_ms) <= result.window_s * 1000 * streams + 1
     # Two streams record two loops' worth of calls over the same window (not necessarily twice as fast).
     assert len(two.latencies_ms) > len(one.latencies_ms) / 2
 
