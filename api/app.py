@@ -34,7 +34,7 @@ from api.public import RateLimiter
 from api.schemas import COMMON, Limits, PredictRequest
 from api.state import Resources
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
-from container.machine import same_cpu
+from container.machine import int8_check, same_cpu
 from container.runtime import bound_malloc
 from tasks.base import Inputs, ModelInfo
 from tasks.errors import InputError
@@ -134,6 +134,18 @@ async def load(settings: Settings) -> Resources:
                 measured_on.get("physical_cores"),
                 settings.bundle,
             )
+    int8 = int8_check(manifest.machine)
+    if manifest.precision == "int8" and manifest.target == "cpu" and not int8["same"]:
+        log.warning(
+            "%s's int8 variant %s was checked against PyTorch and timed on the %s int8 path (%s); this CPU takes "
+            "the %s path, whose kernels round and add differently: its error and speed were not measured here. "
+            "`hare optimize` on this machine checks and picks again",
+            settings.bundle,
+            manifest.variant,
+            int8["checked_on"],
+            manifest.machine.get("cpu"),
+            int8["serving_on"],
+        )
     settings = settings.for_bundle(manifest)
     task = TASKS[manifest.task]
     tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
@@ -281,6 +293,7 @@ def _info(res: Resources) -> dict[str, object]:
         "precision": m.precision,
         "target": m.target,
         "variants": m.variants,
+        "int8_path": int8_check(m.machine),
         "pooling": res.model.pooling if res.task.embeddings else m.pooling,
         "normalize": m.normalize,
         "providers": res.backend.providers,

@@ -176,7 +176,11 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
     model_p50_end = _model_p50(options, sc, stop)
     store.finish_run(sc.run_id, "cancelled" if stop.is_set() else "done", "")
     file_mb = model_bytes(options.bundle) / 2**20
-    console.print(f"run {sc.run_id}: {options.bundle} at {options.seq_len} tokens, {sc.cores} cores")
+    here = describe()
+    console.print(
+        f"run {sc.run_id}: {options.bundle} at {options.seq_len} tokens, {sc.cores} cores of {here['cpu']} "
+        f"(int8 path {here['int8_path']}; flags {' '.join(here['flags'])})"
+    )
     console.print(
         f"  model-only, one thread, in process: p50 {model_p50:.1f} ms right after the one-user phase "
         f"({model_p50_end:.1f} ms at the end)"

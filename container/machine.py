@@ -19,6 +19,21 @@ INTERESTING_FLAGS = (
     "avx_vnni",
     "avx512_bf16",
     "amx_int8",
+    "asimddp",  # ARM's int8 dot product (SDOT/UDOT)
+    "i8mm",  # ARM's int8 matrix multiply (SMMLA)
+)
+
+# ONNX Runtime's int8 kernels by what the CPU offers, fastest first: each path rounds and accumulates in
+# its own way, so a bundle's int8 error and speed belong to the path it was checked on. On "avx2" (x86
+# without VNNI) u8 x s8 products are added in pairs in saturating 16-bit registers.
+INT8_PATHS = (
+    ("amx", ("amx_int8",)),
+    ("avx512-vnni", ("avx512_vnni",)),
+    ("avx-vnni", ("avx_vnni",)),
+    ("avx512", ("avx512bw",)),
+    ("avx2", ("avx2",)),
+    ("arm-i8mm", ("i8mm",)),
+    ("arm-dotprod", ("asimddp",)),
 )
 
 
@@ -78,13 +93,20 @@ def describe() -> dict[str, Any]:
                 model = value.strip()
             elif key.strip() == "flags":
                 flags = set(value.split())
+    kept = [f for f in INTERESTING_FLAGS if f in flags]
     return {
         "cpu": model,
         "logical_cores": len(os.sched_getaffinity(0)),
         "physical_cores": physical_cores(),
-        "flags": [f for f in INTERESTING_FLAGS if f in flags],
+        "flags": kept,
+        "int8_path": int8_path(kept),
         "platform": platform.platform(),
     }
+
+
+def int8_path(flags: list[str]) -> str:
+    """The int8 kernel path a CPU with these flags takes (INT8_PATHS), or "generic"."""
+    return next((name for name, needs in INT8_PATHS if all(f in flags for f in needs)), "generic")
 
 
 def same_cpu(record: dict[str, Any]) -> bool:
@@ -92,3 +114,12 @@ def same_cpu(record: dict[str, Any]) -> bool:
     what a measurement made there, such as a batch budget, depends on."""
     here = describe()
     return record.get("cpu") == here["cpu"] and record.get("physical_cores") == here["physical_cores"]
+
+
+def int8_check(record: dict[str, Any]) -> dict[str, Any]:
+    """Where a bundle's variants were checked and timed (`record`: its manifest's machine) against this CPU:
+    both int8 paths, and whether they are the same. A bundle's int8 error and speed belong to the path its
+    gates and autotune ran on; a bundle built before hare recorded the path reads it from the flags kept."""
+    built = record.get("int8_path") or int8_path(list(record.get("flags", [])))
+    here = describe()["int8_path"]
+    return {"checked_on": built, "serving_on": here, "same": built == here}

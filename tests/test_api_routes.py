@@ -96,6 +96,28 @@ async def test_the_start_log_says_when_the_budget_was_measured_on_another_machin
         assert not warnings or f"`hare tune {bundle}`" in warnings[0]
 
 
+async def test_an_int8_bundle_checked_on_another_int8_path_says_so_at_start_and_in_info(
+    tiny_bundle: ModelFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Built on an AMX Xeon and served on an AVX2-only EPYC (the same image moved), an int8 bundle's gates and
+    timings no longer describe what runs: the operator is told, and /info says which paths."""
+    bundle = shutil.copytree(tiny_bundle("text-classification"), tmp_path / "bundle")
+    manifest = json.loads((bundle / "hare.json").read_text())
+    here = describe()["int8_path"]
+    other = "avx2" if here != "avx2" else "amx"
+    for path, warned in ((other, True), (here, False)):
+        machine = manifest["machine"] | {"int8_path": path}
+        (bundle / "hare.json").write_text(json.dumps(manifest | {"precision": "int8", "machine": machine}))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="hare"):
+            async with serve(bundle) as client:
+                info = (await client.get("/info")).json()
+        assert info["int8_path"] == {"checked_on": path, "serving_on": here, "same": not warned}
+        warnings = [r.getMessage() for r in caplog.records if "int8 path" in r.getMessage()]
+        assert bool(warnings) == warned, caplog.text
+        assert not warnings or (f"on the {other} int8 path" in warnings[0] and f"takes the {here} path" in warnings[0])
+
+
 async def test_metrics_count_requests_batches_tokens_and_labels(ner: AppClient) -> None:
     await ner.post("/predict", json={"inputs": ["Angela Merkel lives in Berlin"], "parameters": {"ignore_labels": []}})
     text = (await ner.get("/metrics")).text
