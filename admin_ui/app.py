@@ -1,22 +1,49 @@
-"""The console's Streamlit entry point (`hare console` runs `streamlit run` on this file).
+"""The console's Streamlit entry point (`hare console` has Streamlit run this file).
 
 Sign-in when a token is set, the appliance picker in the sidebar, then the page the user chose.
+
+A page's module is imported when the page is first shown, so drawing the Overview never waits for the other
+pages' imports (Altair, pandas, the bench store); `hare console` has them imported in the background as it
+starts (admin_ui/launch.py).
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+
 import streamlit as st
 
 from admin_ui import auth, state
-from admin_ui.views import benchmarks, containers, live, overview, playground
+
+# The tab's icon: Streamlit hands an SVG text to the browser as a data: URI. A ":material/...:" page icon would
+# make every browser fetch it from fonts.gstatic.com (Streamlit's frontend builds that URL for favicons), which
+# fails offline; the Material icons of the pages and the sidebar are drawn with the font Streamlit serves itself.
+ICON = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g fill="#0072B2">'
+    '<ellipse cx="8.6" cy="6.2" rx="2.1" ry="5.6" transform="rotate(-14 8.6 6.2)"/>'
+    '<ellipse cx="15.4" cy="6.2" rx="2.1" ry="5.6" transform="rotate(14 15.4 6.2)"/>'
+    '<circle cx="12" cy="15.6" r="6.4"/></g><circle cx="9.8" cy="14.6" r="1" fill="#fff"/>'
+    '<circle cx="14.2" cy="14.6" r="1" fill="#fff"/></svg>'
+)
 
 PAGES = [
-    (overview.render, "Overview", ":material/dashboard:", "overview"),
-    (playground.render, "Playground", ":material/science:", "playground"),
-    (benchmarks.render, "Benchmarks", ":material/speed:", "benchmarks"),
-    (live.render, "Live metrics", ":material/monitoring:", "live"),
-    (containers.render, "Containers", ":material/deployed_code:", "containers"),
+    ("overview", "Overview", ":material/dashboard:"),
+    ("playground", "Playground", ":material/science:"),
+    ("benchmarks", "Benchmarks", ":material/speed:"),
+    ("live", "Live metrics", ":material/monitoring:"),
+    ("containers", "Containers", ":material/deployed_code:"),
 ]
+
+
+def _page(module: str) -> Callable[[], None]:
+    """The render() of admin_ui/views/<module>.py, imported on first use (`hare console` imports them all in
+    the background as it starts: admin_ui/launch.py)."""
+
+    def render() -> None:
+        importlib.import_module(f"admin_ui.views.{module}").render()
+
+    return render
 
 
 def _sidebar() -> None:
@@ -37,13 +64,13 @@ def _sidebar() -> None:
 
 
 def main() -> None:
-    st.set_page_config(page_title="hare console", page_icon=":material/cruelty_free:", layout="wide")
+    st.set_page_config(page_title="hare console", page_icon=ICON, layout="wide")
     if not auth.gate(state.settings().token):
         st.stop()
     page = st.navigation(
         [
-            st.Page(fn, title=title, icon=icon, url_path=path, default=i == 0)
-            for i, (fn, title, icon, path) in enumerate(PAGES)
+            st.Page(_page(module), title=title, icon=icon, url_path=module, default=i == 0)
+            for i, (module, title, icon) in enumerate(PAGES)
         ]
     )
     _sidebar()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from admin_ui.benchdata import Progress, progress_from_lines
+from admin_ui.benchdata import Plan, Progress, progress_from_lines
 
 BASELINES = ("vanilla", "comet")
 
@@ -35,6 +35,8 @@ class BenchConfig:
     the model-only figure). model: the Hugging Face folder the baselines load (default: the bundle's source).
     seq_lens ("comet" for Comet's sentences), batches, concurrency: the grid. duration_s/warmup_s: seconds
     recorded per point and of unrecorded load before it. baselines: vanilla/comet in the same run.
+    model_only: also measure the bundle's model alone, in process (the bench adds those points after the
+    HTTP ones: 1 stream and as many side by side as the concurrency asks, at most one per core).
     """
 
     target: str
@@ -48,6 +50,12 @@ class BenchConfig:
     warmup_s: float = 1.0
     baselines: tuple[str, ...] = ()
     name: str = ""
+    model_only: bool = True
+
+    def plan(self) -> Plan:
+        """How many points go over HTTP (hare and each baseline, every setting), and the most clients."""
+        grid = len(self.seq_lens) * len(self.batches) * len(self.concurrency)
+        return Plan(http_points=grid * (1 + len(self.baselines)), max_concurrency=max(self.concurrency, default=0))
 
     def command(self, db: Path, python: str = sys.executable) -> list[str]:
         def join(xs: Sequence[int | str]) -> str:
@@ -70,6 +78,8 @@ class BenchConfig:
             argv += ["--baseline", ",".join(self.baselines)]
         if self.name:
             argv += ["--name", self.name]
+        if not self.model_only:
+            argv.append("--no-model-only")
         return argv
 
 

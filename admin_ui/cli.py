@@ -61,11 +61,12 @@ def console_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
 
 
 def streamlit_command(args: argparse.Namespace, python: str = sys.executable) -> list[str]:
-    """`python -m streamlit run admin_ui/app.py` with the console's server options."""
+    """`python -m admin_ui.launch run admin_ui/app.py` (Streamlit's command line, with the pages' imports
+    started in the background) with the console's server options."""
     if not 1 <= args.port <= 65535:
         raise InputError(f"--port {args.port} is outside 1..65535")
     return [
-        python, "-m", "streamlit", "run", str(APP),
+        python, "-m", "admin_ui.launch", "run", str(APP),
         "--server.port", str(args.port),
         "--server.address", args.address,
         "--server.headless", "true",

@@ -15,8 +15,8 @@ def _fmt(value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.4g}"
-    if isinstance(value, Mapping):
-        return ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, Mapping):  # {"max_batch_size": 32} -> "max batch size 32"
+        return ", ".join(f"{str(k).replace('_', ' ')} {_fmt(v)}" for k, v in value.items()) or "-"
     if isinstance(value, list | tuple):
         return ", ".join(_fmt(v) for v in value) or "-"
     return str(value)

@@ -9,7 +9,6 @@ example the `pid` label of several gunicorn workers).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -30,6 +29,7 @@ UNKNOWN = "hare_unknown_tokens_total"
 PREDICTIONS = "hare_predictions_total"
 PHASE_SECONDS = "hare_phase_duration_seconds"
 QUANTILES = (0.5, 0.9, 0.99)
+WINDOW_S = 10.0  # latency quantiles over at least this many seconds of scrapes, as rate(...[10s]) would
 PHASES = ("tokenize", "queue", "inference", "postprocess")
 # Requests that run the model; the others (/health, /metrics, the console's own scrapes) are not traffic.
 # Route labels are the server's route templates (POST / is left out: GET / shares its label).
@@ -120,6 +120,25 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
     return prev_bound
 
 
+def bucket_around(q: float, buckets: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """The (lower, upper) bounds of the bucket the q-quantile lies in; None without observations or when it
+    lies in the +Inf bucket."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    prev = 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            return None if math.isinf(bound) else (prev, bound)
+        prev = bound
+    return None
+
+
+def _bucket_ms(q: float, buckets: list[tuple[float, float]]) -> tuple[float, float] | None:
+    around = bucket_around(q, buckets)
+    return None if around is None else (around[0] * 1000.0, around[1] * 1000.0)
+
+
 def bucket_delta(prev: list[tuple[float, float]], cur: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Observations between two scrapes, bucket by bucket; a counter reset (restart) gives the new counts."""
     before = dict(prev)
@@ -150,6 +169,9 @@ class Interval:
     unknown_share: float | None  # unknown tokens per token
     labels: dict[str, float]  # predictions per label in the interval
     phase_ms: dict[str, float | None]  # mean server time per phase (Server-Timing's phases)
+    latency_count: float = 0.0  # requests the latency quantiles come from (those of the quantile window)
+    p99_bucket_ms: tuple[float, float] | None = None  # the histogram bucket the request p99 lies in
+    window_s: float = 0.0  # seconds the latency quantiles cover (at least WINDOW_S once there are enough scrapes)
 
 
 def _mean(prev: Snapshot, cur: Snapshot, histogram: str, **match: str) -> float | None:
@@ -160,8 +182,10 @@ def _mean(prev: Snapshot, cur: Snapshot, histogram: str, **match: str) -> float 
     return _counter_delta(prev.total(histogram + "_sum", **match), cur.total(histogram + "_sum", **match)) / count
 
 
-def interval(prev: Snapshot, cur: Snapshot) -> Interval:
-    """The rates and quantiles between two scrapes of the same appliance."""
+def interval(prev: Snapshot, cur: Snapshot, base: Snapshot | None = None) -> Interval:
+    """The rates between two scrapes of the same appliance; latency quantiles between `base` (an earlier
+    scrape, default `prev`) and `cur`, so they rest on more than one scrape interval's requests."""
+    base = prev if base is None else base
     seconds = max(cur.at - prev.at, 1e-9)
     requests = errors = 0.0
     for route in INFERENCE_ROUTES:
@@ -173,9 +197,10 @@ def interval(prev: Snapshot, cur: Snapshot) -> Interval:
                 errors += delta
 
     def quantiles(histogram: str) -> dict[float, float | None]:
-        delta = bucket_delta(prev.buckets(histogram), cur.buckets(histogram))
+        delta = bucket_delta(base.buckets(histogram), cur.buckets(histogram))
         return {q: _ms(histogram_quantile(q, delta)) for q in QUANTILES}
 
+    latency_delta = bucket_delta(base.buckets(REQUEST_SECONDS), cur.buckets(REQUEST_SECONDS))
     served = _counter_delta(prev.total(TOKENS + "_count"), cur.total(TOKENS + "_count"))
     tokens = _counter_delta(prev.total(TOKENS + "_sum"), cur.total(TOKENS + "_sum"))
     truncated = _counter_delta(prev.total(TRUNCATED), cur.total(TRUNCATED))
@@ -196,6 +221,9 @@ def interval(prev: Snapshot, cur: Snapshot) -> Interval:
         unknown_share=unknown / tokens if tokens > 0 else None,
         labels=labels,
         phase_ms={phase: _ms(_mean(prev, cur, PHASE_SECONDS, phase=phase)) for phase in PHASES},
+        latency_count=latency_delta[-1][1] if latency_delta else 0.0,
+        p99_bucket_ms=_bucket_ms(0.99, latency_delta),
+        window_s=max(cur.at - base.at, 0.0),
     )
 
 
@@ -221,9 +249,49 @@ class History:
     def add(self, snapshot: Snapshot) -> None:
         self.snapshots.append(snapshot)
 
-    def intervals(self) -> list[Interval]:
+    def intervals(self, window_s: float = WINDOW_S) -> list[Interval]:
+        """Every interval between successive scrapes; its latency quantiles cover the last `window_s` seconds
+        (from the latest scrape at least that old, else the first): one 2-second interval holds too few
+        requests for a steady p99."""
         snaps = list(self.snapshots)
-        return [interval(a, b) for a, b in itertools.pairwise(snaps)]
+        out = []
+        j = 0
+        for i in range(1, len(snaps)):
+            while j + 1 < i and snaps[i].at - snaps[j + 1].at >= window_s:
+                j += 1
+            out.append(interval(snaps[i - 1], snaps[i], snaps[j]))
+        return out
+
+    @property
+    def watched_s(self) -> float:
+        """Seconds between the first and the last scrape kept."""
+        return self.snapshots[-1].at - self.snapshots[0].at if self.snapshots else 0.0
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """What a scrape says about everything since the appliance (re)started: inference requests answered,
+    those that failed, and the request latency quantiles over all of them."""
+
+    requests: float
+    errors: float
+    latency_ms: dict[float, float | None]
+
+
+def lifetime(snapshot: Snapshot) -> Lifetime:
+    requests = errors = 0.0
+    for route in INFERENCE_ROUTES:
+        for status, count in _by_status(snapshot, route).items():
+            requests += count
+            if not status.startswith(("1", "2", "3")):
+                errors += count
+    buckets = snapshot.buckets(REQUEST_SECONDS)
+    return Lifetime(requests, errors, {q: _ms(histogram_quantile(q, buckets)) for q in QUANTILES})
+
+
+def needed_requests(q: float) -> int:
+    """Requests a quantile needs before it is one: p50 2, p90 10, p99 100."""
+    return math.ceil(1 / (1 - q) - 1e-9)
 
 
 def cumulative_labels(snapshot: Snapshot) -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,16 @@ def client(url: str) -> ApplianceClient:
 def describe(url: str) -> Probe:
     s = settings()
     return probe(url, s.appliance_token, min(s.timeout_s, 5.0))
+
+
+def describe_all(urls: list[str]) -> list[Probe]:
+    """Every appliance probed at once: a slow or unreachable one costs its own timeout, not the sum."""
+    if len(urls) <= 1:
+        return [describe(u) for u in urls]
+    s = settings()
+    timeout = min(s.timeout_s, 5.0)
+    with ThreadPoolExecutor(max_workers=min(len(urls), 8)) as pool:
+        return list(pool.map(lambda u: probe(u, s.appliance_token, timeout), urls))
 
 
 def bench_db() -> Path:

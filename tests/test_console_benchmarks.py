@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -42,6 +43,42 @@ def test_point_rows_have_every_percentile_and_throughput() -> None:
     assert "rate/s" not in row
     assert "rate/s" in benchdata.point_rows([make_point(1, 0, load="open", rate=50.0)])[0]
     assert benchdata.point_rows([make_point(1, 0, lat_p99=float("nan"))])[0]["p99 ms"] is None
+
+
+def test_point_table_prints_text_and_marks_percentiles_of_too_few_answers() -> None:
+    points = [
+        make_point(1, 0, seq_len=16, concurrency=1),
+        make_point(1, 1, "vanilla", seq_len=16, concurrency=1, requests=3, ok=3, lat_p99=845.678),
+        make_point(1, 2, "model-only", seq_len=16, concurrency=2, load="in-process", server={}),
+    ]
+    t = benchdata.point_table(points)
+    hare, vanilla, model = t.rows
+    assert all(isinstance(v, str) and v != "None" for r in t.rows for v in r.values())
+    assert list(hare)[:4] == ["target", "seq len", "concurrency", "answers"]
+    assert "errors" not in hare and "seq/s" not in hare  # nothing failed, one sequence per request
+    assert t.shared == {"load": "closed loop", "batch": 1, "workers": 1, "threads": 1}
+    assert (hare["p50"], hare["p99"], hare["req/s"]) == ("3.00", "6.00", "333")
+    # Three answers: the p50 is one, the p90/p95/p99 are not, and say so.
+    assert (vanilla["p50"], vanilla["p90"], vanilla["p99"]) == ("6.00", "~7.80", "~846")
+    assert model["server p50"] == "–"
+    assert {"p50", "p99", "req/s", "answers"} <= set(t.numeric) and "target" not in t.numeric
+    assert t.notes[0].startswith("~ marks a percentile from fewer answers than it needs (p90: 10, p95: 20")
+    assert "vanilla at 16 tokens and 1 user (3)" in t.notes[0]
+    assert "model-only: the bundle's model called inside the bench's own process" in t.notes[1]
+    assert [benchdata.needed_answers(q) for q in ("p50", "p90", "p95", "p99")] == [2, 10, 20, 100]
+    h = benchdata.headline([make_point(1, 0, ok=42, requests=42)])
+    assert h is not None and h.latency("p50") == "3.00 ms" and h.latency("p99") == "~6.00 ms"
+
+
+def test_table_cells_read_as_text() -> None:
+    from admin_ui.tables import cell, numeric_columns, text_rows
+
+    assert [cell(v) for v in (None, "", True, 14096, 0.79, 33.41, 14095.5, 7e-09, float("nan"), 0.0)] == [
+        "–", "–", "yes", "14,096", "0.79", "33.4", "14,096", "7e-09", "–", "0",
+    ]  # fmt: skip
+    rows: list[dict[str, Any]] = [{"a": 1, "b": None, "c": "x"}, {"a": 2.5, "b": 3, "c": None}]
+    assert text_rows(rows) == [{"a": "1", "b": "–", "c": "x"}, {"a": "2.50", "b": "3", "c": "–"}]
+    assert numeric_columns(rows) == ["a", "b"]
 
 
 def test_csv_has_a_header_and_one_line_per_point() -> None:
@@ -82,9 +119,26 @@ def test_chart_rows_and_specs() -> None:
     assert len(latency) == 12 and {r["percentile"] for r in latency} == {"p50", "p90", "p95", "p99"}
     throughput = benchdata.throughput_rows(points)
     assert [r["target"] for r in throughput] == ["hare", "vanilla", "hare"]
-    assert charts.latency_lines(latency).to_dict()["encoding"]["strokeDash"]["field"] == "target"
-    assert charts.throughput_lines(throughput).to_dict()["encoding"]["x"]["field"] == "concurrency"
-    assert charts.target_bars(throughput).to_dict()["encoding"]["xOffset"]["field"] == "target"
+    # Every series its own colour, named in one legend drawn as strokes (not black dots); formatted axes.
+    spec = charts.latency_lines(latency).to_dict()
+    enc = spec["encoding"]
+    names = enc["color"]["scale"]["domain"]
+    assert names[:2] == ["hare p50", "hare p90"] and "vanilla p99" in names and len(names) == 8
+    assert len(set(enc["color"]["scale"]["range"])) == 8
+    assert enc["strokeDash"]["field"] == "series" and enc["color"]["legend"]["symbolType"] == "stroke"
+    assert enc["x"]["axis"]["values"] == [16, 64] and enc["x"]["axis"]["format"] == ",d"
+    assert enc["y"]["axis"]["format"] == charts.NUMBER
+    single = charts.latency_lines(benchdata.latency_rows(points[:1])).to_dict()
+    assert single["encoding"]["color"]["scale"]["domain"] == ["p50", "p90", "p95", "p99"]  # one target: short names
+    spec = charts.throughput_lines(throughput).to_dict()
+    assert spec["encoding"]["x"]["field"] == "concurrency" and spec["encoding"]["x"]["axis"]["values"] == [1, 4]
+    names = spec["encoding"]["color"]["scale"]["domain"]
+    assert names == ["hare · 16 tokens", "hare · 64 tokens", "vanilla · 16 tokens"]
+    assert len(set(spec["encoding"]["color"]["scale"]["range"])) == 3
+    bars = charts.target_bars(throughput).to_dict()["encoding"]
+    assert bars["xOffset"]["field"] == "target"
+    assert bars["x"]["sort"] == ["16 tokens, 1 user", "64 tokens, 4 users"]  # by length, then users
+    assert bars["color"]["scale"]["range"] == [charts.TARGET_COLOURS["hare"], charts.TARGET_COLOURS["vanilla"]]
 
 
 def test_history_comparison_and_baseline_rows(tmp_path: Path) -> None:
@@ -92,7 +146,7 @@ def test_history_comparison_and_baseline_rows(tmp_path: Path) -> None:
     a, b = fill_store(db, baselines=True)
     store = Store(db)
     history = benchdata.run_rows(store.runs())
-    assert [r["id"] for r in history] == [b, a] and history[0]["status"] == "done"
+    assert [r["id"] for r in history] == [f"#{b}", f"#{a}"] and history[0]["status"] == "done"
     assert benchdata.run_label(store.run(a)).startswith(f"#{a} · x1.0 · done · text-classification")
     rows = benchdata.comparison_rows(store.compare(a, b))
     assert len(rows) == 8 and all(r["B/A req/s"] == 1.25 for r in rows)
@@ -102,43 +156,60 @@ def test_history_comparison_and_baseline_rows(tmp_path: Path) -> None:
 
 def test_progress_folds_the_jsonl_stream() -> None:
     point = make_point(7, 0).to_dict()
+    settings = {"seq_len": 16, "batch": 1, "concurrency": 4, "load": "closed"}
+
+    def tick(requests: int, p99: float = 8.0) -> str:
+        figures = {"elapsed_s": 1.0, "duration_s": 2.0, "req_s": 50.0, "p50_ms": 3.0, "p99_ms": p99}
+        return json.dumps({"event": "tick", "k": 1, "n": 4, "requests": requests, "errors": 0, **figures})
+
     lines = [
         json.dumps({"event": "start", "run_id": 7, "n": 4, "db": "x"}),
         json.dumps({"event": "server", "target": "vanilla", "state": "starting", "url": "u"}),
-        json.dumps({"event": "point_start", "k": 1, "n": 4, "target": "hare", "settings": {"seq_len": 16, "batch": 1}}),
-        json.dumps(
-            {
-                "event": "tick",
-                "k": 1,
-                "n": 4,
-                "elapsed_s": 1.0,
-                "duration_s": 2.0,
-                "req_s": 50.0,
-                "p50_ms": 3.0,
-                "p99_ms": 8.0,
-            }
-        ),
-        "not json",
+        json.dumps({"event": "point_start", "k": 1, "n": 4, "target": "hare", "settings": settings}),
     ]
+    head = "Point 1 of 4: hare over HTTP, 16 tokens, batch 1, 4 concurrent clients"
+    assert benchdata.progress_from_lines(lines).describe() == head + " · warming up"
+    # The first tick comes as the window opens, before any answer: no "0.0 req/s · p50 0.0 ms".
+    assert benchdata.progress_from_lines([*lines, tick(0)]).describe() == head + " · measuring, no answer yet"
+    few = benchdata.progress_from_lines([*lines, tick(40)]).describe()
+    assert few == head + " · 40 answers · 50.0 req/s · p50 3.00 ms · p99 ~8.00 ms"
+    lines += [tick(1200), "not json"]
     p = benchdata.progress_from_lines(lines)
     assert p.run_id == 7 and p.fraction == pytest.approx(0.5 / 4)
-    assert p.describe() == "point 1/4: hare (seq_len=16, batch=1) · 50.0 req/s · p50 3.0 ms · p99 8.0 ms"
+    assert p.describe() == head + " · 1,200 answers · 50.0 req/s · p50 3.00 ms · p99 8.00 ms"
     assert p.servers == {"vanilla": "starting"} and p.log == ["not json"]
+    # Two points asked for; the bench adds two of the model alone, and the page says so.
+    plan = benchdata.Plan(http_points=2, max_concurrency=4)
+    assert p.plan_note(plan).startswith("4 points: the 2 asked for, over HTTP, then 2 of the model alone")
+    assert p.plan_note(benchdata.Plan(http_points=4, max_concurrency=4)) == ""
+    model = {"seq_len": 16, "batch": 1, "concurrency": 2, "load": "in-process"}
+    later = [*lines, json.dumps({"event": "point_start", "k": 3, "n": 4, "target": "model-only", "settings": model})]
+    assert benchdata.progress_from_lines(later).describe(plan) == (
+        "Point 3 of 4: the model alone, in process (no HTTP), 16 tokens, batch 1, "
+        "2 streams (at most one per core; 4 clients asked) · measuring"
+    )
     lines += [json.dumps({"event": "point", "k": 1, "n": 4, "point": point | {"new_field": 1}})]
+    done = [*lines, json.dumps({"event": "done", "run_id": 7, "status": "done", "message": ""})]
+    assert benchdata.progress_from_lines(done).outcome() == "Run #7 done: 1 of 4 points measured"
+    cancelled = benchdata.progress_from_lines(
+        [*lines, json.dumps({"event": "done", "run_id": 7, "status": "cancelled"})]
+    )
+    cancelled.message = "from the console"
+    assert cancelled.describe() == "Run #7 cancelled (from the console): 1 of 4 points measured, kept under Results"
     lines += [json.dumps({"event": "done", "run_id": 7, "status": "failed", "message": "vanilla did not start"})]
     p = benchdata.progress_from_lines(lines)
-    assert p.fraction == 0.25 and p.describe() == "run #7 failed: vanilla did not start"
+    assert p.fraction == 0.25 and p.describe() == "Run #7 failed: 1 of 4 points measured; vanilla did not start"
     assert [pt.seq_len for pt in benchdata.live_point_rows(p)] == [16]
 
 
 def test_bench_config_command_and_parsing(tmp_path: Path) -> None:
     config = BenchConfig(
         "http://h:1", task="text-ranking", model="/m", seq_lens=(16, "comet"), concurrency=(1, 4), duration_s=2.5,
-        baselines=("vanilla", "comet"), name="n",
+        baselines=("vanilla", "comet"), name="n", model_only=False,
     )  # fmt: skip
     argv = config.command(tmp_path / "b.db", "py")
     assert argv[:6] == ["py", "-m", "hare.cli", "bench", "run", "http://h:1"]
-    flags = dict(zip(argv[6::2], argv[7::2], strict=True))
+    flags = dict(zip(argv[6:-1:2], argv[7:-1:2], strict=True))
     assert flags == {
         "--seq": "16,comet",
         "--batch": "1",
@@ -152,6 +223,8 @@ def test_bench_config_command_and_parsing(tmp_path: Path) -> None:
         "--baseline": "vanilla,comet",
         "--name": "n",
     }
+    assert argv[-1] == "--no-model-only" and "--no-model-only" not in BenchConfig("u").command(tmp_path / "b.db")
+    assert config.plan() == benchdata.Plan(http_points=2 * 1 * 2 * 3, max_concurrency=4)
     assert parse_ints("16, 64 64", "x") == (16, 64)
     assert parse_seq_lens("8, Comet,8") == (8, "comet")
     with pytest.raises(ValueError, match="sequence lengths: 'a'"):
@@ -233,19 +306,49 @@ def test_page_runs_a_benchmark_and_shows_percentiles(tmp_path: Path, monkeypatch
         at = _page(tmp_path / "bench.db", monkeypatch, fake.url)
         assert "No benchmark run yet" in at.info[0].value
         assert at.text_input(key=f"hare-bench-bundle-{fake.url}").value == str(served)  # offered
+        at.text_input(key="hare-bench-seq").input("16, 32")
+        at.text_input(key="hare-bench-name").input("mine")
+        at.number_input(key="hare-bench-duration").set_value(2.0)
         at.button[0].click().run()  # Start benchmark
-    assert asked[0].target == fake.url and asked[0].task == "token-classification"
-    assert asked[0].bundle == str(served)
-    assert asked[0].seq_lens == (16, 64) and asked[0].concurrency == (1, 4)
-    at = _until_done(at)
+        assert asked[0].target == fake.url and asked[0].task == "token-classification"
+        assert asked[0].bundle == str(served) and asked[0].model_only
+        assert asked[0].seq_lens == (16, 32) and asked[0].concurrency == (1, 4) and asked[0].name == "mine"
+        at = _until_done(at)
     assert not at.exception and not at.error
-    assert at.success[0].value == "run #1 done"
+    assert at.success[0].value == "Run #1 done: 2 of 2 points measured"
+    # The form is back as it was sent, not reset to its defaults.
+    assert at.text_input(key="hare-bench-seq").value == "16, 32"
+    assert at.text_input(key="hare-bench-name").value == "mine"
+    assert at.number_input(key="hare-bench-duration").value == 2.0
     metrics = {m.label: m.value for m in at.metric}
     assert (metrics["p50"], metrics["p95"], metrics["p99"]) == ("3.00 ms", "4.50 ms", "6.00 ms")
     results = at.dataframe[1].value  # [0] is the run's live table, [1] the Results tab's
-    assert list(results["p50 ms"]) == [3.0, 4.5] and "p99 ms" in results and "req/s" in results
+    assert list(results["p50"]) == ["3.00", "4.50"] and list(results["p99"]) == ["6.00", "9.00"]
+    assert "req/s" in results and "None" not in results.to_string()
     assert at.get("download_button")
     assert at.selectbox(key="hare-bench-run").value == 1
+
+
+def test_page_cancel_says_who_and_keeps_the_form(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _stand_in(monkeypatch, "slow")
+    with fake_appliance("text-classification") as fake:
+        at = _page(tmp_path / "bench.db", monkeypatch, fake.url)
+        at.text_input(key="hare-bench-conc").input("2")
+        at.button[0].click().run()
+        deadline = time.monotonic() + 30
+        while "answers" not in (at.get("progress")[0].proto.text if at.get("progress") else ""):
+            assert time.monotonic() < deadline, "the stand-in never ticked"
+            time.sleep(0.2)
+            at.run()
+        text = at.get("progress")[0].proto.text
+        assert text.startswith("Point 1 of 2: hare over HTTP, 16 tokens, batch 1, 1 concurrent client · 10 answers")
+        next(b for b in at.button if b.label == "Cancel benchmark").click().run()
+        at = _until_done(at)
+    assert not at.exception
+    assert at.warning[0].value == "Run #1 cancelled (from the console) before any point was measured"
+    assert at.text_input(key="hare-bench-conc").value == "2"
+    run = Store(tmp_path / "bench.db").run(1)
+    assert run.status == "cancelled" and run.message == "cancelled from the console after 0 of 2 points"
 
 
 def test_page_shows_a_failed_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -285,6 +388,7 @@ def test_page_history_and_comparison(tmp_path: Path, monkeypatch: pytest.MonkeyP
     results, ratios, history, comparison = tables
     assert len(results) == 8 and set(results["target"]) == {"hare", "vanilla"}
     assert set(ratios["baseline"]) == {"vanilla"}
-    assert list(history["id"]) == [b, a]
-    assert list(comparison["B/A req/s"]) == [1.25] * 8
+    assert list(history["id"]) == [f"#{b}", f"#{a}"] and list(history["message"]) == ["–", "–"]
+    assert list(comparison["B/A req/s"]) == ["1.25"] * 8
+    assert not any("None" in t.to_string() for t in tables)
     assert len(at.get("download_button")) == 2

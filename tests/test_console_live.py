@@ -73,6 +73,36 @@ def test_history_rows_for_charts() -> None:
     assert charts.label_share_area(shares).to_dict()["mark"]["type"] == "area"
 
 
+def test_quantiles_cover_a_window_of_scrapes_and_say_how_many_requests() -> None:
+    history = prom.History()
+    for n in range(1, 8):  # a scrape every 2 s, 10 requests between scrapes
+        history.add(prom.parse(metrics_text(n, "text-classification"), at=2.0 * n))
+    intervals = history.intervals()
+    assert [iv.window_s for iv in intervals] == [2.0, 4.0, 6.0, 8.0, 10.0, 10.0]
+    assert intervals[0].latency_count == 10 and intervals[-1].latency_count == 50
+    assert intervals[-1].requests_per_s == pytest.approx(11 / 2)  # rates stay per scrape interval
+    assert intervals[-1].p99_bucket_ms == pytest.approx((10.0, 50.0))
+    assert prom.bucket_around(0.5, [(0.1, 5.0), (0.2, 10.0), (float("inf"), 10.0)]) == (0.0, 0.1)
+    assert [prom.needed_requests(q) for q in prom.QUANTILES] == [2, 10, 100]
+    life = prom.lifetime(history.snapshots[-1])
+    assert (life.requests, life.errors) == (77.0, 7.0) and life.latency_ms[0.5] == pytest.approx(5.0)
+    assert history.watched_s == 12.0
+
+
+def test_timeline_charts_format_axes_colour_each_series_and_skip_gaps() -> None:
+    rows = [{"t": 2.1, "latency p50 ms": 3.0, "latency p99 ms": None}]
+    spec = charts.timeline(rows, ["latency p50 ms", "latency p99 ms"], "ms").to_dict()
+    assert spec["mark"]["type"] == "line" and spec["mark"]["point"]  # one interval still draws a dot
+    assert spec["encoding"]["x"]["axis"]["format"] == charts.NUMBER == spec["encoding"]["y"]["axis"]["format"]
+    assert spec["data"]["values"] == [{"t": 2.1, "series": "latency p50 ms", "value": 3.0}]  # no null points
+    scale = spec["encoding"]["color"]["scale"]
+    assert scale["domain"] == ["latency p50 ms", "latency p99 ms"] and len(set(scale["range"])) == 2
+    stacked = charts.timeline(rows, ["latency p50 ms"], "ms", stacked=True).to_dict()
+    assert stacked["mark"]["type"] == "area" and stacked["encoding"]["y"]["stack"] == "zero"
+    bars = charts.count_bars([{"label": "a", "predictions": 3}], "label", "predictions").to_dict()
+    assert bars["layer"][0]["encoding"]["x"]["axis"]["format"] == ",d"
+
+
 def test_page_plots_after_two_scrapes(monkeypatch: pytest.MonkeyPatch) -> None:
     with fake_appliance("text-classification") as fake:
         monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
@@ -81,19 +111,32 @@ def test_page_plots_after_two_scrapes(monkeypatch: pytest.MonkeyPatch) -> None:
         at.run()
     assert not at.exception and not at.error
     metrics = {m.label: m.value for m in at.metric}
-    assert float(metrics["requests/s"]) > 0 and metrics["latency p50"].endswith(" ms")
+    assert float(metrics["requests/s"]) > 0 and metrics["latency p50"] == "5.00 ms"
+    assert metrics["latency p99"] == "~46.0 ms"  # 10 requests: too few for a p99, and marked
+    assert metrics["requests since start"] == "22"
     assert len(at.get("vega_lite_chart")) == 9  # seven timelines, label drift, labels since start
 
 
-def test_page_says_no_traffic_yet_instead_of_empty_charts(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_page_says_no_traffic_since_it_watched_and_what_came_before(monkeypatch: pytest.MonkeyPatch) -> None:
     # Before any inference request the charts would show "null" and "0.000000" axes.
     with fake_appliance("text-classification", mode="idle") as fake:
         monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
         at = AppTest.from_function(live_page, default_timeout=30).run()
         at.run()
     assert not at.exception and not at.error
-    assert any("No traffic yet" in info.value for info in at.info)
+    info = at.info[0].value
+    assert info.startswith("No inference request in the ") and "s this page has watched (since " in info
+    assert info.endswith("The appliance has answered no inference request since it started.")
     assert not at.get("vega_lite_chart") and not at.metric
+    # An appliance busy before the page looked: "no traffic yet" would be wrong; say what it answered.
+    with fake_appliance("text-classification", mode="quiet") as fake:
+        monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
+        at = AppTest.from_function(live_page, default_timeout=30).run()
+        at.run()
+    assert "Since it started, the appliance answered 550 inference requests (p50 5.00 ms, p99 46.0 ms" in (
+        at.info[0].value
+    )
+    assert len(at.get("vega_lite_chart")) == 1  # the labels predicted since start
 
 
 def test_page_says_when_metrics_cannot_be_read(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,7 @@ def test_summary_rows_name_what_is_served() -> None:
     assert rows["max length"] == "128"
     assert rows["variant"] == "int8 int8 cpu"
     assert rows["workers × streams × threads"] == "1 × 2 × 1"
-    assert "max_batch_size=32" in rows["batching"]
+    assert rows["batching"] == "max batch size 32, max batch tokens 8192, max wait ms 2, max queue 256"
     assert "pooling" not in rows
 
 
@@ -73,6 +73,20 @@ def test_chosen_variant_falls_back_to_the_served_name() -> None:
     assert overview.chosen_variant(data) == {"name": "fp16"}
 
 
+def test_markdown_tables_escape_what_markdown_would_eat() -> None:
+    from admin_ui.views.common import escape_markdown, markdown_table
+
+    assert escape_markdown("my_model_v2 *x* a|b\nc") == "my\\_model\\_v2 \\*x\\* a\\|b c"
+    table = markdown_table([{"name": "a_b", "n": 1.5, "none": None}, {"name": "c", "n": 12, "none": None}])
+    assert table.splitlines() == [
+        "| name | n | none |",
+        "| --- | ---: | --- |",
+        "| a\\_b | 1.50 | – |",
+        "| c | 12 | – |",
+    ]
+    assert markdown_table([]) == ""
+
+
 def test_page_shows_each_appliance_or_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
     dead = closed_port_url()
     with fake_appliance("text-classification") as good, fake_appliance(mode="html") as foreign:
@@ -84,10 +98,15 @@ def test_page_shows_each_appliance_or_why_not(monkeypatch: pytest.MonkeyPatch) -
     errors = [e.value for e in at.error]
     assert any(dead in e and "cannot reach" in e for e in errors)
     assert any(foreign.url in e and "is this a hare appliance" in e for e in errors)
-    summary = at.dataframe[0].value
-    assert dict(zip(summary["field"], summary["value"], strict=True))["task"] == "text-classification"
-    gates = at.dataframe[1].value
-    assert list(gates["verdict"]) == ["pass", "not gated"]
+    # Small Markdown tables: long values wrap rather than being cut, empty cells read "–", never "None".
+    tables = [m.value for m in at.markdown if m.value.startswith("| ")]
+    summary, gates = tables[0].splitlines(), tables[1].splitlines()
+    assert summary[:2] == ["| field | value |", "| --- | --- |"]
+    assert "| task | text-classification |" in summary
+    assert "| batching | max batch size 32, max batch tokens 8192, max wait ms 2, max queue 256 |" in summary
+    assert gates[:2] == ["| metric | value | threshold | verdict |", "| --- | ---: | ---: | --- |"]
+    assert gates[2:] == ["| top1\\_agreement | 0.995 | 0.98 | pass |", "| max\\_abs\\_diff | 0.012 | – | not gated |"]
+    assert not at.dataframe and not any("None" in t for t in tables)
 
 
 def test_add_and_remove_appliances(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -165,7 +165,8 @@ def metrics_text(n: int, task: str) -> str:
 @dataclass
 class Fake:
     """What the fake serves. mode: "hare" (the contract), "html" (some other web server), "error" (/predict
-    fails with the contract's error body), "idle" (the contract, but nobody sends traffic: counters stand still)."""
+    fails with the contract's error body), "idle" (the contract, but nobody sends traffic: counters stand still
+    at zero), "quiet" (counters stand still after 500 requests answered before the console looked)."""
 
     task: str = "text-classification"
     mode: str = "hare"
@@ -209,7 +210,7 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
                 self._send(200, info(fake.task))
             elif self.path == "/metrics" and self._authorized():
                 fake.scrapes += 1
-                n = 0 if fake.mode == "idle" else fake.scrapes
+                n = {"idle": 0, "quiet": 50}.get(fake.mode, fake.scrapes)
                 self._send(200, metrics_text(n, fake.task), "text/plain; version=0.0.4")
             elif self.path not in ("/info", "/metrics"):
                 self._send(404, {"error": "not found", "type": "not_found"})

@@ -6,6 +6,7 @@ process-wide slot so a page reload finds the running job again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from dataclasses import replace
@@ -15,11 +16,13 @@ from typing import Any
 import streamlit as st
 
 from admin_ui import benchdata, charts, state
+from admin_ui.benchdata import Plan, Progress
 from admin_ui.benchjob import BASELINES, BenchConfig, BenchJob, bundle_for, parse_ints, parse_seq_lens
+from admin_ui.tables import figure
+from admin_ui.views import common
 from bench.store import Store
 
 FOLLOWED = "hare.bench.followed"  # the run id the Results tab shows
-SETTING_COLUMNS = ("load", "batch", "workers", "threads")  # hidden from the table when every point shares them
 
 
 @st.cache_resource
@@ -54,59 +57,113 @@ def _store(db: Path) -> Store | None:
 
 # -- starting and following a run ---------------------------------------------------------------------------
 
+FORM = "hare.bench.form"  # the values of the last form sent in this session (the slot keeps the console's last)
+DEFAULTS: dict[str, Any] = {
+    "name": "",
+    "seq": "16, 64",
+    "batches": "1",
+    "conc": "1, 4",
+    "duration": 3.0,
+    "warmup": 1.0,
+    "baselines": [],
+    "model": "",
+    "model_only": True,
+}
+
 
 def _run_panel(db: Path) -> None:
-    job: BenchJob | None = _slot()["job"]
+    slot = _slot()
+    job: BenchJob | None = slot["job"]
     if job is not None and job.running:
         st.info("A benchmark is running; its progress is below. Start another once it ends or after cancelling it.")
     else:
         _config_form(db)
     if job is not None:
-        _follow(job)
+        _follow(job, slot.get("plan"), db)
 
 
 def _served_bundle(url: str | None) -> str:
-    """The bundle the selected appliance serves, when it sits in one of the console's bundle folders."""
+    """The bundle the selected appliance serves, when it sits in one of the console's bundle folders (found
+    once per session and appliance: the page then draws without asking the appliance again)."""
     if not url:
         return ""
-    p = state.describe(url)
-    found = bundle_for(p.info, state.settings().bundle_dirs) if p.info else None
-    return str(found) if found else ""
+    found: dict[str, str] = state.remember("bench.served", {})
+    if url not in found:
+        p = state.describe(url)
+        bundle = bundle_for(p.info, state.settings().bundle_dirs) if p.info else None
+        if bundle is None:
+            return ""  # asked again next time: the appliance may be starting
+        found[url] = str(bundle)
+    return found[url]
+
+
+def _saved_form() -> dict[str, Any]:
+    """What the form showed when it was last sent (this session's, else the console's last run's): a run, a
+    cancel or a visit to another page then leaves the form as the user left it."""
+    saved = st.session_state.get(FORM) or _slot().get("form") or {}
+    return {**DEFAULTS, **saved}
 
 
 def _config_form(db: Path) -> None:
     url = state.selected()
+    saved = _saved_form()
+    same = saved.get("url") == url  # the target and bundle typed for this appliance, else its own
     with st.form("hare-bench-config"):
         top = st.columns([3, 2])
         target = top[0].text_input(
             "Appliance URL or bundle folder",
-            value=url or "",
+            value=saved["target"] if same and "target" in saved else url or "",
             key="hare-bench-target",
             help="a URL is measured as it runs; for a bundle folder the bench starts `hare serve` itself",
         )
-        name = top[1].text_input("Run name (optional)", key="hare-bench-name")
+        name = top[1].text_input("Run name (optional)", value=saved["name"], key="hare-bench-name")
         grid = st.columns(5)
-        seq = grid[0].text_input("Sequence lengths (tokens)", value="16, 64", key="hare-bench-seq")
-        batches = grid[1].text_input("Batch sizes", value="1", key="hare-bench-batch")
-        conc = grid[2].text_input("Concurrency", value="1, 4", key="hare-bench-conc")
-        duration = grid[3].number_input("Seconds per point", 0.5, 600.0, 3.0, step=1.0, key="hare-bench-duration")
-        warmup = grid[4].number_input("Warm-up seconds", 0.0, 60.0, 1.0, step=0.5, key="hare-bench-warmup")
+        seq = grid[0].text_input("Sequence lengths (tokens)", value=saved["seq"], key="hare-bench-seq")
+        batches = grid[1].text_input("Batch sizes", value=saved["batches"], key="hare-bench-batch")
+        conc = grid[2].text_input("Concurrency", value=saved["conc"], key="hare-bench-conc")
+        duration = grid[3].number_input(
+            "Seconds per point", 0.5, 600.0, float(saved["duration"]), step=1.0, key="hare-bench-duration"
+        )
+        warmup = grid[4].number_input(
+            "Warm-up seconds", 0.0, 60.0, float(saved["warmup"]), step=0.5, key="hare-bench-warmup"
+        )
         more = st.columns([2, 3, 3])
-        baselines = more[0].multiselect("Baselines in the same run", BASELINES, key="hare-bench-baselines")
+        baselines = more[0].multiselect(
+            "Baselines in the same run",
+            BASELINES,
+            default=[b for b in saved["baselines"] if b in BASELINES],
+            key="hare-bench-baselines",
+        )
         bundle = more[1].text_input(
             "Bundle the URL serves (for exact token lengths)",
-            value=_served_bundle(url),
+            value=saved["bundle"] if same and "bundle" in saved else _served_bundle(url),
             key=f"hare-bench-bundle-{url}",
             help="exact token counts, the model-only figure, and the model folder the baselines load",
         )
         model = more[2].text_input(
             "Model folder for the baselines (optional)",
+            value=saved["model"],
             key="hare-bench-model",
             help="default: the folder the bundle was built from",
+        )
+        model_only = st.checkbox(
+            "Also measure the model alone, in process (adds points after the HTTP ones)",
+            value=bool(saved["model_only"]),
+            key="hare-bench-model-only",
+            help="needs the bundle: its model called in the bench's own process, without HTTP, at each sequence "
+            "length and batch size, with 1 stream and as many side by side as the concurrency asks, at most one "
+            "per core of this machine. It shows what the server adds to the model's own time.",
         )
         start = st.form_submit_button("Start benchmark", type="primary")
     if not start:
         return
+    values = {
+        "url": url, "target": target, "name": name, "seq": seq, "batches": batches, "conc": conc,
+        "duration": float(duration), "warmup": float(warmup), "baselines": list(baselines), "bundle": bundle,
+        "model": model, "model_only": bool(model_only),
+    }  # fmt: skip
+    st.session_state[FORM] = values
+    _slot()["form"] = values
     try:
         config = BenchConfig(
             target=target.strip(),
@@ -119,6 +176,7 @@ def _config_form(db: Path) -> None:
             warmup_s=float(warmup),
             baselines=tuple(baselines),
             name=name.strip(),
+            model_only=bool(model_only),
         )
         if not config.target:
             raise ValueError("give the appliance URL or bundle folder to measure")
@@ -153,36 +211,55 @@ def _start(config: BenchConfig, db: Path) -> None:
     except OSError as exc:
         st.error(f"Could not start `hare bench run`: {exc}")
         return
-    _slot()["job"] = job
+    slot = _slot()
+    slot["job"], slot["plan"], slot["noted"] = job, config.plan(), None
     st.session_state.pop(FOLLOWED, None)
     st.rerun()
 
 
-def _follow(job: BenchJob) -> None:
+def _follow(job: BenchJob, plan: Plan | None, db: Path) -> None:
     @st.fragment(run_every=1.0 if job.running else None)
     def progress_panel() -> None:
         with state.guard("Following the benchmark"):
-            _progress(job)
+            _progress(job, plan, db)
 
     progress_panel()
 
 
-def _progress(job: BenchJob) -> None:
+def _cancelled_here(job: BenchJob, progress: Progress, db: Path) -> None:
+    """A run cancelled with the Cancel button says so (the bench itself only knows it got a signal), on the
+    page and in the bench store's history, once."""
+    if not (job.cancelled and progress.status == "cancelled"):
+        return
+    progress.message = "from the console"
+    slot = _slot()
+    if progress.run_id is not None and slot.get("noted") != progress.run_id:
+        slot["noted"] = progress.run_id
+        done = f"after {progress.done_points} of {progress.planned} points" if progress.planned else ""
+        with contextlib.suppress(OSError, sqlite3.Error):
+            Store(db).update_run(progress.run_id, message=" ".join(["cancelled from the console", done]).strip())
+
+
+def _progress(job: BenchJob, plan: Plan | None, db: Path) -> None:
     progress = job.progress()
+    _cancelled_here(job, progress, db)
     if progress.status is None:
-        st.progress(progress.fraction, text=progress.describe())
+        st.progress(progress.fraction, text=progress.describe(plan))
+        note = progress.plan_note(plan)
+        if note:
+            st.caption(note)
         if st.button("Cancel benchmark", type="secondary"):
             job.cancel()
             st.rerun()
     elif progress.status == "done":
-        st.success(progress.describe())
+        st.success(progress.outcome())
     elif progress.status == "cancelled":
-        st.warning(progress.describe())
+        st.warning(progress.outcome())
     else:
         st.error(f"The benchmark failed: {progress.message or 'see the log below'}")
     points = benchdata.live_point_rows(progress)
     if points:
-        st.dataframe(benchdata.point_rows(points), hide_index=True, width="stretch")
+        _point_table(points)
     if progress.log or progress.status == "failed":
         with st.expander("Bench log", expanded=progress.status == "failed"):
             st.code("\n".join([*progress.log, job.stderr_tail()]).strip() or "(empty)", language=None)
@@ -192,6 +269,16 @@ def _progress(job: BenchJob) -> None:
         st.session_state[FOLLOWED] = progress.run_id
         st.session_state["hare-bench-run"] = progress.run_id  # the Results tab opens on the finished run
         st.rerun()  # redraw the whole page: Results and History now include the finished run
+
+
+def _point_table(points: list[Any]) -> None:
+    """The points as a table: latency in ms, shared settings said once, marks and what they mean below."""
+    t = benchdata.point_table(points)
+    shared = t.shared_text()
+    st.caption("Latency in ms." + (f" Every point: {shared}." if shared else ""))
+    common.table(t.rows, t.numeric)
+    for note in t.notes:
+        st.caption(note)
 
 
 # -- reading the store ---------------------------------------------------------------------------------------
@@ -211,20 +298,20 @@ def _results_panel(store: Store) -> None:
     )
     run = by_id[run_id]
     if run.status in ("failed", "cancelled") and run.message:
-        st.warning(f"Run #{run.id} {run.status}: {run.message}")
+        st.warning(benchdata.run_outcome(run))
     points = store.points(run.id)
     if not points:
         st.info("This run has no measured point.")
         return
     _headline(points)
-    rows = benchdata.point_rows(points)
-    shared = benchdata.constant_settings(rows, SETTING_COLUMNS)
-    st.markdown("**Latency (ms) and throughput per point**")
-    if shared:
-        st.caption("Every point: " + ", ".join(f"{k} {v}" for k, v in shared.items()))
-    st.dataframe(benchdata.drop_constant(rows, SETTING_COLUMNS), hide_index=True, width="stretch")
+    st.markdown("**Latency and throughput per point**")
+    _point_table(points)
     st.download_button(
-        "Download CSV", benchdata.to_csv(rows), file_name=f"hare-bench-{run.id}.csv", mime="text/csv", key="hare-csv"
+        "Download CSV",
+        benchdata.to_csv(benchdata.point_rows(points)),
+        file_name=f"hare-bench-{run.id}.csv",
+        mime="text/csv",
+        key="hare-csv",
     )
     errors = benchdata.error_summary(points)
     if errors:
@@ -233,7 +320,7 @@ def _results_panel(store: Store) -> None:
     ratios = benchdata.ratio_rows(store.ratios(run.id))
     if ratios:
         st.markdown("**hare against its baselines (same run, same settings; above 1 means hare is ahead)**")
-        st.dataframe(ratios, hide_index=True, width="stretch")
+        common.rows_table(ratios)
         st.altair_chart(charts.target_bars(benchdata.throughput_rows(points)), width="stretch")
     with st.expander("Machine, versions and settings of this run"):
         st.json({"machine": run.machine, "versions": run.versions, "settings": run.settings}, expanded=False)
@@ -245,13 +332,20 @@ def _headline(points: list[Any]) -> None:
         return
     p = h.point
     cols = st.columns(4)
-    cols[0].metric("p50", f"{h.p50:.2f} ms")
-    cols[1].metric("p95", f"{h.p95:.2f} ms")
-    cols[2].metric("p99", f"{h.p99:.2f} ms")
-    cols[3].metric("peak throughput", f"{h.peak_req_s:,.1f} req/s")
+    for col, q in zip(cols, ("p50", "p95", "p99"), strict=False):
+        few = not benchdata.resolved(q, p.ok)
+        col.metric(
+            q,
+            h.latency(q),
+            help=f"{p.ok:,} answers: {q} needs {benchdata.needed_answers(q)}, so this is about the slowest one"
+            if few
+            else None,
+        )
+    cols[3].metric("peak throughput", f"{figure(h.peak_req_s)} req/s")
     st.caption(
-        f"Latency of hare at {p.seq_len} tokens, batch {p.batch}, {p.concurrency} concurrent client(s); "
-        f"peak throughput at {h.peak_at.seq_len} tokens and {h.peak_at.concurrency} client(s). Every point below."
+        f"Latency of hare at {p.seq_len} tokens, batch {p.batch}, {p.concurrency} concurrent client(s), from "
+        f"{p.ok:,} answers; peak throughput at {h.peak_at.seq_len} tokens and {h.peak_at.concurrency} client(s). "
+        "Every point below."
     )
 
 
@@ -272,6 +366,8 @@ def _charts(points: list[Any]) -> None:
         latency = benchdata.latency_rows(p for p in shown if p.concurrency == concurrency)
         if latency:
             st.altair_chart(charts.latency_lines(latency), width="stretch")
+            if any(not benchdata.resolved(r["percentile"], r["answers"]) for r in latency):
+                st.caption("Some of these percentiles come from too few answers (marked ~ in the table).")
     with right:
         st.markdown("**Throughput against concurrency**")
         throughput = benchdata.throughput_rows(shown)
@@ -284,7 +380,7 @@ def _history_panel(store: Store) -> None:
     if not runs:
         st.info("No benchmark run yet.")
         return
-    st.dataframe(benchdata.run_rows(runs), hide_index=True, width="stretch")
+    common.rows_table(benchdata.run_rows(runs), widths=benchdata.RUN_WIDTHS)
     if len(runs) < 2:
         st.caption("Two runs are needed for a comparison.")
         return
@@ -298,7 +394,7 @@ def _history_panel(store: Store) -> None:
         st.info("Neither run has points.")
         return
     st.markdown(f"**Run #{a} (A) against run #{b} (B) at matching settings**")
-    st.dataframe(rows, hide_index=True, width="stretch")
+    common.rows_table(rows)
     st.download_button(
         "Download comparison CSV", benchdata.to_csv(rows), file_name=f"hare-bench-{a}-vs-{b}.csv", mime="text/csv"
     )

@@ -8,6 +8,7 @@ import streamlit as st
 
 from admin_ui import charts, prom, state
 from admin_ui.client import ApplianceError
+from admin_ui.tables import figure
 
 HISTORIES = "hare.live.histories"
 
@@ -23,7 +24,10 @@ def render() -> None:
     auto = cols[1].toggle("Auto-refresh", value=True)
     if cols[2].button("Clear history"):
         _histories().pop(url, None)
-    st.caption(f"{url}/metrics · rates are differences between successive scrapes, as Prometheus' rate() computes them")
+    st.caption(
+        f"{url}/metrics · rates are differences between successive scrapes, as Prometheus' rate() computes them; "
+        "the charts start when this page begins watching"
+    )
     _panel(url, run_every=every if auto else None)
 
 
@@ -53,61 +57,114 @@ def _scrape_and_draw(url: str) -> None:
         st.error(f"{url}/metrics is not in the Prometheus text format: {exc}")
     if not history.snapshots:
         return
+    latest = history.snapshots[-1]
+    life = prom.lifetime(latest)
     intervals = history.intervals()
+    since = _since(latest, life)
     if not intervals:
-        st.info("First scrape taken; rates appear from the second one on.")
-        _labels_total(history.snapshots[-1])
+        st.info(f"First scrape taken; rates appear from the second one on. {since}")
+        _labels_total(latest)
         return
     if not any(iv.requests_per_s > 0 for iv in intervals):
-        # Empty charts would draw "null" and "0.000000" axes.
-        st.info("No traffic yet: the charts start with the first inference request.")
-        _labels_total(history.snapshots[-1])
+        watched = time.strftime("%H:%M:%S", time.localtime(history.snapshots[0].at))
+        st.info(
+            f"No inference request in the {history.watched_s:,.0f} s this page has watched (since {watched}); "
+            f"the charts start with the next one. {since}"
+        )
+        _labels_total(latest)
         return
     origin = history.snapshots[0].at
     rows = prom.timeline_rows(intervals, origin)
     last = intervals[-1]
-    top = st.columns(5)
-    top[0].metric("requests/s", f"{last.requests_per_s:.1f}")
-    top[1].metric("errors/s", f"{last.errors_per_s:.2f}")
-    top[2].metric("latency p50", _ms(last.latency_ms.get(0.5)))
-    top[3].metric("latency p99", _ms(last.latency_ms.get(0.99)))
+    top = st.columns(6)
+    top[0].metric("requests/s", f"{last.requests_per_s:,.1f}")
+    top[1].metric("errors/s", f"{last.errors_per_s:,.2f}")
+    window = f"over the last {last.window_s:.0f} s, from {last.latency_count:,.0f} requests"
+    for col, q in ((top[2], 0.5), (top[3], 0.99)):
+        few = last.latency_count < prom.needed_requests(q)
+        col.metric(
+            f"latency {prom.quantile_label(q)}",
+            _ms(last.latency_ms.get(q), approximate=few),
+            help=window + (f"; {prom.quantile_label(q)} needs {prom.needed_requests(q)}" if few else ""),
+        )
     top[4].metric("queue depth", f"{last.queue_depth:g}")
+    top[5].metric("requests since start", f"{life.requests:,.0f}", help="inference requests the appliance answered")
+    st.caption(_quantile_note(last))
 
     left, right = st.columns(2)
     with left:
-        st.markdown("**Requests per second**")
-        st.line_chart(rows, x="t", y=["requests/s", "errors/s"], x_label="seconds", height=220)
-        st.markdown("**Queue depth and mean batch size**")
-        st.line_chart(rows, x="t", y=["queue depth", "mean batch size"], x_label="seconds", height=220)
-        st.markdown("**Truncated inputs per request, unknown tokens per token**")
-        st.line_chart(rows, x="t", y=["truncated/request", "unknown tokens/token"], x_label="seconds", height=220)
+        _chart("Requests per second", rows, ["requests/s", "errors/s"], "per second")
+        _chart("Queue depth and mean batch size", rows, ["queue depth", "mean batch size"], "sequences")
+        _chart(
+            "Truncated inputs per request, unknown tokens per token",
+            rows,
+            ["truncated/request", "unknown tokens/token"],
+            "share",
+        )
     with right:
-        st.markdown("**Request latency quantiles (ms)**")
         latency = [f"latency {prom.quantile_label(q)} ms" for q in prom.QUANTILES]
-        st.line_chart(rows, x="t", y=latency, x_label="seconds", height=220)
-        st.markdown("**Inference latency quantiles (ms)**")
+        _chart("Request latency quantiles (ms)", rows, latency, "ms")
         inference = [f"inference {prom.quantile_label(q)} ms" for q in prom.QUANTILES]
-        st.line_chart(rows, x="t", y=inference, x_label="seconds", height=220)
-        st.markdown("**Server time per phase (mean ms, as in Server-Timing)**")
+        _chart("Inference latency quantiles (ms, per model call)", rows, inference, "ms")
         phases = [f"{p} ms" for p in prom.PHASES]
-        st.area_chart(rows, x="t", y=phases, x_label="seconds", height=220, stack=True)
-    st.markdown("**Tokens per request (mean)**")
-    st.line_chart(rows, x="t", y=["mean tokens/request"], x_label="seconds", height=180)
+        _chart("Server time per phase (mean ms, as in Server-Timing)", rows, phases, "ms", stacked=True)
+    _chart("Tokens per request (mean)", rows, ["mean tokens/request"], "tokens", height=180)
     shares = prom.label_share_rows(intervals, origin)
     if shares:
         st.markdown("**Predicted label distribution over time** (a drifting input shows as moving bands)")
         st.altair_chart(charts.label_share_area(shares), width="stretch")
-    _labels_total(history.snapshots[-1])
+    _labels_total(latest)
+
+
+def _quantile_note(last: prom.Interval) -> str:
+    """How far the latency quantiles can be trusted: their window, their requests, their buckets."""
+    note = (
+        f"Latency quantiles over the last {prom.WINDOW_S:.0f} s of scrapes, interpolated within the server's "
+        "histogram buckets; ~ marks one from too few requests."
+    )
+    if last.p99_bucket_ms is not None:
+        lo, hi = last.p99_bucket_ms
+        if lo > 0 and hi / lo > 1.4:
+            note += (
+                f" The p99 lies in the bucket {figure(lo)}-{figure(hi)} ms: the server's buckets are that coarse "
+                "there (older hare servers have buckets that double), so within it the p99 is an interpolation."
+            )
+    return note
+
+
+def _since(latest: prom.Snapshot, life: prom.Lifetime) -> str:
+    """One sentence on everything the appliance answered since it started, whatever this page saw."""
+    if life.requests <= 0:
+        return "The appliance has answered no inference request since it started."
+    p50, p99 = life.latency_ms.get(0.5), life.latency_ms.get(0.99)
+    few = life.requests < prom.needed_requests(0.99)
+    figures = f" (p50 {_ms(p50)}, p99 {_ms(p99, approximate=few)} over all of them)" if p50 is not None else ""
+    return f"Since it started, the appliance answered {life.requests:,.0f} inference requests{figures}."
+
+
+def _chart(
+    title: str,
+    rows: list[dict[str, float | None]],
+    columns: list[str],
+    unit: str,
+    height: int = 220,
+    stacked: bool = False,
+) -> None:
+    st.markdown(f"**{title}**")
+    st.altair_chart(charts.timeline(rows, columns, unit, height, stacked), width="stretch")
 
 
 def _labels_total(snapshot: prom.Snapshot) -> None:
     totals = prom.cumulative_labels(snapshot)
     if any(totals.values()):
         st.markdown("**Predictions per label since the appliance started**")
-        st.bar_chart(
-            [{"label": k, "predictions": v} for k, v in sorted(totals.items())], x="label", y="predictions", height=200
+        rows = [{"label": k, "predictions": v} for k, v in sorted(totals.items())]
+        st.altair_chart(
+            charts.count_bars(rows, "label", "predictions"), width="stretch", height=charts.rows_height(len(rows))
         )
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} ms"
+def _ms(value: float | None, approximate: bool = False) -> str:
+    if value is None:
+        return "–"
+    return ("~" if approximate else "") + f"{figure(value)} ms"

@@ -6,6 +6,7 @@ import streamlit as st
 
 from admin_ui import overview, state
 from admin_ui.client import Probe
+from admin_ui.views import common
 
 
 def render() -> None:
@@ -15,9 +16,9 @@ def render() -> None:
     urls = state.appliances()
     if not urls:
         st.info("No appliance yet: add one above (for example http://localhost:8080).")
-    for url in list(urls):
+    for url, probe in zip(urls, state.describe_all(urls), strict=True):
         with st.container(border=True):
-            _appliance(state.describe(url), url)
+            _appliance(probe, url)
 
 
 def _add_form() -> None:
@@ -52,20 +53,22 @@ def _appliance(p: Probe, url: str) -> None:
     left, right = st.columns(2)
     with left:
         st.markdown("**What it serves**")
-        st.dataframe(overview.summary_rows(info), hide_index=True, width="stretch")
+        common.static_table(overview.summary_rows(info))
     with right:
         chosen = overview.chosen_variant(info)
         name = chosen.get("name") if chosen else info.get("variant", "?")
         st.markdown(f"**Chosen variant `{name}`: validation against PyTorch**")
         gates = overview.gate_rows(chosen)
         if gates:
-            st.dataframe(gates, hide_index=True, width="stretch")
+            common.static_table(gates)
         else:
             st.caption("The appliance reports no validation figures for its variant.")
     with st.expander("Every candidate variant and the versions it runs"):
         variants = overview.variant_rows(info)
         if variants:
-            st.dataframe(variants, hide_index=True, width="stretch")
-        st.dataframe(overview.versions_rows(info), hide_index=True)
+            common.static_table(variants)
+        versions = overview.versions_rows(info)
+        if versions:
+            common.static_table(versions)
         if "pid" in info:
             st.caption(f"server pid {info['pid']}")

@@ -1,0 +1,69 @@
+"""What several pages draw the same way: tables of text cells, numbers right-aligned."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import streamlit as st
+
+from admin_ui.tables import MISSING, numeric_columns, text_rows
+
+
+def table(
+    rows: Sequence[Mapping[str, str]],
+    numeric: Sequence[str] = (),
+    key: str | None = None,
+    widths: Mapping[str, int] | None = None,
+) -> None:
+    """A data frame of text cells (no "None", no raw floats) with the `numeric` columns right-aligned; `widths`
+    in pixels for columns whose text must be read whole (the grid cuts a cell's text at its column's edge)."""
+    config: dict[str, Any] = {}
+    for c in dict.fromkeys(k for r in rows for k in r):
+        width = (widths or {}).get(c)
+        if c in numeric or width:
+            config[c] = st.column_config.TextColumn(alignment="right" if c in numeric else None, width=width)
+    # Up to 30 rows show whole, without a scroll bar inside the page's own (35 px a row and the header).
+    height: int | Literal["auto"] = 35 * (len(rows) + 1) + 3 if len(rows) <= 30 else "auto"
+    st.dataframe(
+        [dict(r) for r in rows],
+        hide_index=True,
+        width="stretch",
+        height=height,
+        column_config=config,
+        key=key,
+        placeholder=MISSING,
+    )
+
+
+def static_table(rows: Sequence[Mapping[str, Any]], header: bool = True) -> None:
+    """A small table drawn as Markdown: long values wrap instead of being cut, every cell is text ("–" for
+    nothing), and the page needs none of the data frame's JavaScript, so it paints sooner."""
+    st.markdown(markdown_table(rows, header))
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], header: bool = True) -> str:
+    """Rows as a Markdown table (without a header row, the first row's keys stay unsaid); numbers right-aligned."""
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    numeric = set(numeric_columns(rows))
+    cells = text_rows(rows)
+    head = [escape_markdown(c) for c in columns] if header else [" " for _ in columns]
+    rule = ["---:" if c in numeric else "---" for c in columns]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(rule) + " |"]
+    lines += ["| " + " | ".join(escape_markdown(r.get(c, MISSING)) for c in columns) + " |" for r in cells]
+    return "\n".join(lines)
+
+
+def escape_markdown(text: str) -> str:
+    """Text that Markdown shows as it is (model names with underscores stay unitalicised)."""
+    return re.sub(r"([\\`*_{}\[\]<>()#+!|~$])", r"\\\1", " ".join(text.splitlines()))
+
+
+def rows_table(
+    rows: Sequence[Mapping[str, Any]], key: str | None = None, widths: Mapping[str, int] | None = None
+) -> None:
+    """Rows of any values, each cell printed by admin_ui.tables.cell, numbers right-aligned."""
+    table(text_rows(rows), numeric_columns(rows), key=key, widths=widths)
