@@ -58,7 +58,7 @@ def _float(low: float) -> Callable[[str], float]:
     return parse
 
 
-def _bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
@@ -138,7 +138,7 @@ class Settings:
     )
     idle_priority: bool = _setting(
         "HARE_IDLE_PRIORITY",
-        _bool,
+        parse_bool,
         "model threads run at the kernel's idle priority (SCHED_IDLE, Linux): the event loops (HTTP, "
         "tokenizing, answering, refusing) take a core from a model call the moment they wake rather than "
         "after its time slice. Measured: p99/p50 1.17 against 1.3 at 128 tokens and users = cores, but 2-5% "
@@ -164,7 +164,7 @@ class Settings:
     )
     cpu_arena: bool = _setting(
         "HARE_CPU_ARENA",
-        _bool,
+        parse_bool,
         "keep ONNX Runtime's CPU memory arena (faster allocations; a burst's peak stays allocated)",
         True,
     )
@@ -199,7 +199,7 @@ class Settings:
     )
     refuse_in_accept: bool = _setting(
         "HARE_REFUSE_IN_ACCEPT",
-        _bool,
+        parse_bool,
         "while admission refuses, a new connection's POST is answered from the accept loop with a prebuilt 429 "
         "(Retry-After, Connection: close), without parsing HTTP or running the app (api/refuser.py): a few "
         "system calls, so refusals keep up with arrivals far past capacity and no client waits unseen in the "
@@ -224,7 +224,7 @@ class Settings:
         0.5,
     )
     truncate: bool = _setting(
-        "HARE_TRUNCATE", _bool, "default of the truncate parameter (false: too-long inputs get 413)", True
+        "HARE_TRUNCATE", parse_bool, "default of the truncate parameter (false: too-long inputs get 413)", True
     )
     max_body_bytes: int = _setting(
         "HARE_MAX_BODY_BYTES", _int(1), "largest request body (413 beyond)", 4 * 2**20, public=64 * 2**10
@@ -249,7 +249,7 @@ class Settings:
     )
     public: bool = _setting(
         "HARE_PUBLIC",
-        _bool,
+        parse_bool,
         "public demo profile: rate limit, small caps, /metrics and /info off unless HARE_ADMIN_TOKEN is set",
         False,
     )
@@ -270,7 +270,7 @@ class Settings:
         "HARE_MODEL_NAME", _optional, "the model name /v1/embeddings reports (empty: the bundle's folder name)", None
     )
     log_level: str = _setting("HARE_LOG_LEVEL", _choice(LOG_LEVELS), "log level", "info")
-    access_log: bool = _setting("HARE_ACCESS_LOG", _bool, "log every request line (never bodies)", False)
+    access_log: bool = _setting("HARE_ACCESS_LOG", parse_bool, "log every request line (never bodies)", False)
     graceful_timeout: int = _setting(
         "HARE_GRACEFUL_TIMEOUT", _int(1), "seconds in-flight requests get to finish after SIGTERM", 30
     )

@@ -11,11 +11,14 @@ With no BUNDLE_DIR (and no HARE_BUNDLE), serves bundles/all-MiniLM-L6-v2, buildi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from api.config import PROFILES, Settings
+from api.config import Settings, describe, parse_bool
 from container.bundle import read_manifest
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK
 from tasks.errors import InputError
@@ -23,90 +26,61 @@ from tasks.errors import InputError
 APP = "api.app:create_app_from_env()"
 CONFIG = "python:api.gunicorn_conf"
 
-# flag dest -> variable; flags left unset fall back to the environment, then to the defaults.
-FLAGS = {
-    "bundle_dir": "HARE_BUNDLE",
-    "host": "HARE_HOST",
-    "port": "HARE_PORT",
-    "workers": "HARE_WORKERS",
-    "streams": "HARE_STREAMS",
-    "threads": "HARE_THREADS",
-    "profile": "HARE_PROFILE",
-    "target": "HARE_TARGET",
-    "max_batch_size": "HARE_MAX_BATCH_SIZE",
-    "max_batch_tokens": "HARE_MAX_BATCH_TOKENS",
-    "max_wait_ms": "HARE_MAX_WAIT_MS",
-    "queue_size": "HARE_QUEUE_SIZE",
-    "max_queue_ms": "HARE_MAX_QUEUE_MS",
-    "refusal_interval_ms": "HARE_REFUSAL_INTERVAL_MS",
-    "refusals_per_answer": "HARE_REFUSALS_PER_ANSWER",
-    "refuse_in_accept": "HARE_REFUSE_IN_ACCEPT",
-    "inline_ms": "HARE_INLINE_MS",
-    "cores": "HARE_CORES",
-    "log_level": "HARE_LOG_LEVEL",
-    "model_name": "HARE_MODEL_NAME",
-}
-# on/off flags -> the variable they set to 1
-SWITCHES = {"public": "HARE_PUBLIC", "access_log": "HARE_ACCESS_LOG"}
+# Settings without a flag: secrets, whose value a flag would show in `ps` and in the shell's history. Set
+# them in the environment (or a Kubernetes Secret).
+ENV_ONLY = ("admin_token", "api_key")
+BUNDLE_DEST = "bundle_dir"  # the positional BUNDLE_DIR sets HARE_BUNDLE
+
+
+def flags() -> dict[str, tuple[str, str]]:
+    """Every flag `hare serve` takes, generated from the settings fields: argparse dest -> (flag, variable)."""
+    out = {BUNDLE_DEST: ("BUNDLE_DIR", "HARE_BUNDLE")}
+    for f in dataclasses.fields(Settings):
+        if f.name != "bundle" and f.name not in ENV_ONLY:
+            out[f.name] = ("--" + f.name.replace("_", "-"), f.metadata["env"])
+    return out
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle_dir", nargs="?", type=Path, help=f"bundle from `hare optimize` (default {DEFAULT_BUNDLE})")
-    p.add_argument("--host", help="address to listen on (default 0.0.0.0)")
-    p.add_argument("--port", type=int, help="port (default 8080)")
-    p.add_argument("--workers", type=int, help="worker processes (default: one per physical core; latency: 1)")
+    """One flag per setting (api/config.py): its help and default are the setting's, its value is checked by
+    the setting's own parser, and it only sets the setting's HARE_* variable."""
     p.add_argument(
-        "--streams", type=int, help="model calls at once per worker (default: 2, or the worker's share of the cores)"
+        BUNDLE_DEST, nargs="?", metavar="BUNDLE_DIR", help=f"bundle from `hare optimize` (default {DEFAULT_BUNDLE})"
     )
-    p.add_argument("--threads", type=int, help="ONNX Runtime threads per stream (default: 1; latency: all cores)")
-    p.add_argument("--profile", choices=PROFILES, help="throughput (default) or latency")
-    p.add_argument("--target", choices=["cpu", "gpu"], help="execution provider (default: the bundle's target)")
-    p.add_argument("--max-batch-size", type=int, help="sequences per model call (default 32)")
-    p.add_argument(
-        "--max-batch-tokens",
-        type=int,
-        help="padded tokens per model call (default: the bundle's measured budget, else 8192)",
-    )
-    p.add_argument("--max-wait-ms", type=float, help="longest a batch waits to fill (default 0.3; 0: never)")
-    p.add_argument("--queue-size", type=int, help="requests per worker before 429 (default 256)")
-    p.add_argument("--max-queue-ms", type=float, help="longest expected queue wait admitted (default 1000; 0: none)")
-    p.add_argument(
-        "--refusals-per-answer",
-        type=float,
-        help="while refusing, new connections a second per answer a second of capacity (default 3; 0: the interval)",
-    )
-    p.add_argument(
-        "--inline-ms",
-        type=float,
-        help="a worker alone on one connection runs calls expected under this on its event loop (default 50; 0: off)",
-    )
-    p.add_argument(
-        "--refusal-interval-ms", type=float, help="while refusing, the least time between new connections (default 0.5)"
-    )
-    p.add_argument(
-        "--refuse-in-accept",
-        choices=["0", "1"],
-        help="while refusing, answer POSTs a prebuilt 429 from the accept loop (default 1; 0: through the app)",
-    )
-    p.add_argument("--cores", type=int, help="cores the workers share (default: the cgroup's physical cores)")
-    p.add_argument(
-        "--public", action="store_true", help="public demo profile (rate limit, caps; see docs/deployment.md)"
-    )
-    p.add_argument("--model-name", help="the name clients use for the model (default: the bundle's folder name)")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level (default info)")
-    p.add_argument("--access-log", action="store_true", help="log every request line (never bodies)")
+    settings = {f.name: f for f in dataclasses.fields(Settings)}
+    defaults = {variable: default for variable, default, _ in describe()}
+    for dest, (flag, variable) in flags().items():
+        if dest == BUNDLE_DEST:
+            continue
+        f = settings[dest]
+        text = f"{f.metadata['help']} ({variable}; default {defaults[variable].replace('`', '')})".replace("%", "%%")
+        if f.metadata["parse"] is parse_bool:  # a switch: `--public` alone turns it on, `--public 0` off
+            p.add_argument(flag, dest=dest, nargs="?", const="1", metavar="0|1", type=_checked(f), help=text)
+        else:
+            p.add_argument(flag, dest=dest, metavar=dest.split("_")[-1].upper(), type=_checked(f), help=text)
+
+
+def _checked(f: dataclasses.Field[Any]) -> Callable[[str], str]:
+    """The flag's text, once the setting's parser accepts it (argparse names the flag when it does not)."""
+
+    def check(text: str) -> str:
+        try:
+            f.metadata["parse"](text.strip())
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    check.__name__ = f.name  # argparse's message: "invalid <name> value"
+    return check
 
 
 def environment(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     """`base` with the flags given on the command line written over their HARE_* variables."""
     env = dict(base)
-    for dest, key in FLAGS.items():
+    for dest, (_, variable) in flags().items():
         value = getattr(args, dest, None)
         if value is not None:
-            env[key] = str(value)
-    for dest, key in SWITCHES.items():
-        if getattr(args, dest, False):
-            env[key] = "1"
+            env[variable] = str(value)
     return env
 
 

@@ -94,8 +94,31 @@ def test_serve_flags_become_variables() -> None:
     args = parser.parse_args(["/b", "--port", "9001", "--workers", "3", "--public", "--max-wait-ms", "0"])
     env = serve.environment(args, {"HARE_PORT": "1", "OTHER": "x"})
     assert env["HARE_BUNDLE"] == "/b" and env["HARE_PORT"] == "9001" and env["HARE_WORKERS"] == "3"
-    assert env["HARE_PUBLIC"] == "1" and env["HARE_MAX_WAIT_MS"] == "0.0" and env["OTHER"] == "x"
+    assert env["HARE_PUBLIC"] == "1" and env["HARE_MAX_WAIT_MS"] == "0" and env["OTHER"] == "x"
     assert "HARE_PROFILE" not in env  # unset flags leave the environment alone
+
+
+def test_every_setting_but_the_secrets_has_a_flag_that_its_own_parser_checks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The flags are generated from the settings: a new setting gets its flag, and a value the setting would
+    refuse is refused by argparse, naming the flag, before anything starts."""
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    variables = {variable for _, variable in serve.flags().values()}
+    assert variables == {v for v, _, _ in describe()} - {"HARE_ADMIN_TOKEN", "HARE_API_KEY"}
+    args = parser.parse_args(
+        ["--log-level", "critical", "--refuse-in-accept", "0", "--access-log", "--cpu-arena", "no"]
+    )
+    env = serve.environment(args, {})
+    assert env == {"HARE_LOG_LEVEL": "critical", "HARE_REFUSE_IN_ACCEPT": "0", "HARE_ACCESS_LOG": "1",
+                   "HARE_CPU_ARENA": "no"}  # fmt: skip
+    assert Settings.from_env(env).log_level == "critical" and not Settings.from_env(env).refuse_in_accept
+    for bad in (["--port", "0"], ["--log-level", "loud"], ["--public", "maybe"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
+        assert f"argument {bad[0]}" in capsys.readouterr().err
+    assert "--admin-token" not in parser.format_help()  # a flag's value would show in `ps`
 
 
 def test_the_configuration_page_documents_every_variable() -> None:
