@@ -51,6 +51,9 @@ class Manifest:
     token_rates: that measurement, tokens a second by padded tokens per call.
     budget_machine: the machine it was measured on and its model calls at once (`streams`); `hare tune`
       measures it again on the machine at hand.
+    pick: how autotune chose `variant` (container/optimize/autotune.py, Pick): winner, fastest, runner_up,
+      margin (the runner-up's score over the fastest's, less 1), tie and tied, rounds, statistic, clear_margin;
+      empty in a bundle from before it was recorded.
     """
 
     task: str
@@ -80,6 +83,7 @@ class Manifest:
     max_batch_tokens: int | None = None
     token_rates: dict[str, float] = field(default_factory=dict)
     budget_machine: dict[str, Any] = field(default_factory=dict)
+    pick: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

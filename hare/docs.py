@@ -4,7 +4,8 @@
 A generated table sits in its page between `<!-- name -->` and `<!-- /name -->`; the prose around it is
 hand-written. The configuration table comes from the settings fields (api/config.py) and `hare serve`'s
 flags (api/serve.py); the errors table from the error tree (each layer's errors, under tasks/errors.py's
-root) and the one status table (api/errors.py); the KServe tensors table from each task's spec (tasks/).
+root) and the one status table (api/errors.py); the KServe tensors table from each task's spec (tasks/); the
+parity gates table from each task's gates and `hare optimize`'s flags (container/optimize/cli.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from api import config, errors, serve
+from container.optimize import cli as optimize_cli
 from tasks import errors as tree
 from tasks.registry import TASKS
 
@@ -28,13 +30,7 @@ def _cell(text: str) -> str:
 
 def configuration_table() -> str:
     """Every HARE_* variable `hare serve` reads: its flag, default (and public default) and what it does."""
-    parser = argparse.ArgumentParser()
-    serve.configure(parser)
-    variables = {**serve.FLAGS, **serve.SWITCHES}
-    flags = {}
-    for action in parser._actions:
-        if action.dest in variables:
-            flags[variables[action.dest]] = action.option_strings[0] if action.option_strings else "BUNDLE_DIR"
+    flags = {variable: flag for flag, variable in serve.flags().values()}
     rows = ["| Variable | Flag | Default | What it does |", "|---|---|---|---|"]
     for variable, default, help_text in config.describe():
         flag = f"`{flags[variable]}`" if variable in flags else ""
@@ -77,11 +73,23 @@ def kserve_table() -> str:
     return "\n".join(rows)
 
 
+def gates_table() -> str:
+    """Every parity gate `hare optimize` applies: where, its default threshold, the flag that overrides it."""
+    rows = ["| Gate | Applies to | Default | Flag | What it measures |", "|---|---|---|---|---|"]
+    for name, gate in optimize_cli.declared_gates():
+        where = f"`{name}`" if name in TASKS else name
+        default = f"{'≥' if gate.higher_is_better else '≤'} {gate.threshold:g}"
+        flag = optimize_cli.gate_flag(gate)
+        rows.append(f"| `{gate.metric}` | {where} | {default} | `{flag}` | {_cell(gate.help)} |")
+    return "\n".join(rows)
+
+
 # marker name -> (page under docs/, the table's generator)
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "configuration": ("configuration.md", configuration_table),
     "errors": ("api.md", errors_table),
     "kserve": ("api.md", kserve_table),
+    "gates": ("optimizer.md", gates_table),
 }
 
 

@@ -37,13 +37,15 @@ class ParityInput:
     """Reference (PyTorch) and candidate (ONNX) outputs for the validation set, one array per example.
 
     Token-level outputs are trimmed to the example's real tokens, so padding never counts.
-    `groups` gives each example's query for ranking (all zeros otherwise).
+    `groups` gives each example's query for ranking (all zeros otherwise). `multi_label`: the checkpoint's
+    problem_type is multi-label classification, so its labels are scored by sigmoid, not softmax.
     """
 
     reference: Sequence[Array]
     candidate: Sequence[Array]
     groups: Sequence[int]
     pooling: str
+    multi_label: bool = False
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,11 @@ def sigmoid(x: Array) -> Array:
     return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
 
 
+def sigmoid64(x: Array) -> NDArray[np.float64]:
+    """sigmoid in float64, written with tanh so that no logit overflows (the parity metrics compare scores)."""
+    return 0.5 + 0.5 * np.tanh(x.astype(np.float64) / 2)
+
+
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 # Activations a model's config may name (sentence-transformers Dense modules, CrossEncoder heads), by the

@@ -30,7 +30,7 @@ from tasks.base import (
     tensor_io,
 )
 from tasks.errors import InvalidRequest
-from tasks.ops import ACTIVATIONS, softmax, spearman
+from tasks.ops import ACTIVATIONS, sigmoid64, softmax, spearman
 
 
 def relevance_logit(logits: Array) -> Array:
@@ -48,7 +48,15 @@ def parity(p: ParityInput) -> dict[str, float]:
     cand = relevance_logit(np.stack(p.candidate))
     groups = np.asarray(p.groups)
     rhos = [spearman(ref[groups == g], cand[groups == g]) for g in np.unique(groups)]
-    return {"spearman_min": float(min(rhos)), "spearman_mean": float(np.mean(rhos))}
+    # The score: sigmoid of the relevance logit. It is the served score of a one-logit head with the default
+    # activation (of one with another, a proxy of it) and of an LM reranker (P(yes)), and exactly the last
+    # label's softmax probability, the served score, of a head with several labels.
+    score_diff = np.abs(sigmoid64(ref) - sigmoid64(cand)).max()
+    return {
+        "spearman_min": float(min(rhos)),
+        "spearman_mean": float(np.mean(rhos)),
+        "max_score_diff": float(score_diff),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,8 +202,12 @@ SPEC = TaskSpec(
     output="logits",
     pairs=True,
     parity=parity,
-    # Gated on the worst query, so no single query's ranking may drift.
-    gates=(Gate("spearman_min", 0.98, True, "lowest per-query Spearman correlation with PyTorch scores"),),
+    # Gated on the worst query, so no single query's ranking may drift; and on the scores themselves, so that a
+    # threshold on them (score > 0.5) answers as with transformers.
+    gates=(
+        Gate("spearman_min", 0.98, True, "lowest per-query Spearman correlation with PyTorch scores"),
+        Gate("max_score_diff", 0.02, False, "largest |score difference| from PyTorch (sigmoid of the relevance logit)"),
+    ),
     parameters=PARAMETERS,
     parse_inputs=parse_inputs,
     parse_params=parse_params,

@@ -1,8 +1,30 @@
-"""Stage 5, autotune: time each variant that passed validation on this machine and pick the fastest.
+"""Stage 5, autotune: time the variants that passed validation on this machine and pick the fastest (the more
+accurate of a near-tie).
 
 Which variant wins depends on the CPU and the sequence length (plain and fused int8 trade places on
-Zen 4), so we measure rather than assume: the median latency at each (length, batch) point, scored by
-their geometric mean so that no single point dominates.
+Zen 4), so we measure rather than assume: a low percentile (PERCENTILE) of the per-call time at each
+(length, batch) point, scored by their geometric mean so that no single point dominates.
+
+The measurement is built so that other work on the machine cannot flip the pick (a build often shares its
+cores: a CI runner, an engineer's laptop, a two-core VM):
+
+- The variants run in rounds, all their sessions open at once: each round gives every variant a short slice
+  at every point, and the samples accumulate over the rounds. A busy second then falls on every variant
+  rather than on whichever was being timed alone in its window.
+- With one thread (`--tune-threads 1`, the serving default) ONNX Runtime runs the graph on the calling thread,
+  so the statistic is that thread's CPU time per call: time spent waiting for a core that another process
+  holds is not counted at all (checked on a two-core EPYC VM: per-call thread and process CPU time agree
+  within 0.1% at one thread, so no other thread does the work; at two threads the calling thread's CPU time
+  is about half the process's). Several threads, or a GPU, are timed by the wall clock.
+- A slice lasts until the statistic's own clock has counted its share of `--tune-seconds` in the calls, so a
+  slice holds as many calls under load as on a quiet machine (by the wall clock, a slice that met a busy
+  moment held a handful of calls, too few for a low percentile, and its variant lost).
+- A low percentile, not the median: load only ever adds time to a call, so the fastest calls are the ones
+  that measure the variant and not its neighbours.
+- Rounds go on until the fastest variant leads the next by more than MARGIN in two rounds in a row, or
+  MAX_ROUNDS are spent. A lead that never clears is a tie, and a tie goes to the more accurate variant
+  (the caller's order: fp32 before int8, then the task's gate metric): a few percent the noise could give
+  either way buys no accuracy. The decision is recorded in the manifest (`pick`).
 
 The chosen variant's batch budget is measured too: its token rate at each batch size with every core running
 a model call, as under overload. A larger batch is often no faster per token on a CPU (DistilBERT-base int8 on
@@ -13,8 +35,9 @@ outgrow the cache), and the server's default budget is then a loss of throughput
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +49,19 @@ from container.optimize.textset import SENTENCES
 from container.runtime import InferenceFailed, OnnxModel
 from tasks.ops import pad_batch
 
+# The percentile of the per-call times that stands for a point: load only adds time, so a low one.
+PERCENTILE = 10
+# A lead smaller than this (the runner-up's score over the fastest's, less 1) is a tie.
+MARGIN = 0.03
+# Rounds: at least MIN_ROUNDS (each gives a point a MIN_ROUNDS-th of --tune-seconds), at most MAX_ROUNDS.
+MIN_ROUNDS = 3
+MAX_ROUNDS = 10
+# After MIN_ROUNDS, a variant more than this behind the fastest is out of the race: its figures stand as they
+# are and the rounds left go to the variants still in it.
+OUT_OF_RACE = 0.15
+# Calls per slice however short --tune-seconds is.
+LEAST_CALLS = 2
+
 
 def _feeds(tokenizer: Tokenizer, length: int, batch: int, names: Sequence[str]) -> dict[str, np.ndarray]:
     text = " ".join(SENTENCES * 20)
@@ -34,35 +70,134 @@ def _feeds(tokenizer: Tokenizer, length: int, batch: int, names: Sequence[str]) 
     return pad_batch([enc] * batch, names)
 
 
-def time_variant(
-    variant: Path,
+@dataclass(frozen=True)
+class Pick:
+    """Autotune's decision, as the manifest records it (`pick`).
+
+    winner: the variant that ships. fastest, runner_up: the two lowest scores after the last round (runner_up
+    None when one variant passed); margin: runner_up's score over fastest's, less 1. tie: the fastest's lead
+    was not over `clear_margin` in the last two rounds, so `winner` is the most accurate of `tied` (the
+    variants within the lead, or within `clear_margin`, of the fastest). rounds: rounds run; statistic: what
+    was timed.
+    """
+
+    winner: str
+    fastest: str
+    runner_up: str | None
+    margin: float | None
+    tie: bool
+    tied: list[str] = field(default_factory=list)
+    rounds: int = 0
+    statistic: str = ""
+    clear_margin: float = MARGIN
+
+
+def clock(threads: int, target: str = "cpu") -> tuple[str, Callable[[], int]]:
+    """What a call is timed by, and its name: the calling thread's CPU time where ORT runs the graph on that
+    thread (one intra-op thread, CPU), the wall clock otherwise (other threads, a GPU, do the work)."""
+    if threads == 1 and target == "cpu":
+        return f"p{PERCENTILE} of thread CPU time", time.thread_time_ns
+    return f"p{PERCENTILE} of wall time", time.perf_counter_ns
+
+
+def tune(
+    variants: Mapping[str, Path],
     tokenizer: Tokenizer,
     lengths: Sequence[int],
     batches: Sequence[int],
     threads: int,
     target: str = "cpu",
     min_seconds: float = 0.2,
-) -> dict[str, float]:
-    """Median milliseconds per call at each point, keyed "s{length}xb{batch}"."""
-    model = OnnxModel(variant, target=target, threads=threads)
-    timings: dict[str, float] = {}
-    for length in lengths:
-        for batch in batches:
-            feeds = _feeds(tokenizer, length, batch, model.input_names)
-            model.run(feeds)  # first run allocates buffers and picks kernels
-            samples: list[float] = []
-            deadline = time.perf_counter() + min_seconds
-            while len(samples) < 5 or time.perf_counter() < deadline:
-                start = time.perf_counter()
-                model.run(feeds)
-                samples.append((time.perf_counter() - start) * 1e3)
-            timings[f"s{length}xb{batch}"] = round(float(np.median(samples)), 3)
-    return timings
+    prefer: Sequence[str] = (),
+    step: Callable[[str], None] | None = None,
+) -> tuple[dict[str, dict[str, float]], Pick]:
+    """Time `variants` (name: graph) against each other in rounds and pick one. `prefer`: their names, most
+    accurate first (who takes a tie; unnamed ones come last). Every point gets at least `min_seconds` of
+    calls in all. Returns each variant's milliseconds per call at each point (keyed "s{length}xb{batch}")
+    and the pick."""
+    statistic, now = clock(threads, target)
+    models = {name: OnnxModel(path, target=target, threads=threads) for name, path in variants.items()}
+    points = [(length, batch) for length in lengths for batch in batches]
+    keys = [f"s{length}xb{batch}" for length, batch in points]
+    feeds = {name: [_feeds(tokenizer, *point, model.input_names) for point in points] for name, model in models.items()}
+    for name, model in models.items():
+        for feed in feeds[name]:
+            model.run(feed)  # first run allocates buffers and picks kernels
+    samples: dict[str, list[list[float]]] = {name: [[] for _ in points] for name in models}
+    racing = list(models)
+    history: list[dict[str, float]] = []
+    while len(history) < MAX_ROUNDS:
+        turn = len(history) % len(racing)
+        order = racing[turn:] + racing[:turn]  # who goes first moves round by round
+        for i in range(len(points)):
+            for name in order:
+                samples[name][i] += _slice(models[name], feeds[name][i], now, min_seconds / MIN_ROUNDS)
+        history.append({name: score(_figures(keys, samples[name])) for name in models})
+        fastest, _, margin = _lead(history[-1])
+        if step:
+            step(f"round {len(history)}: {fastest}" + (f" by {margin:.1%}" if margin is not None else ""))
+        if len(history) >= MIN_ROUNDS:
+            if clear(history[-2:]):
+                break
+            best = history[-1][fastest]
+            racing = [name for name in racing if history[-1][name] <= (1 + OUT_OF_RACE) * best]
+    timings = {name: {k: round(v, 3) for k, v in _figures(keys, samples[name]).items()} for name in models}
+    return timings, decide(history, prefer, statistic)
+
+
+def _slice(model: OnnxModel, feeds: dict[str, np.ndarray], now: Callable[[], int], seconds: float) -> list[float]:
+    """Milliseconds per call by `now`, of calls made until `now` has counted `seconds` in them (LEAST_CALLS at
+    least). By the statistic's own clock, so a slice has as many calls under load as on a quiet machine."""
+    taken: list[float] = []
+    spent = 0
+    while len(taken) < LEAST_CALLS or spent < seconds * 1e9:
+        start = now()
+        model.run(feeds)
+        took = now() - start
+        spent += took
+        taken.append(took / 1e6)
+    return taken
+
+
+def _figures(keys: Sequence[str], samples: Sequence[Sequence[float]]) -> dict[str, float]:
+    return {key: float(np.percentile(s, PERCENTILE)) for key, s in zip(keys, samples, strict=True)}
 
 
 def score(timings: dict[str, float]) -> float:
     """Geometric mean of the point latencies: lower is faster."""
     return float(np.exp(np.mean(np.log(list(timings.values())))))
+
+
+def _lead(scores: Mapping[str, float]) -> tuple[str, str | None, float | None]:
+    """The fastest, the runner-up and the runner-up's score over the fastest's, less 1."""
+    ranked = sorted(scores, key=lambda name: scores[name])
+    if len(ranked) == 1:
+        return ranked[0], None, None
+    return ranked[0], ranked[1], scores[ranked[1]] / scores[ranked[0]] - 1
+
+
+def clear(rounds: Sequence[Mapping[str, float]]) -> bool:
+    """One variant led in every one of these rounds' scores by more than MARGIN (or was the only one)."""
+    leads = [_lead(scores) for scores in rounds]
+    return len({lead[0] for lead in leads}) == 1 and all(m is None or m > MARGIN for _, _, m in leads)
+
+
+def decide(history: Sequence[Mapping[str, float]], prefer: Sequence[str], statistic: str = "") -> Pick:
+    """The pick after these rounds' scores: the fastest when its lead was clear in the last two rounds, else a
+    tie, which the first of `prefer` among the tied takes."""
+    scores = history[-1]
+    fastest, runner_up, margin = _lead(scores)
+    if margin is None or (len(history) >= 2 and clear(history[-2:])):
+        return Pick(fastest, fastest, runner_up, _rounded(margin), False, [], len(history), statistic)
+    within = (1 + max(MARGIN, margin)) * scores[fastest]
+    tied = [name for name in sorted(scores, key=lambda name: scores[name]) if scores[name] <= within]
+    rank = {name: i for i, name in enumerate(prefer)}
+    winner = min(tied, key=lambda name: rank.get(name, len(rank)))  # min keeps the faster among the unranked
+    return Pick(winner, fastest, runner_up, _rounded(margin), True, tied, len(history), statistic)
+
+
+def _rounded(margin: float | None) -> float | None:
+    return None if margin is None else round(margin, 4)
 
 
 # Padded tokens per model call tried for the batch budget: from one 128-token sequence to the server's default.

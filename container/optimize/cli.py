@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from container.bundle import Manifest
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK, default_model_dir
+from container.optimize.validate import FP32_GATE
+from tasks.base import Gate
 from tasks.errors import InputError
 from tasks.registry import TASKS, get_task
 
@@ -20,6 +24,36 @@ def _ints(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+# The gates' flags from before they were generated (metric -> flag); any other gate's flag is --min- or --max-
+# followed by its metric.
+FLAGS = {
+    "max_abs_diff": "--max-fp32-diff",
+    "top1_agreement": "--min-top1",
+    "cosine_p1": "--min-cosine",
+    "spearman_min": "--min-spearman",
+    "top20_overlap_p1": "--min-top20-overlap",
+}
+
+
+def declared_gates() -> list[tuple[str, Gate]]:
+    """Every gate a candidate may face, with where it applies: a task's name, or "every task" (fp32 variants)."""
+    return [("every task", FP32_GATE), *((name, gate) for name, spec in TASKS.items() for gate in spec.gates)]
+
+
+def gates_by_metric() -> dict[str, list[tuple[str, Gate]]]:
+    """declared_gates by metric: tasks may share one (and its flag)."""
+    found: dict[str, list[tuple[str, Gate]]] = {}
+    for name, gate in declared_gates():
+        found.setdefault(gate.metric, []).append((name, gate))
+    return found
+
+
+def gate_flag(gate: Gate) -> str:
+    """The flag that overrides the gate's threshold: --min-X for a floor, --max-X for a ceiling."""
+    bound = "min" if gate.higher_is_better else "max"
+    return FLAGS.get(gate.metric) or f"--{bound}-{gate.metric.removeprefix(bound + '_').replace('_', '-')}"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -45,7 +79,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-batches", type=_ints, default=[1, 8], help="batch sizes timed")
     p.add_argument("--tune-threads", type=int, default=1, help="ORT threads while timing (serving: 1 per worker)")
     p.add_argument(
-        "--tune-seconds", type=float, default=0.2, help="least time spent timing each point (variants, batch budgets)"
+        "--tune-seconds",
+        type=float,
+        default=0.2,
+        help="least time spent timing each point, over autotune's rounds (by the calls' CPU time at one thread), "
+        "and each batch budget",
     )
     p.add_argument(
         "--tune-streams",
@@ -53,15 +91,20 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=0,
         help="model calls at once while measuring the batch budget (0: one per physical core, as under load)",
     )
-    gates = p.add_argument_group("parity gates (a variant must meet every one to ship)")
-    gates.add_argument("--max-fp32-diff", type=float, default=1e-4, help="fp32 max |Δ output| vs PyTorch")
-    gates.add_argument("--min-top1", type=float, default=0.99, help="classification top-1 agreement")
-    gates.add_argument("--min-token-agreement", type=float, default=0.98, help="per-token label agreement")
-    gates.add_argument("--min-cosine", type=float, default=0.99, help="embeddings: 1st percentile of cosine")
-    gates.add_argument("--min-spearman", type=float, default=0.98, help="ranking: lowest per-query Spearman")
-    gates.add_argument(
-        "--min-top20-overlap", type=float, default=0.9, help="sparse: 1st percentile of the top-20 terms' overlap"
-    )
+    gates = p.add_argument_group("parity gates (a variant must meet every one to ship; default: the task's gate)")
+    for metric, declared in gates_by_metric().items():
+        first = declared[0][1]
+        helps = {g.help for _, g in declared}
+        what = first.help if len(helps) == 1 else "; ".join(f"{name}: {g.help}" for name, g in declared)
+        defaults = {f"{g.threshold:g}" for _, g in declared}
+        default = defaults.pop() if len(defaults) == 1 else ", ".join(f"{n} {g.threshold:g}" for n, g in declared)
+        gates.add_argument(
+            gate_flag(first),
+            dest=f"gate_{metric}",
+            type=float,
+            metavar="X",
+            help=f"{what} (default: {default})".replace("%", "%%"),
+        )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -73,14 +116,8 @@ def main(args: argparse.Namespace) -> int:
         raise InputError(f"--task is required with a model folder; one of {', '.join(TASKS)}")
     else:
         model_dir, task = args.model_dir, args.task
-    thresholds = {
-        "max_abs_diff": args.max_fp32_diff,
-        "top1_agreement": args.min_top1,
-        "token_agreement": args.min_token_agreement,
-        "cosine_p1": args.min_cosine,
-        "spearman_min": args.min_spearman,
-        "top20_overlap_p1": args.min_top20_overlap,
-    }
+    given = {metric: getattr(args, f"gate_{metric}", None) for metric in gates_by_metric()}
+    thresholds = {metric: value for metric, value in given.items() if value is not None}
     # Piped output (CI logs) gets a wide console so the variant table is not squeezed to 80 columns.
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
     out = args.out or DEFAULT_BUNDLE
@@ -105,6 +142,8 @@ def main(args: argparse.Namespace) -> int:
         console,
     )
     console.print(variant_table(manifest))
+    if manifest.pick:
+        console.print(pick_line(manifest.pick))
     if manifest.max_batch_tokens:
         rates = ", ".join(f"{budget}: {rate:,.0f}" for budget, rate in manifest.token_rates.items())
         console.print(f"batch budget [bold]{manifest.max_batch_tokens}[/] padded tokens (tokens/s by budget: {rates})")
@@ -113,8 +152,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def variant_table(manifest: Manifest) -> Table:
-    """Every candidate with its gate figures and timings; the chosen one marked."""
+    """Every candidate with its gate figures and timings (autotune's low percentile, ms per call); the chosen
+    one marked "*", and "=" the ones it tied with."""
     points = sorted({k for v in manifest.variants for k in v["timings_ms"]}, key=lambda k: (len(k), k))
+    tied = manifest.pick.get("tied", [])
     table = Table(title=f"{manifest.task} · {manifest.architecture} · {manifest.machine.get('cpu', '')}")
     for col in ["variant", "MB", "max|Δ|", "gates", "ok", *[f"{p} ms" for p in points]]:
         table.add_column(col, justify="left" if col in ("variant", "gates") else "right")
@@ -122,7 +163,7 @@ def variant_table(manifest: Manifest) -> Table:
         gates = ", ".join(f"{m}={g['value']:.4g}" for m, g in v["gates"].items() if m != "max_abs_diff")
         diff = v["metrics"].get("max_abs_diff")
         table.add_row(
-            ("* " if v["chosen"] else "  ") + v["name"],
+            ("* " if v["chosen"] else "= " if v["name"] in tied else "  ") + v["name"],
             f"{v['size_mb']:.1f}",
             "-" if diff is None else f"{diff:.2g}",
             gates or (f"build failed: {v['error']}"[:80] if v.get("error") else ""),
@@ -130,3 +171,18 @@ def variant_table(manifest: Manifest) -> Table:
             *[f"{v['timings_ms'][p]:.2f}" if p in v["timings_ms"] else "-" for p in points],
         )
     return table
+
+
+def pick_line(pick: Mapping[str, Any]) -> str:
+    """How autotune chose (the manifest's `pick`), in words; "" for a bundle from before it was recorded."""
+    if not pick:
+        return ""
+    how = f"{pick['statistic']}, {pick['rounds']} rounds"
+    if pick["runner_up"] is None:
+        return f"picked {pick['winner']}: the only variant timed ({how})"
+    if not pick["tie"]:
+        return f"picked {pick['winner']}: {pick['margin']:.1%} faster than {pick['runner_up']} ({how})"
+    return (
+        f"tie within {pick['clear_margin']:.0%} ({', '.join(pick['tied'])}; {pick['fastest']} ahead by "
+        f"{pick['margin']:.1%}): took {pick['winner']} (more accurate) ({how})"
+    )

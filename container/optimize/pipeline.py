@@ -196,6 +196,7 @@ class Work:
     additive_masks: int = 0  # attention masks the export stage made additive (container/optimize/masks.py)
     build_errors: dict[str, str] = field(default_factory=dict)
     reports: list[validate.VariantReport] = field(default_factory=list)
+    pick: autotune.Pick | None = None
     token_rates: dict[int, float] = field(default_factory=dict)
     manifest: Manifest | None = None
 
@@ -204,8 +205,9 @@ class Work:
 
     @property
     def best(self) -> validate.VariantReport:
-        """The variant that ships: the fastest of those that passed."""
-        return min((r for r in self.reports if r.passed), key=lambda r: autotune.score(r.timings_ms))
+        """The variant that ships: autotune's pick among those that passed."""
+        assert self.pick is not None
+        return next(r for r in self.reports if r.name == self.pick.winner)
 
     @property
     def streams(self) -> int:
@@ -283,8 +285,9 @@ def _reference(w: Work, step: Step) -> None:
 
 def _validate(w: Work, step: Step) -> None:
     assert w.reference is not None
+    o = w.opts
     parity = validate.Parity(
-        w.reference, w.encodings, w.samples, w.opts.task, w.src.pooling, w.opts.thresholds or {}, w.opts.target
+        w.reference, w.encodings, w.samples, o.task, w.src.pooling, o.thresholds or {}, o.target, w.src.multi_label
     )
     for v in w.chosen:
         if v.name in w.build_errors:
@@ -302,14 +305,40 @@ def _validate(w: Work, step: Step) -> None:
 
 
 def _autotune(w: Work, step: Step) -> None:
+    """Every variant that passed, timed against the others in rounds; a tie goes to the more accurate."""
     assert w.tokenizer is not None
     o = w.opts
-    for r in w.reports:
-        if r.passed:
-            r.timings_ms = autotune.time_variant(
-                w.file(r.name), w.tokenizer, o.tune_lengths, o.tune_batches, o.tune_threads, o.target, o.tune_seconds
-            )
-            step(r.name)
+    passed = [r for r in w.reports if r.passed]
+    timings, w.pick = autotune.tune(
+        {r.name: w.file(r.name) for r in passed},
+        w.tokenizer,
+        o.tune_lengths,
+        o.tune_batches,
+        o.tune_threads,
+        o.target,
+        o.tune_seconds,
+        prefer=by_accuracy(passed, o.task),
+        step=step,
+    )
+    for r in passed:
+        r.timings_ms = timings[r.name]
+
+
+# Who takes a tie: the wider type first, then the task's first gate metric.
+PRECISIONS = ("fp32", "fp16", "int8")
+
+
+def by_accuracy(reports: Sequence[validate.VariantReport], task: TaskSpec) -> list[str]:
+    """Variant names, most accurate first: by precision (fp32, fp16, int8), then by the task's first gate metric
+    (how far inside its threshold); equal ones keep their order."""
+    gate = task.gates[0]
+
+    def key(r: validate.VariantReport) -> tuple[int, float]:
+        rank = PRECISIONS.index(r.precision) if r.precision in PRECISIONS else len(PRECISIONS)
+        value = float(r.gates[gate.metric]["value"]) if gate.metric in r.gates else 0.0
+        return rank, -value if gate.higher_is_better else value
+
+    return [r.name for r in sorted(reports, key=key)]
 
 
 def _budget(w: Work, step: Step) -> None:
@@ -367,7 +396,7 @@ STAGES = (
         "check the model's max length (max_position_embeddings, tokenizer_config's model_max_length)",
     ),
     Stage("validate", _validate, "pass --variants fp32", lambda w: len(w.chosen)),
-    Stage("autotune", _autotune, "pass --variants fp32", lambda w: sum(r.passed for r in w.reports)),
+    Stage("autotune", _autotune, "pass --variants fp32", lambda _w: autotune.MAX_ROUNDS),
     Stage("batch budget", _budget, "pass --tune-streams 1, or set HARE_MAX_BATCH_TOKENS when serving"),
     Stage("bundle", _bundle, "check free disk space at --out"),
 )
@@ -426,6 +455,7 @@ def _manifest(w: Work, best: validate.VariantReport) -> Manifest:
         precision=best.precision,
         variants=[asdict(r) | {"chosen": r.name == best.name} for r in w.reports],
         machine=describe() | {"tune_threads": opts.tune_threads},
+        pick=asdict(w.pick) if w.pick else {},
         versions=_versions(),
         source={
             "path": str(src.path.resolve()),

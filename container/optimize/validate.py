@@ -20,7 +20,8 @@ from container.runtime import OnnxModel
 from tasks.base import Gate, ParityInput, TaskSpec
 from tasks.ops import pad_batch
 
-FP32_MAX_ABS_DIFF = 1e-4
+# Every task's fp32 variants, beside the task's own gates: an fp32 graph must be the model, not close to it.
+FP32_GATE = Gate("max_abs_diff", 1e-4, False, "fp32 variants: largest |output difference| from PyTorch")
 
 
 @dataclass
@@ -44,8 +45,9 @@ class VariantReport:
 @dataclass(frozen=True)
 class Parity:
     """What every candidate is checked against: the stored PyTorch reference, the samples it was computed on
-    (and their encodings), the task whose metrics and gates apply, gate overrides by metric name, and the
-    target whose execution provider runs the candidate."""
+    (and their encodings), the task whose metrics and gates apply, gate overrides by metric name, the
+    target whose execution provider runs the candidate, and whether the checkpoint is multi-label (its
+    scores are sigmoids)."""
 
     reference: Path
     encodings: Sequence[Encoding]
@@ -54,6 +56,7 @@ class Parity:
     pooling: str | None = None
     thresholds: Mapping[str, float] = field(default_factory=dict)
     target: str = "cpu"
+    multi_label: bool = False
 
 
 def encode_samples(tokenizer: Tokenizer, samples: Sequence[Sample]) -> list[Encoding]:
@@ -85,17 +88,16 @@ def candidate_outputs(model: OnnxModel, encodings: Sequence[Encoding]) -> list[N
 def validate(variant: Path, name: str, precision: str, parity: Parity) -> VariantReport:
     """Compare the graph at `variant` with the stored reference and apply the gates.
 
-    `max_abs_diff` also gates fp32 variants (default 1e-4): an fp32 graph must be the model, not close to it.
+    FP32_GATE (`max_abs_diff`, default 1e-4) also gates fp32 variants.
     """
     task = parity.task
     with np.load(parity.reference) as stored:
         ref = [stored[str(i)] for i in range(len(parity.encodings))]
     cand = candidate_outputs(OnnxModel(variant, target=parity.target, output=task.output), parity.encodings)
     metrics = {"max_abs_diff": float(max(np.abs(r - c).max() for r, c in zip(ref, cand, strict=True)))}
-    metrics |= task.parity(ParityInput(ref, cand, [s.group for s in parity.samples], parity.pooling or "mean"))
-    gates = list(task.gates)
-    if precision == "fp32":
-        gates.append(Gate("max_abs_diff", FP32_MAX_ABS_DIFF, False, "largest |output difference| vs PyTorch"))
+    groups = [s.group for s in parity.samples]
+    metrics |= task.parity(ParityInput(ref, cand, groups, parity.pooling or "mean", parity.multi_label))
+    gates = [*task.gates, FP32_GATE] if precision == "fp32" else list(task.gates)
     verdicts: dict[str, dict[str, float | bool]] = {}
     for gate in gates:
         threshold = parity.thresholds.get(gate.metric, gate.threshold)

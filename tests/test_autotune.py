@@ -1,0 +1,258 @@
+"""Autotune's pick: the variants timed against each other in rounds, by a statistic that load on the machine
+cannot flip, and a near-tie given to the more accurate variant. The tests assert decisions, not speeds: the
+graphs they race differ by about 3x or not at all, so they hold on a loaded two-core machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+from tokenizers import Tokenizer
+
+from container.bundle import Manifest, read_manifest
+from container.optimize import autotune, pipeline
+from container.optimize.cli import pick_line, variant_table
+from container.runtime import OnnxModel
+from hare.cli import main
+from tests.conftest import ModelFactory
+
+SECONDS = 0.03  # --tune-seconds: the least time a point is timed in all, over the rounds
+SLOWER = "slower"  # the graph name _slower gives, so a test can tell its sessions apart
+
+
+def _slower(parent: Path, out: Path, pairs: int = 40, width: int = 256) -> None:
+    """The same model with extra work on its first output: `pairs` of MatMuls through `width` columns and back
+    whose product is the identity (orthonormal columns), so its outputs stay the model's (within 1e-5) and it
+    passes the gates; about three times the tiny model's time per call."""
+    model = onnx.load(str(parent))
+    graph = model.graph
+    name = graph.output[0].name
+    hidden = graph.output[0].type.tensor_type.shape.dim[-1].dim_value
+    for node in graph.node:
+        node.input[:] = ["slower_in" if i == name else i for i in node.input]
+        node.output[:] = ["slower_in" if o == name else o for o in node.output]
+    q = np.linalg.qr(np.random.default_rng(0).standard_normal((width, hidden)))[0].astype(np.float32)
+    graph.initializer.extend(
+        [numpy_helper.from_array(q.T.copy(), "slower_up"), numpy_helper.from_array(q, "slower_down")]
+    )
+    previous = "slower_in"
+    for i in range(pairs):
+        last = name if i == pairs - 1 else f"slower_{i}"
+        graph.node.extend(
+            [
+                helper.make_node("MatMul", [previous, "slower_up"], [f"slower_wide_{i}"]),
+                helper.make_node("MatMul", [f"slower_wide_{i}", "slower_down"], [last]),
+            ]
+        )
+        previous = last
+    graph.name = SLOWER
+    onnx.save(model, str(out))
+
+
+@pytest.fixture
+def graphs(fp32_bundle: ModelFactory, tmp_path: Path) -> tuple[dict[str, Path], Tokenizer]:
+    """A tiny embedding model's graph ("model"), a byte-for-byte copy ("copy") and a slower one ("slower"),
+    with its tokenizer."""
+    bundle = fp32_bundle("feature-extraction")
+    paths = {"model": bundle / "model.onnx", "copy": tmp_path / "copy.onnx", SLOWER: tmp_path / "slower.onnx"}
+    shutil.copyfile(paths["model"], paths["copy"])
+    _slower(paths["model"], paths[SLOWER])
+    return paths, Tokenizer.from_file(str(bundle / "tokenizer.json"))
+
+
+def _tune(
+    graphs: tuple[dict[str, Path], Tokenizer], names: list[str], prefer: list[str], threads: int = 1
+) -> tuple[dict[str, dict[str, float]], autotune.Pick]:
+    paths, tokenizer = graphs
+    return autotune.tune({n: paths[n] for n in names}, tokenizer, [8], [1], threads, "cpu", SECONDS, prefer)
+
+
+def test_two_copies_of_one_graph_tie_and_the_tie_goes_to_the_more_accurate(
+    graphs: tuple[dict[str, Path], Tokenizer],
+) -> None:
+    for prefer in (["copy", "model"], ["model", "copy"]):
+        timings, pick = _tune(graphs, ["model", "copy"], prefer)
+        # No lead clears the margin twice in a row, so every round is run and the tie is called.
+        assert pick.tie and pick.rounds == autotune.MAX_ROUNDS
+        assert sorted(pick.tied) == ["copy", "model"] and {pick.fastest, pick.runner_up} == {"copy", "model"}
+        assert pick.margin is not None and pick.margin <= autotune.MARGIN
+        assert pick.winner == prefer[0]  # whichever was faster by noise
+        assert pick.statistic == "p10 of thread CPU time" and set(timings) == {"model", "copy"}
+
+
+def test_a_slower_variant_loses_by_a_clear_margin_and_the_rounds_stop(
+    graphs: tuple[dict[str, Path], Tokenizer],
+) -> None:
+    timings, pick = _tune(graphs, [SLOWER, "model"], prefer=[SLOWER, "model"])  # preferring it changes nothing
+    assert (pick.winner, pick.fastest, pick.runner_up, pick.tie, pick.tied) == ("model", "model", SLOWER, False, [])
+    assert pick.margin is not None and pick.margin > 0.3
+    assert pick.rounds == autotune.MIN_ROUNDS  # clear in rounds 2 and 3: no more rounds are spent
+    assert timings[SLOWER]["s8xb1"] > timings["model"]["s8xb1"]
+
+
+@contextmanager
+def _busy(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`count` processes that spin a core each while running; stopped (SIGSTOP) to begin with."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGSTOP)
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _load_on_the_model(
+    monkeypatch: pytest.MonkeyPatch, until: float, procs: list[subprocess.Popen[bytes]] | None = None
+) -> None:
+    """Until `until` (perf_counter), every call of the faster graph ("model") first waits for a core for longer
+    than the slower graph's whole call (the thread off its core, as when another process holds it), and runs
+    while `procs` spin; the slower graph runs undisturbed."""
+    run = OnnxModel.run
+    slower: dict[int, bool] = {}
+
+    def loaded(self: OnnxModel, feeds: Any, shrink: bool = False) -> Any:
+        if id(self) not in slower:
+            slower[id(self)] = self.session.get_modelmeta().graph_name == SLOWER
+        if slower[id(self)] or time.perf_counter() > until:
+            return run(self, feeds, shrink)
+        for proc in procs or []:
+            os.kill(proc.pid, signal.SIGCONT)
+        try:
+            time.sleep(0.0003)
+            return run(self, feeds, shrink)
+        finally:
+            for proc in procs or []:
+                os.kill(proc.pid, signal.SIGSTOP)
+
+    monkeypatch.setattr(OnnxModel, "run", loaded)
+
+
+def test_a_burst_of_load_on_the_faster_variant_does_not_flip_the_pick(
+    graphs: tuple[dict[str, Path], Tokenizer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _busy(2) as procs:
+        _load_on_the_model(monkeypatch, time.perf_counter() + 0.1, procs)  # about its first two rounds
+        _, pick = _tune(graphs, ["model", SLOWER], prefer=[SLOWER, "model"])
+    assert (pick.winner, pick.tie) == ("model", False) and pick.margin is not None and pick.margin > 0.3
+
+
+@pytest.mark.parametrize(
+    ("threads", "statistic", "winner"),
+    [
+        (1, "p10 of thread CPU time", "model"),  # the thread's CPU time leaves out the wait for a core
+        (2, "p10 of wall time", SLOWER),  # the wall clock counts it: the control that the wait was there
+    ],
+)
+def test_one_thread_is_timed_by_its_cpu_time_so_waiting_for_a_core_does_not_count(
+    graphs: tuple[dict[str, Path], Tokenizer],
+    monkeypatch: pytest.MonkeyPatch,
+    threads: int,
+    statistic: str,
+    winner: str,
+) -> None:
+    _load_on_the_model(monkeypatch, float("inf"))  # every call of the faster graph, every round
+    _, pick = _tune(graphs, ["model", SLOWER], prefer=[], threads=threads)
+    assert (pick.statistic, pick.winner, pick.tie) == (statistic, winner, False)
+
+
+def test_thread_cpu_time_covers_the_work_of_a_one_thread_session(graphs: tuple[dict[str, Path], Tokenizer]) -> None:
+    """ORT runs a one-thread session's graph on the calling thread: its CPU time is the process's, no other
+    thread works for it (else the statistic would miss work and the pick would favour what it misses)."""
+    paths, tokenizer = graphs
+    model = OnnxModel(paths[SLOWER], threads=1)
+    feeds = autotune._feeds(tokenizer, 128, 8, model.input_names)
+    model.run(feeds)
+    thread, process = [], []
+    for _ in range(20):
+        t, p = time.thread_time_ns(), time.process_time_ns()
+        model.run(feeds)
+        thread.append(time.thread_time_ns() - t)
+        process.append(time.process_time_ns() - p)
+    assert min(thread) >= 0.9 * min(process)
+
+
+@pytest.mark.parametrize(
+    ("history", "prefer", "pick"),
+    [
+        # Clear in the last two rounds: the fastest, whatever the preference.
+        ([{"a": 1.0, "b": 1.2}, {"a": 1.0, "b": 1.1}], ["b"], ("a", False, [])),
+        # The leader changed: a tie, even though the last lead was wide.
+        ([{"a": 1.2, "b": 1.0}, {"a": 1.0, "b": 1.1}], ["b"], ("b", True, ["a", "b"])),
+        # Within the margin: a tie among those within it; "c" is too far behind to be in it.
+        ([{"a": 1.0, "b": 1.02, "c": 1.5}] * 2, ["c", "b", "a"], ("b", True, ["a", "b"])),
+        # Unnamed in the preference: the faster of the tied.
+        ([{"a": 1.0, "b": 1.01}] * 2, [], ("a", True, ["a", "b"])),
+        # One variant: nothing to race.
+        ([{"a": 1.0}] * 2, [], ("a", False, [])),
+    ],
+)
+def test_the_decision_after_the_rounds(
+    history: list[dict[str, float]], prefer: list[str], pick: tuple[str, bool, list[str]]
+) -> None:
+    decided = autotune.decide(history, prefer)
+    assert (decided.winner, decided.tie, decided.tied) == pick
+    assert decided.rounds == len(history)
+
+
+def _optimize(model: Path, out: Path, variants: list[pipeline.Variant], monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(pipeline, "variants_for", lambda target, family="bert": variants)
+    args = ["--task", "feature-extraction", "--out", out, "--tune-lengths", "8", "--tune-batches", "1"]
+    return main(["optimize", str(model), *map(str, args), "--tune-seconds", str(SECONDS)])
+
+
+FP32 = pipeline.Variant("fp32", "fp32", None, lambda _p, _o: None)
+
+
+def test_optimize_records_a_tie_and_ships_the_more_accurate_variant(
+    tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The fp32 graph again, called int8 and listed first: as fast as fp32, so a tie, which fp32 takes.
+    copy = pipeline.Variant("int8-copy", "int8", "fp32", lambda p, o: shutil.copyfile(p, o))
+    slower = pipeline.Variant(SLOWER, "fp32", "fp32", _slower)
+    out = tmp_path / "bundle"
+    assert _optimize(tiny_model("feature-extraction"), out, [FP32, copy, slower], monkeypatch) == 0
+    manifest = read_manifest(out)
+    pick = manifest.pick
+    assert (manifest.variant, pick["winner"], pick["tie"]) == ("fp32", "fp32", True)
+    assert sorted(pick["tied"]) == ["fp32", "int8-copy"]  # the slower graph passed its gates but is no contender
+    assert all(v["passed"] for v in manifest.variants)
+    assert [v["name"] for v in manifest.variants if v["chosen"]] == ["fp32"]
+    err = capsys.readouterr().err
+    assert "tie within 3%" in err and "took fp32 (more accurate)" in err and "p10 of thread CPU time" in err
+
+
+def test_optimize_records_a_clear_pick_with_its_margin(
+    tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slower = pipeline.Variant(SLOWER, "fp32", "fp32", _slower)
+    out = tmp_path / "bundle"
+    assert _optimize(tiny_model("feature-extraction"), out, [FP32, slower], monkeypatch) == 0
+    manifest = read_manifest(out)
+    pick = manifest.pick
+    assert (manifest.variant, pick["runner_up"], pick["tie"]) == ("fp32", SLOWER, False)
+    assert pick["margin"] > autotune.MARGIN and pick["statistic"] == "p10 of thread CPU time"
+    assert f"picked fp32: {pick['margin']:.1%} faster than {SLOWER}" in capsys.readouterr().err
+
+
+def test_a_bundle_from_before_the_pick_was_recorded_still_reads_and_prints(tiny_bundle: ModelFactory) -> None:
+    data = json.loads((tiny_bundle("feature-extraction") / "hare.json").read_text())
+    assert data["pick"]  # recorded now
+    old = Manifest.from_dict({k: v for k, v in data.items() if k != "pick"})
+    assert old.pick == {} and pick_line(old.pick) == ""
+    assert variant_table(old).row_count == len(old.variants)

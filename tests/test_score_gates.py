@@ -1,0 +1,148 @@
+"""Classifiers and rankers are gated on their scores, not only their order: a candidate whose probabilities
+drift from PyTorch's is refused even when every label and every ranking is intact, so a user who thresholds
+`score > 0.5` gets the answers transformers gives. The gates' flags come from the tasks' declarations."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from container.bundle import read_manifest
+from container.optimize import cli as optimize_cli
+from container.optimize import validate
+from hare.cli import main
+from tasks.base import Array, ParityInput, TaskSpec
+from tasks.registry import TASKS, get_task
+from tests.api_helpers import serve
+from tests.conftest import ModelFactory, quick_bundle
+from tests.tiny_models import make_model
+
+QUICK = ["--tune-lengths", "8", "--tune-batches", "1", "--tune-seconds", "0.02"]
+
+
+def logit(p: np.ndarray[Any, Any]) -> Array:
+    return np.log(p / (1 - p)).astype(np.float32)
+
+
+def verdicts(task: TaskSpec, reference: list[Array], candidate: list[Array], **kw: Any) -> dict[str, bool]:
+    """Each of the task's gates (at its default threshold) on the candidate's metrics."""
+    groups = kw.pop("groups", [0] * len(reference))
+    metrics = task.parity(ParityInput(reference, candidate, groups, "mean", **kw))
+    return {g.metric: g.passes(metrics[g.metric]) for g in task.gates}
+
+
+# Three texts' label probabilities; the candidates keep every text's top label.
+PROBS = np.array([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.1, 0.15, 0.75]])
+
+
+@pytest.mark.parametrize(("shift", "passes"), [(0.05, False), (0.01, True)])
+def test_a_classifier_whose_probabilities_drift_fails_with_every_top_label_intact(shift: float, passes: bool) -> None:
+    moved = PROBS + np.array([shift, -shift, 0.0])  # the top label keeps its lead (0.6 -> 0.65, 0.5 -> 0.45 ...)
+    assert (moved.argmax(-1) == PROBS.argmax(-1)).all()
+    ref = [np.log(p).astype(np.float32) for p in PROBS]
+    cand = [np.log(p).astype(np.float32) for p in moved]
+    assert verdicts(get_task("text-classification"), ref, cand) == {"top1_agreement": True, "max_score_diff": passes}
+
+
+def test_a_multi_label_classifiers_scores_are_its_sigmoids() -> None:
+    """Every logit raised by the same 0.3: softmax does not move, each label's sigmoid (what a multi-label
+    model serves) moves by up to 0.075."""
+    task = get_task("text-classification")
+    ref = [np.log(p).astype(np.float32) for p in PROBS]
+    cand = [r + np.float32(0.3) for r in ref]
+    assert verdicts(task, ref, cand)["max_score_diff"]
+    assert not verdicts(task, ref, cand, multi_label=True)["max_score_diff"]
+    # A one-logit head is scored by its sigmoid whatever problem_type says (softmax of one logit is always 1).
+    one = [r[:1] for r in ref]
+    assert not verdicts(task, one, [c[:1] for c in cand])["max_score_diff"]
+
+
+# Two queries, five documents each: relevance probabilities, best first for no reason but readability.
+RELEVANCE = np.array([[0.9, 0.7, 0.5, 0.3, 0.1], [0.8, 0.6, 0.45, 0.35, 0.2]])
+GROUPS = [g for g in range(2) for _ in range(5)]
+
+
+@pytest.mark.parametrize(("shift", "passes"), [(0.05, False), (0.01, True)])
+def test_a_ranker_whose_probabilities_drift_fails_with_every_ranking_intact(shift: float, passes: bool) -> None:
+    task = get_task("text-ranking")
+    ref, cand = logit(RELEVANCE.ravel()), logit(RELEVANCE.ravel() + shift)
+    # One-logit heads (a cross-encoder, or an LM reranker's graph: logit(yes) - logit(no)).
+    one = verdicts(task, [r[None] for r in ref], [c[None] for c in cand], groups=GROUPS)
+    assert one == {"spearman_min": True, "max_score_diff": passes}
+    # Two-label heads: the score is the last label's softmax probability.
+    two = verdicts(task, [np.array([0, r], np.float32) for r in ref], [np.array([1, c + 1], np.float32) for c in cand])
+    assert two == {"spearman_min": True, "max_score_diff": passes}
+
+
+def test_every_gate_has_a_flag_whose_default_is_the_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = argparse.ArgumentParser()
+    optimize_cli.configure(parser)
+    flags = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+    for _, gate in optimize_cli.declared_gates():
+        action = flags[optimize_cli.gate_flag(gate)]
+        assert action.default is None and action.help and gate.help in action.help
+        assert f"{gate.threshold:g}" in action.help
+    assert optimize_cli.gate_flag(TASKS["text-ranking"].gates[1]) == "--max-score-diff"
+
+    seen: dict[str, float] = {}
+
+    def optimize(options: Any, console: Any = None) -> None:
+        seen.update(options.thresholds)
+        raise SystemExit(0)
+
+    monkeypatch.setattr("container.optimize.pipeline.optimize", optimize)
+    # The flags that predate the generated ones still set their metrics; unset gates keep the task's default.
+    args = ["x", "--task", "text-ranking", "--max-fp32-diff", "1e-3", "--min-spearman", "0.5"]
+    with pytest.raises(SystemExit):
+        optimize_cli.main(parser.parse_args([*args, "--max-score-diff", "0.1"]))
+    assert seen == {"max_abs_diff": 1e-3, "spearman_min": 0.5, "max_score_diff": 0.1}
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("task", ["text-classification", "text-ranking"])
+async def test_int8_is_refused_on_its_scores_and_fp32_ships(
+    tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str], task: str
+) -> None:
+    """A tiny random model's int8 scores are 1e-4 to 1e-2 from PyTorch's, its fp32 ones about 1e-7: a 1e-5
+    bound refuses every int8 variant on the new gate, with its figures kept, and fp32 ships."""
+    out = tmp_path / "bundle"
+    args = ["--task", task, "--out", out, "--variants", "fp32,int8,fused-int8", "--max-score-diff", "1e-5"]
+    assert main(["optimize", str(tiny_model(task)), *map(str, args), *QUICK]) == 0
+    manifest = read_manifest(out)
+    variants = {v["name"]: v for v in manifest.variants}
+    assert manifest.variant == "fp32" and variants["fp32"]["gates"]["max_score_diff"]["passed"]
+    for name in ("int8", "fused-int8"):
+        v = variants[name]
+        gate = v["gates"]["max_score_diff"]
+        assert not v["passed"] and not gate["passed"] and gate["threshold"] == 1e-5
+        assert gate["value"] == v["metrics"]["max_score_diff"] > 1e-5
+        if task == "text-classification":  # every label intact: the score gate alone refuses it
+            assert v["gates"]["top1_agreement"]["passed"]
+    assert "max_score_diff=" in capsys.readouterr().err  # the table printed at the end
+    async with serve(out) as client:
+        info = (await client.get("/info")).json()
+    served = {v["name"]: v["gates"]["max_score_diff"] for v in info["variants"]}
+    assert served == {name: v["gates"]["max_score_diff"] for name, v in variants.items()}
+
+
+def test_a_multi_label_checkpoint_is_validated_on_sigmoids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """problem_type multi_label_classification reaches the parity function, which then scores by sigmoid."""
+    seen: list[bool] = []
+
+    def recorded(*args: Any) -> ParityInput:
+        seen.append(ParityInput(*args).multi_label)
+        return ParityInput(*args)
+
+    monkeypatch.setattr(validate, "ParityInput", recorded)
+    model = make_model(tmp_path / "model", "text-classification", problem_type="multi_label_classification")
+    quick_bundle(model, "text-classification", tmp_path / "bundle")
+    assert seen == [True]
