@@ -125,8 +125,6 @@ async def test_int8_is_refused_on_its_scores_and_fp32_ships(
         gate = v["gates"]["max_score_diff"]
         assert not v["passed"] and not gate["passed"] and gate["threshold"] == 1e-5
         assert gate["value"] == v["metrics"]["max_score_diff"] > 1e-5
-        if task == "text-classification":  # every label intact: the score gate alone refuses it
-            assert v["gates"]["top1_agreement"]["passed"]
     assert "max_score_diff=" in capsys.readouterr().err  # the table printed at the end
     async with serve(out) as client:
         info = (await client.get("/info")).json()
