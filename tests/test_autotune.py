@@ -81,12 +81,15 @@ def _tune(
 
 
 def test_two_copies_of_one_graph_tie_and_the_tie_goes_to_the_more_accurate(
-    graphs: tuple[dict[str, Path], Tokenizer],
+    graphs: tuple[dict[str, Path], Tokenizer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Two copies of one graph are the same work, but not always the same speed: their weights sit at other
+    # addresses (7.6% apart once, under QEMU's AVX2 emulation). A margin wider than that makes them a tie.
+    monkeypatch.setattr(autotune, "MARGIN", 0.5)
     for prefer in (["copy", "model"], ["model", "copy"]):
         timings, pick = _tune(graphs, ["model", "copy"], prefer)
-        # No lead clears the margin twice in a row, so every round is run and the tie is called.
-        assert pick.tie and pick.rounds == autotune.MAX_ROUNDS
+        # No lead clears the margin twice in a row: the tie is called, once settled or after the last round.
+        assert pick.tie and autotune.MIN_ROUNDS <= pick.rounds <= autotune.MAX_ROUNDS
         assert sorted(pick.tied) == ["copy", "model"] and {pick.fastest, pick.runner_up} == {"copy", "model"}
         assert pick.margin is not None and pick.margin <= autotune.MARGIN
         assert pick.winner == prefer[0]  # whichever was faster by noise
@@ -117,12 +120,29 @@ def _busy(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
             proc.wait()
 
 
+def _slower_call_s(graphs: tuple[dict[str, Path], Tokenizer]) -> float:
+    """The slower graph's longest call of a few at the tests' point, on this machine as it is now."""
+    paths, tokenizer = graphs
+    model = OnnxModel(paths[SLOWER], threads=1)
+    feeds = autotune._feeds(tokenizer, 8, 1, model.input_names)
+    model.run(feeds)
+    took = []
+    for _ in range(5):
+        start = time.perf_counter()
+        model.run(feeds)
+        took.append(time.perf_counter() - start)
+    return max(took)
+
+
 def _load_on_the_model(
-    monkeypatch: pytest.MonkeyPatch, until: float, procs: list[subprocess.Popen[bytes]] | None = None
+    monkeypatch: pytest.MonkeyPatch,
+    until: float,
+    procs: list[subprocess.Popen[bytes]] | None = None,
+    wait: float = 0.0003,
 ) -> None:
-    """Until `until` (perf_counter), every call of the faster graph ("model") first waits for a core for longer
-    than the slower graph's whole call (the thread off its core, as when another process holds it), and runs
-    while `procs` spin; the slower graph runs undisturbed."""
+    """Until `until` (perf_counter), every call of the faster graph ("model") first waits `wait` seconds for a
+    core (the thread off its core, as when another process holds it), and runs while `procs` spin; the slower
+    graph runs undisturbed."""
     run = OnnxModel.run
     slower: dict[int, bool] = {}
 
@@ -134,7 +154,7 @@ def _load_on_the_model(
         for proc in procs or []:
             os.kill(proc.pid, signal.SIGCONT)
         try:
-            time.sleep(0.0003)
+            time.sleep(wait)
             return run(self, feeds, shrink)
         finally:
             for proc in procs or []:
@@ -166,7 +186,9 @@ def test_one_thread_is_timed_by_its_cpu_time_so_waiting_for_a_core_does_not_coun
     statistic: str,
     winner: str,
 ) -> None:
-    _load_on_the_model(monkeypatch, float("inf"))  # every call of the faster graph, every round
+    # Every call of the faster graph, every round, waits three times the slower graph's whole call: however
+    # fast or slow this CPU (or its emulation) runs them, the wall clock must rank the faster graph last.
+    _load_on_the_model(monkeypatch, float("inf"), wait=3 * _slower_call_s(graphs))
     _, pick = _tune(graphs, ["model", SLOWER], prefer=[], threads=threads)
     assert (pick.statistic, pick.winner, pick.tie) == (statistic, winner, False)
 
@@ -222,7 +244,9 @@ FP32 = pipeline.Variant("fp32", "fp32", None, lambda _p, _o: None)
 def test_optimize_records_a_tie_and_ships_the_more_accurate_variant(
     tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The fp32 graph again, called int8 and listed first: as fast as fp32, so a tie, which fp32 takes.
+    # The fp32 graph again, called int8 and listed first: the same work as fp32, so a tie (within a margin
+    # wider than two copies' placement in memory can part them), which fp32 takes.
+    monkeypatch.setattr(autotune, "MARGIN", 0.5)
     copy = pipeline.Variant("int8-copy", "int8", "fp32", lambda p, o: shutil.copyfile(p, o))
     slower = pipeline.Variant(SLOWER, "fp32", "fp32", _slower)
     out = tmp_path / "bundle"
@@ -234,7 +258,7 @@ def test_optimize_records_a_tie_and_ships_the_more_accurate_variant(
     assert all(v["passed"] for v in manifest.variants)
     assert [v["name"] for v in manifest.variants if v["chosen"]] == ["fp32"]
     err = capsys.readouterr().err
-    assert "tie within 3%" in err and "took fp32 (more accurate)" in err and "p10 of thread CPU time" in err
+    assert "tie within 50%" in err and "took fp32 (more accurate)" in err and "p10 of thread CPU time" in err
 
 
 def test_optimize_records_a_clear_pick_with_its_margin(

@@ -330,13 +330,14 @@ PRECISIONS = ("fp32", "fp16", "int8")
 
 def by_accuracy(reports: Sequence[validate.VariantReport], task: TaskSpec) -> list[str]:
     """Variant names, most accurate first: by precision (fp32, fp16, int8), then by the task's first gate metric
-    (how far inside its threshold); equal ones keep their order."""
+    (how far inside its threshold), then by the largest output difference from PyTorch (top-1 agreement is 1
+    for every variant of a good classifier); equal ones keep their order."""
     gate = task.gates[0]
 
-    def key(r: validate.VariantReport) -> tuple[int, float]:
+    def key(r: validate.VariantReport) -> tuple[int, float, float]:
         rank = PRECISIONS.index(r.precision) if r.precision in PRECISIONS else len(PRECISIONS)
         value = float(r.gates[gate.metric]["value"]) if gate.metric in r.gates else 0.0
-        return rank, -value if gate.higher_is_better else value
+        return rank, -value if gate.higher_is_better else value, r.metrics.get("max_abs_diff", 0.0)
 
     return [r.name for r in sorted(reports, key=key)]
 
