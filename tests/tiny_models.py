@@ -268,7 +268,7 @@ def _save_tokenizer(family: Family, folder: Path, answers: bool = True) -> dict[
         **specials,
     )
     fast.save_pretrained(str(folder))
-    ids = {name: int(tok.token_to_id(token)) for name, token in specials.items()}
+    ids = {name: i for name, token in specials.items() if (i := tok.token_to_id(token)) is not None}
     return ids | {"vocab_size": int(tok.get_vocab_size())}
 
 
@@ -375,11 +375,12 @@ def make_sentence_transformer(
     """A sentence-transformers folder saved by sentence-transformers itself: the transformer at `base`, then
     Pooling(`pooling`), a Dense module (tanh, its default activation) per size in `dense`, and Normalize."""
     import torch
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
 
     transformer = models.Transformer(str(base))
-    modules: list[Any] = [transformer, models.Pooling(transformer.get_word_embedding_dimension(), pooling)]
-    width = transformer.get_word_embedding_dimension()
+    modules: list[Any] = [transformer, models.Pooling(transformer.get_embedding_dimension(), pooling)]
+    width = transformer.get_embedding_dimension()
     torch.manual_seed(1)
     for size in dense:
         modules.append(models.Dense(width, size))
@@ -466,11 +467,25 @@ def make_sentencepiece_model(folder: Path, task: str = "text-classification") ->
         minloglevel=2,
     )
     (folder / "spm.model").write_bytes(proto.getvalue())
-    slow = transformers.DebertaV2Tokenizer(vocab_file=str(folder / "spm.model"), model_max_length=MAX_POSITIONS - 2)
-    slow.save_pretrained(str(folder))
+    # What transformers 4.x's slow DebertaV2Tokenizer saved (transformers 5 has no slow one and would also
+    # write a tokenizer.json): the SentencePiece model, tokenizer_config.json and special_tokens_map.json.
+    specials = dict(bos_token="[CLS]", eos_token="[SEP]", unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]")
+    specials |= dict(cls_token="[CLS]", mask_token="[MASK]")
+    tokenizer_config = specials | {
+        "do_lower_case": False,
+        "split_by_punct": False,
+        "vocab_type": "spm",
+        "sp_model_kwargs": {},
+        "model_max_length": MAX_POSITIONS - 2,
+        "tokenizer_class": "DebertaV2Tokenizer",
+        "clean_up_tokenization_spaces": False,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2))
     auto, labels = HEADS[task]
     family = FAMILIES["deberta-v2"]
-    ids = {"vocab_size": len(slow), "pad_token": 0, "cls_token": 1, "sep_token": 2}
+    ids = {"vocab_size": spm.SentencePieceProcessor(model_proto=proto.getvalue()).get_piece_size()}
+    ids |= {"pad_token": 0, "cls_token": 1, "sep_token": 2}
     extra = {"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}} if labels else {}
     torch.manual_seed(0)
     model = getattr(transformers, auto).from_config(_config(family, ids, extra)).eval()
