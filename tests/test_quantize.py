@@ -6,7 +6,7 @@ import base64
 
 import numpy as np
 import pytest
-from sentence_transformers.quantization import quantize_embeddings
+from sentence_transformers.util.quantization import quantize_embeddings
 
 from tasks import quantize
 from tasks.ops import l2_normalize

@@ -125,6 +125,61 @@ FAMILIES: dict[str, Family] = {
             DECODER | dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]),
             tasks=("text-classification", "feature-extraction", "text-ranking"),
         ),
+        # transformers 5's own encoders, once remote code (NomicBERT, new GTE, Jina v3) or new: rotary
+        # positions; EuroBERT and UltraBERT with Llama-style grouped-query attention and RMSNorm, UltraBERT
+        # with alternating sliding-window and full layers.
+        Family("nomic_bert", "wordpiece", "bert", SIZE, segments=True),
+        Family("gte", "unigram", "roberta", SIZE | dict(type_vocab_size=1)),
+        Family("jina_embeddings_v3", "unigram", "roberta", SIZE | dict(type_vocab_size=1)),
+        Family("eurobert", "bpe", "roberta", DECODER),
+        Family(
+            "ultrabert",
+            "bpe",
+            "bert",
+            DECODER
+            | dict(
+                sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], prediction_head_size=32
+            ),
+        ),
+        # OpenAI's privacy filter: a bidirectional sliding-window encoder with mixture-of-experts layers, and
+        # only a token-classification head.
+        Family(
+            "openai_privacy_filter",
+            "bpe",
+            "roberta",
+            DECODER | dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW),
+            tasks=("token-classification",),
+        ),
+        Family("ministral3", "bpe", "decoder", DECODER),
+        # Mistral 4: multi-head latent attention and mixture-of-experts layers (no causal-LM Auto class).
+        Family(
+            "mistral4",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(
+                num_key_value_heads=4,
+                moe_intermediate_size=16,
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                kv_lora_rank=16,
+                q_lora_rank=16,
+                qk_rope_head_dim=4,
+                v_head_dim=8,
+                qk_nope_head_dim=4,
+            ),
+        ),
+        # Gemma 4 (text): per-layer inputs, sliding and full layers; transformers has only its base model and LM.
+        Family(
+            "gemma4_text",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(
+                sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=8
+            ),
+            tasks=("feature-extraction",),
+        ),
     )
 }
 ARCHS: Sequence[str] = tuple(FAMILIES)
@@ -283,6 +338,8 @@ def _config(family: Family, ids: dict[str, int], extra: dict[str, Any]) -> Any:
     )
     if family.model_type == "modernbert":
         special_ids |= dict(cls_token_id=ids["cls_token"], sep_token_id=ids["sep_token"])
+    if family.model_type == "gemma4_text":  # its per-layer embeddings default to Gemma's 262k vocabulary
+        special_ids |= dict(vocab_size_per_layer_input=ids["vocab_size"])
     # The caller's keys win over the family's (a bigger geometry for measurements, another label set).
     merged = {"max_position_embeddings": MAX_POSITIONS, **family.config, **special_ids, **extra}
     return transformers.AutoConfig.for_model(family.model_type, **merged)

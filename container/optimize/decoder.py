@@ -55,6 +55,15 @@ def attention_masks(attention_mask: torch.Tensor, config: Any) -> torch.Tensor |
     return additive(near if near is not None else full)
 
 
+MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def unmasked_layer_types(config: Any) -> list[str]:
+    """The layer types of `config` (a multimodal config's text part) that attention_masks builds no mask for."""
+    types = getattr(config.get_text_config(), "layer_types", None) or []
+    return sorted(set(types) - set(MASKED_LAYER_TYPES))
+
+
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 

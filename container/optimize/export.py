@@ -70,6 +70,15 @@ def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no
                 "classification heads, to find each row's last token as transformers does. Set pad_token in "
                 "tokenizer_config.json and pad_token_id in config.json (decoders usually pad with their EOS)"
             )
+        unmasked = decoder.unmasked_layer_types(model.config)
+        if unmasked:
+            raise UnsupportedModel(
+                f"stage export: {source.model_type} has {', '.join(unmasked)} layers; hare exports decoders "
+                "without a cache, and a recurrent layer (Qwen3.5's gated delta rule) runs a loop over the "
+                "sequence's chunks that the TorchScript exporter fixes at the example's length, so the graph "
+                "would answer wrongly for any other length. Use a family whose layers are all attention "
+                "(full or sliding window), e.g. Qwen3"
+            )
         return decoder.DecoderGraph(model, task.output)
     return decoder.EncoderGraph(model, task.output)
 
