@@ -137,9 +137,7 @@ FAMILIES: dict[str, Family] = {
             "bpe",
             "bert",
             DECODER
-            | dict(
-                sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], prediction_head_size=32
-            ),
+            | dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], prediction_head_size=32),
         ),
         # OpenAI's privacy filter: a bidirectional sliding-window encoder with mixture-of-experts layers, and
         # only a token-classification head.
@@ -176,9 +174,32 @@ FAMILIES: dict[str, Family] = {
             "decoder",
             DECODER
             | dict(
-                sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=8
+                sliding_window=WINDOW,
+                layer_types=["sliding_attention", "full_attention"],
+                hidden_size_per_layer_input=8,
             ),
             tasks=("feature-extraction",),
+        ),
+    )
+}
+# Families transformers knows that hare refuses, each at the stage that names why (docs/optimizer.md lists them).
+REFUSED: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        # Qwen3.5: gated-delta-rule (linear attention) layers between the attention layers.
+        Family(
+            "qwen3_5_text",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(
+                linear_key_head_dim=8,
+                linear_value_head_dim=8,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                layer_types=["linear_attention", "full_attention"],
+            ),
+            tasks=("text-classification", "feature-extraction", "text-ranking"),
         ),
     )
 }
@@ -358,7 +379,7 @@ def make_model(folder: Path, task: str, arch: str = "bert", seed: int = 0, **con
     import torch
     import transformers
 
-    family = FAMILIES[arch]
+    family = FAMILIES.get(arch) or REFUSED[arch]
     folder.mkdir(parents=True, exist_ok=True)
     ids = _save_tokenizer(family, folder)
     auto, labels = HEADS[task]
