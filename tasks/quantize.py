@@ -3,8 +3,8 @@
 
     float    float32 numbers
     base64   the little-endian float32 bytes, base64 (OpenAI's and Cohere's base64)
-    int8     (x - lo) / step - 128 with step = (hi - lo) / 255, truncated to int8; x clipped to [lo, hi]
-    uint8    (x - lo) / step, truncated to uint8
+    int8     floor((x - lo) / step) - 128 with step = (hi - lo) / 255; x clipped to [lo, hi]
+    uint8    floor((x - lo) / step)
     binary   the sign bits (x > 0) packed 8 per byte, most significant first (np.packbits), minus 128, as int8
     ubinary  the same packed bits as uint8
 
@@ -38,8 +38,9 @@ def quantize(vectors: NDArray[np.float32], encoding: str) -> NDArray[np.generic]
     if encoding in ("int8", "uint8"):
         lo, hi = RANGE
         step = (hi - lo) / 255
-        levels = (np.clip(x, lo, hi) - lo) / step  # in [0, 255]
-        # astype truncates toward zero, as sentence-transformers' does: the same codes bit for bit.
+        # Floored before the offset, as sentence-transformers 6 does (5 truncated after it, toward zero): the
+        # same codes bit for bit.
+        levels = np.floor((np.clip(x, lo, hi) - lo) / step)  # in [0, 255]
         return (levels - 128).astype(np.int8) if encoding == "int8" else levels.astype(np.uint8)
     if encoding in ("binary", "ubinary"):
         bits = np.packbits(x > 0, axis=-1)

@@ -20,8 +20,7 @@ import openai
 import pydantic
 import pytest
 import tritonclient.http as triton
-from huggingface_hub import InferenceClient
-from huggingface_hub.utils._http import reset_sessions
+from huggingface_hub import InferenceClient, close_session
 
 from tasks import quantize
 from tests.conftest import ModelFactory
@@ -77,9 +76,9 @@ def hf(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], InferenceCli
     """InferenceClient(model=URL), with the hub's offline switch (set for the whole suite) off: a URL model
     never reaches the hub, and offline mode would refuse loopback too."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    reset_sessions()
+    close_session()
     yield lambda url: InferenceClient(model=url)
-    reset_sessions()
+    close_session()
 
 
 def test_hf_feature_extraction_and_sentence_similarity(server: Server, hf: Callable[[str], InferenceClient]) -> None:
@@ -88,7 +87,7 @@ def test_hf_feature_extraction_and_sentence_similarity(server: Server, hf: Calla
     vector = client.feature_extraction(TEXTS[0])
     assert vector.dtype == np.float32 and vector.shape == np.asarray(predict(url, TEXTS[0])).shape
     assert np.allclose(vector, predict(url, TEXTS[0]), atol=1e-6)
-    raw = client.feature_extraction(TEXTS[0], normalize=False, truncate=True, truncation_direction="Right")
+    raw = client.feature_extraction(TEXTS[0], normalize=False, truncate=True, truncation_direction="right")
     assert np.linalg.norm(raw) != pytest.approx(1.0, abs=1e-3)  # the option at the root was applied
     assert np.allclose(raw / np.linalg.norm(raw), vector, atol=1e-5)
     cosines = client.sentence_similarity(TEXTS[0], other_sentences=TEXTS)

@@ -23,7 +23,7 @@ from container.runtime import OnnxModel
 from hare.cli import main
 from tests.api_helpers import assert_ranked, serve
 from tests.conftest import ModelFactory
-from tests.tiny_models import make_lm_reranker
+from tests.tiny_models import make_lm_reranker, make_model
 
 pytestmark = pytest.mark.anyio
 TOL = 1e-4
@@ -220,4 +220,17 @@ def test_a_causal_lm_that_cannot_answer_yes_or_no_is_refused_as_a_reranker(
     assert main(["optimize", str(folder), "--task", "text-ranking", "--out", str(out), *QUICK]) == 2
     err = capsys.readouterr().err
     assert "without a ranking head" in err and "AutoModelForSequenceClassification" in err
+    assert not out.exists()
+
+
+def test_a_decoder_with_recurrent_layers_is_refused_at_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Qwen3.5's linear-attention layers loop over the sequence's chunks, which tracing would fix at the
+    example's length: refused at once, naming the stage, the layers and what to use instead."""
+    folder = make_model(tmp_path / "model", "feature-extraction", "qwen3_5_text")
+    out = tmp_path / "bundle"
+    assert main(["optimize", str(folder), "--task", "feature-extraction", "--out", str(out), *QUICK]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "stage export" in err and "linear_attention layers" in err and "Qwen3" in err
     assert not out.exists()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from container.bundle import read_manifest
 from hare.cli import main
-from tests.tiny_models import make_remote_code_model
+from tests.tiny_models import make_model, make_remote_code_model
 
 QUICK = ["--variants", "fp32", "--tune-lengths", "8", "--tune-batches", "1", "--tune-seconds", "0.02"]
 SERVE = """
@@ -84,3 +85,17 @@ def test_the_custom_forward_is_what_the_bundle_computes(tmp_path: Path) -> None:
     onnx_model = OnnxModel(out / "model.onnx", output="logits")
     got = onnx_model.run({k: v.numpy() for k, v in feeds.items() if k in onnx_model.input_names})
     assert np.allclose(got, expected, atol=1e-4) and np.allclose(expected, 3 * base, atol=1e-5)
+
+
+def test_a_remote_code_folder_of_a_family_transformers_now_has_builds_without_the_flag(tmp_path: Path) -> None:
+    """NomicBERT, GTE and Jina v3 checkpoints carry an auto_map from before transformers 5 had their classes:
+    transformers' own classes build them, no code of the folder runs, and --trust-remote-code is not needed."""
+    model = make_model(tmp_path / "model", "text-classification", "nomic_bert")
+    config = json.loads((model / "config.json").read_text())
+    auto_map = {"AutoConfig": "configuration_hf_nomic_bert.NomicBertConfig"}
+    auto_map |= {"AutoModelForSequenceClassification": "modeling_hf_nomic_bert.NomicBertForSequenceClassification"}
+    (model / "config.json").write_text(json.dumps(config | {"auto_map": auto_map}))  # files it names are absent
+    out = tmp_path / "bundle"
+    assert main(["optimize", str(model), "--task", "text-classification", "--out", str(out), *QUICK]) == 0
+    manifest = read_manifest(out)
+    assert manifest.source["trust_remote_code"] is False and manifest.model_type == "nomic_bert"

@@ -233,10 +233,10 @@ async def test_bench_baseline_answers_as_hare(splade: Path, splade_bundle: Path)
 async def test_sparse_encoder_folder_pooling_is_honoured(splade: Path, tmp_path: Path) -> None:
     """A folder SparseEncoder saved with sum pooling and log1p_relu is served as SparseEncoder computes it."""
     from sentence_transformers import SparseEncoder
-    from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 
     mlm = MLMTransformer(str(splade))
-    pooling = SpladePooling("sum", "log1p_relu", word_embedding_dimension=mlm.get_sentence_embedding_dimension())
+    pooling = SpladePooling("sum", "log1p_relu", embedding_dimension=mlm.get_embedding_dimension())
     folder = tmp_path / "st"
     SparseEncoder(modules=[mlm, pooling], device="cpu").save(str(folder))
     reference = _sparse_encoder(folder)

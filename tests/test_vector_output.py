@@ -205,7 +205,7 @@ async def test_refusals_name_what_to_send(server: httpx.AsyncClient) -> None:
     wrong = await post(server, "/embed_all", {"inputs": "hi", "normalize": True}, 422)
     assert "normalize" in error(wrong) and "prompt_name" in error(wrong)
     wrong = await post(server, "/embed_all", {"inputs": "hi", "prompt_name": "nope"}, 422)
-    assert "query, document, passage" in error(wrong)
+    assert "document, passage, query" in error(wrong)
 
 
 async def test_embed_all_and_cohere_need_an_embeddings_bundle(fp32_bundle: ModelFactory) -> None:

@@ -125,6 +125,82 @@ FAMILIES: dict[str, Family] = {
             DECODER | dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]),
             tasks=("text-classification", "feature-extraction", "text-ranking"),
         ),
+        # transformers 5's own encoders, once remote code (NomicBERT, new GTE, Jina v3) or new: rotary
+        # positions; EuroBERT and UltraBERT with Llama-style grouped-query attention and RMSNorm, UltraBERT
+        # with alternating sliding-window and full layers.
+        Family("nomic_bert", "wordpiece", "bert", SIZE, segments=True),
+        Family("gte", "unigram", "roberta", SIZE | dict(type_vocab_size=1)),
+        Family("jina_embeddings_v3", "unigram", "roberta", SIZE | dict(type_vocab_size=1)),
+        Family("eurobert", "bpe", "roberta", DECODER),
+        Family(
+            "ultrabert",
+            "bpe",
+            "bert",
+            DECODER
+            | dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], prediction_head_size=32),
+        ),
+        # OpenAI's privacy filter: a bidirectional sliding-window encoder with mixture-of-experts layers, and
+        # only a token-classification head.
+        Family(
+            "openai_privacy_filter",
+            "bpe",
+            "roberta",
+            DECODER | dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW),
+            tasks=("token-classification",),
+        ),
+        Family("ministral3", "bpe", "decoder", DECODER),
+        # Mistral 4: multi-head latent attention and mixture-of-experts layers (no causal-LM Auto class).
+        Family(
+            "mistral4",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(
+                num_key_value_heads=4,
+                moe_intermediate_size=16,
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                kv_lora_rank=16,
+                q_lora_rank=16,
+                qk_rope_head_dim=4,
+                v_head_dim=8,
+                qk_nope_head_dim=4,
+            ),
+        ),
+        # Gemma 4 (text): per-layer inputs, sliding and full layers; transformers has only its base model and LM.
+        Family(
+            "gemma4_text",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(
+                sliding_window=WINDOW,
+                layer_types=["sliding_attention", "full_attention"],
+                hidden_size_per_layer_input=8,
+            ),
+            tasks=("feature-extraction",),
+        ),
+    )
+}
+# Families transformers knows that hare refuses, each at the stage that names why (docs/optimizer.md lists them).
+REFUSED: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        # Qwen3.5: gated-delta-rule (linear attention) layers between the attention layers.
+        Family(
+            "qwen3_5_text",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(
+                linear_key_head_dim=8,
+                linear_value_head_dim=8,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                layer_types=["linear_attention", "full_attention"],
+            ),
+            tasks=("text-classification", "feature-extraction", "text-ranking"),
+        ),
     )
 }
 ARCHS: Sequence[str] = tuple(FAMILIES)
@@ -268,7 +344,7 @@ def _save_tokenizer(family: Family, folder: Path, answers: bool = True) -> dict[
         **specials,
     )
     fast.save_pretrained(str(folder))
-    ids = {name: int(tok.token_to_id(token)) for name, token in specials.items()}
+    ids = {name: i for name, token in specials.items() if (i := tok.token_to_id(token)) is not None}
     return ids | {"vocab_size": int(tok.get_vocab_size())}
 
 
@@ -283,6 +359,8 @@ def _config(family: Family, ids: dict[str, int], extra: dict[str, Any]) -> Any:
     )
     if family.model_type == "modernbert":
         special_ids |= dict(cls_token_id=ids["cls_token"], sep_token_id=ids["sep_token"])
+    if family.model_type == "gemma4_text":  # its per-layer embeddings default to Gemma's 262k vocabulary
+        special_ids |= dict(vocab_size_per_layer_input=ids["vocab_size"])
     # The caller's keys win over the family's (a bigger geometry for measurements, another label set).
     merged = {"max_position_embeddings": MAX_POSITIONS, **family.config, **special_ids, **extra}
     return transformers.AutoConfig.for_model(family.model_type, **merged)
@@ -301,7 +379,7 @@ def make_model(folder: Path, task: str, arch: str = "bert", seed: int = 0, **con
     import torch
     import transformers
 
-    family = FAMILIES[arch]
+    family = FAMILIES.get(arch) or REFUSED[arch]
     folder.mkdir(parents=True, exist_ok=True)
     ids = _save_tokenizer(family, folder)
     auto, labels = HEADS[task]
@@ -375,11 +453,12 @@ def make_sentence_transformer(
     """A sentence-transformers folder saved by sentence-transformers itself: the transformer at `base`, then
     Pooling(`pooling`), a Dense module (tanh, its default activation) per size in `dense`, and Normalize."""
     import torch
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
 
     transformer = models.Transformer(str(base))
-    modules: list[Any] = [transformer, models.Pooling(transformer.get_word_embedding_dimension(), pooling)]
-    width = transformer.get_word_embedding_dimension()
+    modules: list[Any] = [transformer, models.Pooling(transformer.get_embedding_dimension(), pooling)]
+    width = transformer.get_embedding_dimension()
     torch.manual_seed(1)
     for size in dense:
         modules.append(models.Dense(width, size))
@@ -466,11 +545,25 @@ def make_sentencepiece_model(folder: Path, task: str = "text-classification") ->
         minloglevel=2,
     )
     (folder / "spm.model").write_bytes(proto.getvalue())
-    slow = transformers.DebertaV2Tokenizer(vocab_file=str(folder / "spm.model"), model_max_length=MAX_POSITIONS - 2)
-    slow.save_pretrained(str(folder))
+    # What transformers 4.x's slow DebertaV2Tokenizer saved (transformers 5 has no slow one and would also
+    # write a tokenizer.json): the SentencePiece model, tokenizer_config.json and special_tokens_map.json.
+    specials = dict(bos_token="[CLS]", eos_token="[SEP]", unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]")
+    specials |= dict(cls_token="[CLS]", mask_token="[MASK]")
+    tokenizer_config = specials | {
+        "do_lower_case": False,
+        "split_by_punct": False,
+        "vocab_type": "spm",
+        "sp_model_kwargs": {},
+        "model_max_length": MAX_POSITIONS - 2,
+        "tokenizer_class": "DebertaV2Tokenizer",
+        "clean_up_tokenization_spaces": False,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2))
     auto, labels = HEADS[task]
     family = FAMILIES["deberta-v2"]
-    ids = {"vocab_size": len(slow), "pad_token": 0, "cls_token": 1, "sep_token": 2}
+    ids = {"vocab_size": spm.SentencePieceProcessor(model_proto=proto.getvalue()).get_piece_size()}
+    ids |= {"pad_token": 0, "cls_token": 1, "sep_token": 2}
     extra = {"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}} if labels else {}
     torch.manual_seed(0)
     model = getattr(transformers, auto).from_config(_config(family, ids, extra)).eval()

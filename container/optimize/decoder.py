@@ -1,5 +1,6 @@
-"""Decoder families (Qwen2/3, Llama, Mistral, Gemma 1-3) as graphs ONNX Runtime runs: no KV cache, the
-attention masks built inside the graph from the 2D padding mask, and positions counted from that mask.
+"""Encoders as transformers 5 lets them be traced, and decoder families (Qwen2/3, Llama, Mistral, Gemma 1-3)
+as graphs ONNX Runtime runs: no KV cache, the attention masks built inside the graph from the 2D padding mask,
+and positions counted from that mask.
 
 transformers builds a decoder's masks with `masking_utils.create_causal_mask`, whose vmap the TorchScript
 exporter cannot trace ("unordered_map::at"). `DecoderGraph` hands the model finished 4D masks instead, which
@@ -18,8 +19,11 @@ import torch
 
 
 def is_decoder(model: Any) -> bool:
-    """A model whose transformers module builds its masks with create_causal_mask (no encoder family does)."""
-    return hasattr(sys.modules[type(model).__module__], "create_causal_mask")
+    """A model whose transformers module builds its masks with create_causal_mask. BERT-style encoders that
+    can also be configured as decoders import it too (transformers 5) and say which they are with
+    config.is_decoder; a decoder-only family's config has no is_decoder at all."""
+    causal = hasattr(sys.modules[type(model).__module__], "create_causal_mask")
+    return causal and getattr(model.config, "is_decoder", True) is not False
 
 
 def attention_masks(attention_mask: torch.Tensor, config: Any) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -51,8 +55,36 @@ def attention_masks(attention_mask: torch.Tensor, config: Any) -> torch.Tensor |
     return additive(near if near is not None else full)
 
 
+MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def unmasked_layer_types(config: Any) -> list[str]:
+    """The layer types of `config` (a multimodal config's text part) that attention_masks builds no mask for."""
+    types = getattr(config.get_text_config(), "layer_types", None) or []
+    return sorted(set(types) - set(MASKED_LAYER_TYPES))
+
+
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class EncoderGraph(torch.nn.Module):  # type: ignore[misc]
+    """An encoder fed by name. transformers 5 wraps forward() in decorators that take every argument as a
+    keyword; the TorchScript tracer passes a traced module's inputs positionally, which collides with the
+    defaults the decorators fill in ("got multiple values for argument 'use_cache'")."""
+
+    def __init__(self, model: Any, output: str) -> None:
+        super().__init__()
+        self.model = model
+        self.output = output
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            feeds["token_type_ids"] = token_type_ids
+        return self.model(**feeds)[self.output]
 
 
 class DecoderGraph(torch.nn.Module):  # type: ignore[misc]

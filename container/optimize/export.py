@@ -40,15 +40,25 @@ def load_torch_model(source: SourceModel, task: TaskSpec):  # type: ignore[no-un
 
         return load(source)
     auto = getattr(transformers, "AutoModelForCausalLM" if source.scorer else task.head)
+    # Mixture-of-experts layers (Mistral 4, OpenAI's privacy filter): transformers 5's default grouped_mm
+    # sorts tokens by expert (histc, data-dependent splits) and traces into a graph fixed to the dummy's
+    # routing; batched_mm gathers each token's experts' weights and multiplies, the same for every input.
     return auto.from_pretrained(
-        str(source.path), attn_implementation="eager", trust_remote_code=source.trust_remote_code
+        str(source.path),
+        attn_implementation="eager",
+        experts_implementation="batched_mm",
+        trust_remote_code=source.trust_remote_code,
     ).eval()
 
 
 def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no-untyped-def]
-    """What is exported: an encoder as it is; a decoder behind DecoderGraph (masks and positions from the 2D
-    mask, no cache); a causal LM read as a reranker as its yes/no scorer."""
+    """What is exported: an encoder behind EncoderGraph (its inputs by name, the task's output); a decoder
+    behind DecoderGraph (masks and positions from the 2D mask, no cache); a causal LM read as a reranker as
+    its yes/no scorer; a sparse model's graph (load_torch_model's) as it is."""
     from container.optimize import decoder
+
+    if source.sparse is not None:
+        return model
 
     if source.scorer:
         return decoder.YesNoScorer(model, *source.scorer)
@@ -60,8 +70,17 @@ def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no
                 "classification heads, to find each row's last token as transformers does. Set pad_token in "
                 "tokenizer_config.json and pad_token_id in config.json (decoders usually pad with their EOS)"
             )
+        unmasked = decoder.unmasked_layer_types(model.config)
+        if unmasked:
+            raise UnsupportedModel(
+                f"stage export: {source.model_type} has {', '.join(unmasked)} layers; hare exports decoders "
+                "without a cache, and a recurrent layer (Qwen3.5's gated delta rule) runs a loop over the "
+                "sequence's chunks that the TorchScript exporter fixes at the example's length, so the graph "
+                "would answer wrongly for any other length. Use a family whose layers are all attention "
+                "(full or sliding window), e.g. Qwen3"
+            )
         return decoder.DecoderGraph(model, task.output)
-    return model
+    return decoder.EncoderGraph(model, task.output)
 
 
 def reference_row(model, source: SourceModel, task: TaskSpec, feeds: dict[str, Any]) -> Any:  # type: ignore[no-untyped-def]

@@ -275,6 +275,15 @@ def _sha256(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
+def _native(model_type: str) -> bool:
+    """Whether transformers has its own classes for `model_type`: such a folder's auto_map (NomicBERT, GTE and
+    Jina v3 checkpoints written before transformers 5 had them) is not needed, and transformers, not trusting
+    remote code, loads its own classes."""
+    from transformers import CONFIG_MAPPING
+
+    return model_type in CONFIG_MAPPING
+
+
 def inspect_source(
     folder: Path, task: TaskSpec, allow_pickle: bool = False, trust_remote_code: bool = False
 ) -> SourceModel:
@@ -288,7 +297,7 @@ def inspect_source(
     if not (folder / "config.json").is_file():
         raise UnsupportedModel(f"{folder} has no config.json; is it a Hugging Face model folder?")
     config = _read_json(folder / "config.json")
-    if "auto_map" in config and not trust_remote_code:
+    if "auto_map" in config and not trust_remote_code and not _native(config.get("model_type", "")):
         raise UnsupportedModel(
             f"{folder} needs its own Python code (its config has auto_map); hare refuses to run a model's code "
             "unless you pass --trust-remote-code, which runs it at build time only (the bundle is plain ONNX)"

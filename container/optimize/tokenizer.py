@@ -27,6 +27,12 @@ def _load(folder: Path, trust_remote_code: bool = False) -> Tokenizer:
             f"{folder} has no tokenizer.json and transformers could not load its tokenizer ({exc}); "
             "save one with `AutoTokenizer.from_pretrained(folder).save_pretrained(folder)`"
         ) from exc
+    if not set(slow_or_fast.get_vocab()) - set(slow_or_fast.all_special_tokens):
+        # transformers 5 builds its class's tokenizer from no files at all: a vocabulary of specials only.
+        raise UnsupportedModel(
+            f"{folder} has no tokenizer files (tokenizer.json, or a vocabulary such as vocab.txt or spm.model "
+            "with tokenizer_config.json); copy them from the model's original folder"
+        )
     if not slow_or_fast.is_fast:
         raise UnsupportedModel(
             f"{folder} has only a slow (Python) tokenizer that transformers cannot convert to a fast one; "
