@@ -275,13 +275,18 @@ def _sha256(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
+# Families whose checkpoints carry remote code from before transformers had their classes (transformers 5 has
+# them): their auto_map is not needed. Only these: a folder of another type whose auto_map names its own code
+# (a BERT with a changed forward) would otherwise be built, and checked, as plain BERT, without a word.
+NATIVE_SINCE_TRANSFORMERS_5 = frozenset({"nomic_bert", "gte", "jina_embeddings_v3", "eurobert"})
+
+
 def _native(model_type: str) -> bool:
-    """Whether transformers has its own classes for `model_type`: such a folder's auto_map (NomicBERT, GTE and
-    Jina v3 checkpoints written before transformers 5 had them) is not needed, and transformers, not trusting
-    remote code, loads its own classes."""
+    """Whether the folder's auto_map only stands for classes transformers now has itself, which it loads
+    without trusting remote code."""
     from transformers import CONFIG_MAPPING
 
-    return model_type in CONFIG_MAPPING
+    return model_type in NATIVE_SINCE_TRANSFORMERS_5 and model_type in CONFIG_MAPPING
 
 
 def inspect_source(
