@@ -62,10 +62,17 @@ def _count_axis(title: str, values: Sequence[Any]) -> alt.Axis:
     return alt.Axis(title=title, format=",d", values=ticks, grid=True)
 
 
-def _dashes(series_targets: Sequence[tuple[str, str]]) -> alt.Scale:
-    return alt.Scale(
-        domain=[s for s, _ in series_targets], range=[TARGET_DASHES.get(t, [1, 0]) for _, t in series_targets]
-    )
+def _series_encodings(series_targets: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """A line chart's `series` field drawn with one colour per series and one dash per target, in one legend:
+    the color and strokeDash encodings, for `.encode(**...)`."""
+    names = [s for s, _ in series_targets]
+    dashes = alt.Scale(domain=names, range=[TARGET_DASHES.get(t, [1, 0]) for _, t in series_targets])
+    return {
+        "color": alt.Color(
+            "series:N", sort=names, scale=alt.Scale(domain=names, range=palette(names)), legend=_legend(None)
+        ),
+        "strokeDash": alt.StrokeDash("series:N", sort=names, scale=dashes, legend=_legend(None)),
+    }
 
 
 def score_bars(rows: Rows, label: str = "label", value: str = "score", unit_range: bool = True) -> alt.Chart:
@@ -151,7 +158,6 @@ def latency_lines(rows: Rows) -> alt.Chart:
             for r in sorted(rows, key=lambda r: (targets.index(str(r["target"])), _percentile_rank(r["percentile"])))
         )
     )
-    names = [s for s, _ in series_targets]
     data = [dict(r, series=series_name(str(r["target"]), str(r["percentile"]), len(targets))) for r in rows]
     return (
         alt.Chart(_data(data))
@@ -159,10 +165,7 @@ def latency_lines(rows: Rows) -> alt.Chart:
         .encode(
             x=alt.X("seq len:Q", axis=_count_axis("sequence length (tokens)", [r["seq len"] for r in rows])),
             y=alt.Y("ms:Q", title="latency (ms)", axis=alt.Axis(format=NUMBER)),
-            color=alt.Color(
-                "series:N", sort=names, scale=alt.Scale(domain=names, range=palette(names)), legend=_legend(None)
-            ),
-            strokeDash=alt.StrokeDash("series:N", sort=names, scale=_dashes(series_targets), legend=_legend(None)),
+            **_series_encodings(series_targets),
             tooltip=[
                 "target:N",
                 alt.Tooltip("seq len:Q", format=",d"),
@@ -189,7 +192,6 @@ def throughput_lines(rows: Rows) -> alt.Chart:
     per target, both in the one legend."""
     ordered = sorted(rows, key=lambda r: (str(r["target"]) != "hare", str(r["target"]), r["seq len"]))
     series_targets = list(dict.fromkeys((_throughput_series(r), str(r["target"])) for r in ordered))
-    names = [s for s, _ in series_targets]
     data = [dict(r, series=_throughput_series(r)) for r in rows]
     return (
         alt.Chart(_data(data))
@@ -197,10 +199,7 @@ def throughput_lines(rows: Rows) -> alt.Chart:
         .encode(
             x=alt.X("concurrency:Q", axis=_count_axis("concurrent clients", [r["concurrency"] for r in rows])),
             y=alt.Y("req/s:Q", title="requests per second", axis=alt.Axis(format=NUMBER)),
-            color=alt.Color(
-                "series:N", sort=names, scale=alt.Scale(domain=names, range=palette(names)), legend=_legend(None)
-            ),
-            strokeDash=alt.StrokeDash("series:N", sort=names, scale=_dashes(series_targets), legend=_legend(None)),
+            **_series_encodings(series_targets),
             tooltip=[
                 "target:N",
                 alt.Tooltip("seq len:Q", format=",d"),
