@@ -27,7 +27,7 @@ from tasks.base import (
     json_object,
     tensor_io,
 )
-from tasks.ops import sigmoid, sigmoid64, softmax
+from tasks.ops import sigmoid, softmax
 
 FUNCTIONS: dict[str, Callable[[Array], Array]] = {"softmax": softmax, "sigmoid": sigmoid, "none": lambda x: x}
 
@@ -39,7 +39,7 @@ def parity(p: ParityInput) -> dict[str, float]:
     ref = np.stack(p.reference)
     cand = np.stack(p.candidate)
     if p.multi_label or ref.shape[-1] == 1:
-        score_diff = np.abs(sigmoid64(ref) - sigmoid64(cand)).max()
+        score_diff = np.abs(sigmoid(ref) - sigmoid(cand)).max()
     else:
         score_diff = np.abs(softmax(ref) - softmax(cand)).max()
     return {

@@ -30,7 +30,7 @@ from tasks.base import (
     tensor_io,
 )
 from tasks.errors import InvalidRequest
-from tasks.ops import ACTIVATIONS, sigmoid64, softmax, spearman
+from tasks.ops import ACTIVATIONS, sigmoid, softmax, spearman
 
 
 def relevance_logit(logits: Array) -> Array:
@@ -51,7 +51,7 @@ def parity(p: ParityInput) -> dict[str, float]:
     # The score: sigmoid of the relevance logit. It is the served score of a one-logit head with the default
     # activation (of one with another, a proxy of it) and of an LM reranker (P(yes)), and exactly the last
     # label's softmax probability, the served score, of a head with several labels.
-    score_diff = np.abs(sigmoid64(ref) - sigmoid64(cand)).max()
+    score_diff = np.abs(sigmoid(ref) - sigmoid(cand)).max()
     return {
         "spearman_min": float(min(rhos)),
         "spearman_mean": float(np.mean(rhos)),
