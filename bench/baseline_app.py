@@ -9,9 +9,10 @@ behind a small Starlette app under gunicorn with uvicorn workers.
   int8 on the Linear layers, one worker per core (set by the bench), the pipeline called on the event loop.
 
 Started by `bench/servers.py` as `gunicorn 'bench.baseline_app:create_app()'` with the settings in the
-environment: HARE_BASELINE_MODEL (a Hugging Face folder), HARE_BASELINE_TASK (a hare task name) and
-HARE_BASELINE_MODE (vanilla or comet). It answers the same `/predict` bodies as `hare serve`, `/ready` once
-the model is loaded, and `x-compute-time` (seconds) around the pipeline call.
+environment: HARE_BASELINE_MODEL (a Hugging Face folder), HARE_BASELINE_TASK (a hare task name),
+HARE_BASELINE_MODE (vanilla or comet) and HARE_BASELINE_DEVICE (cpu, the default, or a torch device such as
+cuda: the baseline a GPU bundle is measured against; comet is CPU only). It answers the same `/predict` bodies
+as `hare serve`, `/ready` once the model is loaded, and `x-compute-time` (seconds) around the pipeline call.
 """
 
 from __future__ import annotations
@@ -43,13 +44,17 @@ class BaselineConfig:
     model: str
     task: str
     mode: str
+    device: str = "cpu"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> BaselineConfig:
         env = os.environ if env is None else env
         try:
             config = cls(
-                env["HARE_BASELINE_MODEL"], env["HARE_BASELINE_TASK"], env.get("HARE_BASELINE_MODE", "vanilla")
+                env["HARE_BASELINE_MODEL"],
+                env["HARE_BASELINE_TASK"],
+                env.get("HARE_BASELINE_MODE", "vanilla"),
+                env.get("HARE_BASELINE_DEVICE", "cpu"),
             )
         except KeyError as exc:
             raise RuntimeError(f"the baseline needs {exc.args[0]} in the environment") from None
@@ -57,6 +62,9 @@ class BaselineConfig:
             raise RuntimeError(f"HARE_BASELINE_MODE={config.mode!r}; choose one of {', '.join(MODES)}")
         if config.task not in TASKS:
             raise RuntimeError(f"HARE_BASELINE_TASK={config.task!r}; choose one of {', '.join(TASKS)}")
+        if config.mode == "comet" and config.device != "cpu":
+            # torch's dynamic int8 Linear runs on the CPU only.
+            raise RuntimeError(f"HARE_BASELINE_MODE=comet runs on the CPU; HARE_BASELINE_DEVICE={config.device!r}")
         return config
 
 
@@ -70,7 +78,7 @@ def load_predictor(config: BaselineConfig) -> Callable[[Any], Any]:
         torch.set_num_threads(1)
         torch.set_grad_enabled(False)
     baseline = TASKS[config.task].baseline
-    model = _load(baseline.pipeline, config.model, baseline.options)
+    model = _load(baseline.pipeline, config.model, baseline.options, config.device)
     if config.mode == "comet":
         # torch.quantization.quantize_dynamic, as the article calls it (the same function lives in torch.ao).
         if baseline.pipeline in SENTENCE_TRANSFORMERS:
@@ -84,16 +92,16 @@ def load_predictor(config: BaselineConfig) -> Callable[[Any], Any]:
     return predict
 
 
-def _load(name: str, folder: str, options: Mapping[str, Any]) -> Any:
-    """sentence-transformers' `name` class on `folder`, or the transformers pipeline `name`."""
+def _load(name: str, folder: str, options: Mapping[str, Any], device: str) -> Any:
+    """sentence-transformers' `name` class on `folder`, or the transformers pipeline `name`, on `device`."""
     if name in SENTENCE_TRANSFORMERS:
         import sentence_transformers
 
-        return getattr(sentence_transformers, name)(folder, device="cpu")
+        return getattr(sentence_transformers, name)(folder, device=device)
     from transformers import pipeline
 
     make: Any = pipeline  # the task name is a variable, so none of pipeline's typed overloads applies
-    return make(name, model=folder, tokenizer=folder, device="cpu", **options)
+    return make(name, model=folder, tokenizer=folder, device=device, **options)
 
 
 def _plain(value: Any) -> Any:
@@ -123,7 +131,12 @@ def create_app(env: Mapping[str, str] | None = None) -> Starlette:
         import torch
 
         return JSONResponse(
-            {"task": config.task, "variant": f"baseline-{config.mode}", "threads": torch.get_num_threads()}
+            {
+                "task": config.task,
+                "variant": f"baseline-{config.mode}",
+                "threads": torch.get_num_threads(),
+                "device": config.device,
+            }
         )
 
     async def predict(request: Request) -> Response:

@@ -233,7 +233,7 @@ def test_the_decision_after_the_rounds(
 
 
 def _optimize(model: Path, out: Path, variants: list[pipeline.Variant], monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(pipeline, "variants_for", lambda target, family="bert": variants)
+    monkeypatch.setattr(pipeline, "variants_for", lambda *_args, **_kwargs: variants)
     args = ["--task", "feature-extraction", "--out", out, "--tune-lengths", "8", "--tune-batches", "1"]
     return main(["optimize", str(model), *map(str, args), "--tune-seconds", str(SECONDS)])
 

@@ -20,3 +20,12 @@ def test_the_vanilla_embedding_baseline_is_sentence_transformers(tiny_model: Mod
     expected = SentenceTransformer(str(folder), device="cpu").encode(texts)
     assert np.abs(np.array(predict(texts)) - expected).max() < 1e-5
     assert np.abs(np.array(predict(texts[0])) - expected[0]).max() < 1e-5
+
+
+def test_the_baseline_device_comes_from_the_environment() -> None:
+    env = {"HARE_BASELINE_MODEL": "/m", "HARE_BASELINE_TASK": "feature-extraction"}
+    assert BaselineConfig.from_env(env).device == "cpu"
+    assert BaselineConfig.from_env(env | {"HARE_BASELINE_DEVICE": "cuda"}).device == "cuda"
+    # The comet baseline's dynamic int8 Linear layers exist on the CPU only: said at start, not at the first request.
+    with pytest.raises(RuntimeError, match="comet runs on the CPU"):
+        BaselineConfig.from_env(env | {"HARE_BASELINE_MODE": "comet", "HARE_BASELINE_DEVICE": "cuda"})

@@ -142,7 +142,10 @@ def test_a_variant_that_fails_the_gate_is_never_chosen(
     monkeypatch.setattr(
         pipeline,
         "variants_for",
-        lambda target, family="bert": [*original(target)[:2], pipeline.Variant("broken", "int8", "fp32", _broken)],
+        lambda target, family="bert", attention=(0, 0): [
+            *original(target, family, attention)[:2],
+            pipeline.Variant("broken", "int8", "fp32", _broken),
+        ],
     )
     out = tmp_path / "bundle"
     assert run(tiny_model("feature-extraction"), "--task", "feature-extraction", "--out", out, *QUICK) == 0

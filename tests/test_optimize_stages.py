@@ -231,6 +231,23 @@ def test_validation_file_formats(tmp_path: Path) -> None:
         textset.file_samples(plain, pairs=True)
 
 
+@pytest.mark.parametrize("arch", ["bert", "distilbert"])
+def test_the_fused_graph_has_one_attention_kernel_per_layer(
+    tiny_model: ModelFactory, tmp_path: Path, arch: str
+) -> None:
+    """transformers 5 exports q/k/v reshapes with -1 heads; told the heads by the config, ORT's fusion turns a
+    BERT-shaped encoder's attention into its Attention kernel, layer by layer (without it, a fused graph was
+    ~200 small nodes: on an H200 a batch-1 call cost ~1 ms of launches whatever the length)."""
+    task = get_task("feature-extraction")
+    src = source.inspect_source(tiny_model("feature-extraction", arch), task)
+    export.export_onnx(src, task, tmp_path / "fp32.onnx")
+    counts = fuse.fuse(tmp_path / "fp32.onnx", tmp_path / "fused.onnx", attention=fuse.attention_shape(src.config))
+    assert counts.get("Attention") == src.config.get("num_hidden_layers", src.config.get("n_layers"))
+    assert fuse.attention_shape({"n_heads": 4, "dim": 32}) == (4, 32)  # DistilBERT's names
+    assert fuse.attention_shape({"num_attention_heads": 16, "head_dim": 128, "hidden_size": 1024}) == (16, 2048)
+    assert fuse.attention_shape({"hidden_size": 32}) == (0, 0)  # nothing to tell: ORT reads the graph
+
+
 def test_gpu_fp16_graph_keeps_its_io_types(tiny_model: ModelFactory, tmp_path: Path) -> None:
     """The fp16 conversion runs anywhere; running it needs a GPU (checked on one when available)."""
     import onnx

@@ -8,7 +8,9 @@ import resource
 import subprocess
 import sys
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from onnxruntime.transformers.fusion_options import FusionOptions
 from onnxruntime.transformers.optimizer import optimize_model
@@ -22,8 +24,26 @@ from container.optimize import graphs
 MEMORY_SHARE = 0.8
 
 
-def fuse(model: Path, out: Path, family: str = "bert", use_gpu: bool = False) -> dict[str, int]:
+def attention_shape(config: Mapping[str, Any]) -> tuple[int, int]:
+    """(heads, hidden size of the attention) from a transformers config; (0, 0) where it names none.
+
+    The fusion needs them: transformers 5 reshapes q/k/v with `view(*input_shape, -1, head_dim)`, so the
+    exported Reshape has -1 where the heads were, and ORT's detection from the graph fails ("Failed to detect
+    num_heads and hidden_size"): no Attention and no EmbedLayerNormalization are fused. Measured on
+    all-MiniLM-L6-v2: without them, 0 of 6 attention layers fused; with them, all 6 (parity 2.6e-6)."""
+    heads = config.get("num_attention_heads") or config.get("n_heads") or config.get("num_heads") or 0
+    head_dim = config.get("head_dim") or 0
+    hidden = heads * head_dim if head_dim else config.get("hidden_size") or config.get("dim") or 0
+    if not isinstance(heads, int) or not isinstance(hidden, int) or not heads or hidden % heads:
+        return 0, 0
+    return heads, hidden
+
+
+def fuse(
+    model: Path, out: Path, family: str = "bert", use_gpu: bool = False, attention: tuple[int, int] = (0, 0)
+) -> dict[str, int]:
     """Write the fused graph of `model` to `out`; returns the count of each fused operator (zeros dropped).
+    `attention`: (heads, hidden size) from `attention_shape` ((0, 0): ORT reads them from the graph).
     Runs in a child process under a memory cap; raises RuntimeError if it runs out or crashes."""
     limit = int(_available_bytes() * MEMORY_SHARE)
     argv = [
@@ -35,6 +55,7 @@ def fuse(model: Path, out: Path, family: str = "bert", use_gpu: bool = False) ->
         family,
         str(int(use_gpu)),
         str(limit),
+        *map(str, attention),
     ]
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode == 0:
@@ -48,12 +69,13 @@ def fuse(model: Path, out: Path, family: str = "bert", use_gpu: bool = False) ->
 
 
 def _main(argv: list[str]) -> int:
-    """The child: `python -m container.optimize.fuse MODEL OUT FAMILY USE_GPU LIMIT_BYTES`; prints the counts."""
-    model, out, family, use_gpu, limit = argv
+    """The child: `python -m container.optimize.fuse MODEL OUT FAMILY USE_GPU LIMIT_BYTES HEADS HIDDEN`; prints
+    the counts."""
+    model, out, family, use_gpu, limit, heads, hidden = argv
     if int(limit) > 0:
         resource.setrlimit(resource.RLIMIT_AS, (int(limit), int(limit)))
     try:
-        counts = _fuse_here(Path(model), Path(out), family, use_gpu == "1")
+        counts = _fuse_here(Path(model), Path(out), family, use_gpu == "1", (int(heads), int(hidden)))
     except MemoryError:
         print("out of memory", file=sys.stderr)
         return 1
@@ -72,7 +94,7 @@ def _available_bytes() -> int:
     return 0
 
 
-def _fuse_here(model: Path, out: Path, family: str, use_gpu: bool) -> dict[str, int]:
+def _fuse_here(model: Path, out: Path, family: str, use_gpu: bool, attention: tuple[int, int]) -> dict[str, int]:
     options = FusionOptions(family)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -81,8 +103,8 @@ def _fuse_here(model: Path, out: Path, family: str, use_gpu: bool) -> dict[str, 
         optimized = optimize_model(
             str(model),
             model_type=family,
-            num_heads=0,
-            hidden_size=0,
+            num_heads=attention[0],
+            hidden_size=attention[1],
             optimization_options=options,
             opt_level=0,
             use_gpu=use_gpu,

@@ -61,7 +61,7 @@ class Variant:
     build: Callable[[Path, Path], object]
 
 
-def variants_for(target: str, family: str = FUSION_MODEL_TYPE) -> list[Variant]:
+def variants_for(target: str, family: str = FUSION_MODEL_TYPE, attention: tuple[int, int] = (0, 0)) -> list[Variant]:
     """The candidates worth trying per target; the export itself is always the fp32 baseline. Every family
     gets every candidate: a fusion that does not match a family's graph fuses less (or fails its build), and
     the gates decide what ships."""
@@ -69,12 +69,12 @@ def variants_for(target: str, family: str = FUSION_MODEL_TYPE) -> list[Variant]:
     if target == "gpu":
         return [
             fp32,
-            Variant("fused-fp32", "fp32", "fp32", lambda p, o: fuse.fuse(p, o, family, use_gpu=True)),
+            Variant("fused-fp32", "fp32", "fp32", lambda p, o: fuse.fuse(p, o, family, True, attention)),
             Variant("fused-fp16", "fp16", "fused-fp32", fuse.to_fp16),
         ]
     return [
         fp32,
-        Variant("fused-fp32", "fp32", "fp32", lambda p, o: fuse.fuse(p, o, family)),
+        Variant("fused-fp32", "fp32", "fp32", lambda p, o: fuse.fuse(p, o, family, False, attention)),
         Variant("int8", "int8", "fp32", quantize.quantize_int8),
         Variant("int8-per-channel", "int8", "fp32", lambda p, o: quantize.quantize_int8(p, o, per_channel=True)),
         Variant("fused-int8", "int8", "fused-fp32", quantize.quantize_int8),
@@ -161,7 +161,7 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
             "onnxruntime lacks; run it where the GPU is (onnxruntime-gpu installed, e.g. the hare:gpu image)"
         )
     src = source.inspect_source(opts.model_dir, opts.task, opts.allow_pickle, opts.trust_remote_code)
-    candidates = variants_for(opts.target)
+    candidates = variants_for(opts.target, attention=fuse.attention_shape(src.config))
     if opts.only:
         unknown = set(opts.only) - {v.name for v in candidates}
         if unknown:
