@@ -201,7 +201,7 @@ class Settings:
         "HARE_REFUSE_IN_ACCEPT",
         parse_bool,
         "while admission refuses, a new connection's POST is answered from the accept loop with a prebuilt 429 "
-        "(Retry-After, Connection: close), without parsing HTTP or running the app (api/refuser.py): a few "
+        "(Retry-After, Connection: close), without parsing HTTP or running the app (api/process/refuser.py): a few "
         "system calls, so refusals keep up with arrivals far past capacity and no client waits unseen in the "
         "listen backlog (0: every connection goes through uvicorn and the app's own early 429)",
         True,

@@ -37,7 +37,7 @@ def session_options(threads: int, arena: bool = True) -> ort.SessionOptions:
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # A wide call holds every core its threads run on (api/cores.py): they spin between the graph's operators
+    # A wide call holds every core its threads run on (api/engine/cores.py): they spin between the graph's operators
     # rather than sleep and wake for each one, and stop spinning when the run returns, so the cores it gives
     # back are idle. Measured on all-MiniLM-L6-v2 fp32 with 2 threads: 13.4 ms at 128 tokens and 2.2 ms at 16,
     # against 15.1 and 3.1 ms sleeping; 0.1 ms of CPU in the 20 ms after a run, against 17 ms spinning on.
@@ -56,7 +56,7 @@ def session_options(threads: int, arena: bool = True) -> ort.SessionOptions:
 def shared_cpu_arena() -> None:
     """One CPU arena for every session of this process that asks for it (`session.use_env_allocators`),
     growing by what is asked rather than to the next power of two. A worker's narrow and wide sessions
-    (api/backend.py) then keep one arena, not one each: measured on the DistilBERT-base int8 bundle
+    (api/engine/backend.py) then keep one arena, not one each: measured on the DistilBERT-base int8 bundle
     after a 512-token and a 8 x 128-token run, 269 MB RSS against 344 MB, at the same speed."""
     config = ort.OrtArenaCfg({"arena_extend_strategy": 1})  # 1: kSameAsRequested
     cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)

@@ -17,7 +17,7 @@ from tasks.errors import HareError, InputError
 COMMANDS = {
     "optimize": ("container.optimize.cli", "turn a Hugging Face model folder into a checked ONNX bundle"),
     "tune": ("container.optimize.tune", "measure a CPU bundle's batch budget on this machine"),
-    "serve": ("api.serve", "serve a bundle on /predict (gunicorn + uvicorn workers)"),
+    "serve": ("api.process.serve", "serve a bundle on /predict (gunicorn + uvicorn workers)"),
     "bench": ("bench.cli", "benchmark a server end to end against the vanilla baseline"),
     "console": ("admin_ui.cli", "start the Streamlit admin console"),
 }

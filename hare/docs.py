@@ -3,8 +3,8 @@
 
 A generated table sits in its page between `<!-- name -->` and `<!-- /name -->`; the prose around it is
 hand-written. The configuration table comes from the settings fields (api/config.py) and `hare serve`'s
-flags (api/serve.py); the errors table from the error tree (each layer's errors, under tasks/errors.py's
-root) and the one status table (api/errors.py); the KServe tensors table from each task's spec (tasks/); the
+flags (api/process/serve.py); the errors table from the error tree (each layer's errors, under tasks/errors.py's
+root) and the one status table (api/web/errors.py); the KServe tensors table from each task's spec (tasks/); the
 parity gates table from each task's gates and `hare optimize`'s flags (container/optimize/cli.py).
 """
 
@@ -16,7 +16,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from api import config, errors, serve
+from api import config
+from api.process import serve
+from api.web import errors
 from container.optimize import cli as optimize_cli
 from tasks import errors as tree
 from tasks.registry import TASKS
@@ -39,7 +41,7 @@ def configuration_table() -> str:
 
 
 # The modules whose errors a server can answer with (the optimizer's and the bench's never reach HTTP).
-SERVED = ("tasks.errors", "api.errors", "container.runtime")
+SERVED = ("tasks.errors", "api.engine.errors", "api.web.errors", "container.runtime")
 
 
 def _classes(root: type[tree.HareError]) -> list[type[tree.HareError]]:
@@ -51,7 +53,7 @@ def _classes(root: type[tree.HareError]) -> list[type[tree.HareError]]:
 
 
 def errors_table() -> str:
-    """Every error a server answers with, and its status (api/errors.py's table)."""
+    """Every error a server answers with, and its status (api/web/errors.py's table)."""
     rows = ["| Status | Type | When |", "|---|---|---|"]
     listed = [cls for cls in _classes(tree.HareError) if cls is not tree.HareError]
     for cls in sorted(listed, key=lambda c: (errors.status_of(c("")), c.__name__)):

@@ -164,7 +164,7 @@ TEXT_TENSOR = tensor_io("text", "BYTES", [-1])
 
 @dataclass(frozen=True)
 class Tensors:
-    """The task under KServe's Open Inference Protocol v2 (api/protocols/kserve.py).
+    """The task under KServe's Open Inference Protocol v2 (api/web/protocols/kserve.py).
 
     inputs/outputs: the tensors' metadata; pair tasks take "query" and "documents", the others one BYTES
       tensor of texts under any name.
@@ -233,8 +233,8 @@ class TaskSpec:
     sparse: the task answers sparse vectors (TEI's /embed_sparse), from a SPLADE or bge-m3 folder.
 
     What the rest of hare asks of the task, so that no table elsewhere is keyed by task name:
-    answer: the JSON Schema of the /predict answer (api/openapi.py).
-    tensors: its KServe v2 tensors (api/protocols/kserve.py).
+    answer: the JSON Schema of the /predict answer (api/web/openapi.py).
+    tensors: its KServe v2 tensors (api/web/protocols/kserve.py).
     playground: its form and drawing in the console (admin_ui).
     baseline: how the vanilla transformers pipeline serves it (bench/baseline_app.py).
     """

@@ -1,6 +1,6 @@
 """The root of hare's error tree and the input errors every layer raises.
 
-Each layer keeps its own errors, under this root; api/errors.py draws the whole tree and maps it to HTTP
+Each layer keeps its own errors, under this root; api/web/errors.py draws the whole tree and maps it to HTTP
 statuses in one table, and hare/cli.py maps it to exit codes.
 
 HareError                 every error hare raises on purpose; the message tells the user what to fix
@@ -8,9 +8,9 @@ HareError                 every error hare raises on purpose; the message tells 
     ├── InvalidRequest    malformed JSON, a wrong type, an unknown parameter or value (names the field)
     └── InputTooLong      an input or the body exceeds a limit (model length with truncation off, size caps)
 
-The serving errors (NotFound, ClientGone, Unauthorized, Overloaded, RateLimited, NotReady) are in
-api/errors.py, the runtime's (InferenceFailed) in container/runtime.py, the optimizer's (UnsupportedModel,
-ValidationFailed) in container/optimize/errors.py.
+The serving errors are in api/engine/errors.py (ClientGone, Overloaded, NotReady) and api/web/errors.py
+(NotFound, Unauthorized, RateLimited), the runtime's (InferenceFailed) in container/runtime.py, the optimizer's
+(UnsupportedModel, ValidationFailed) in container/optimize/errors.py.
 """
 
 from __future__ import annotations

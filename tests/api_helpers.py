@@ -13,9 +13,9 @@ import numpy as np
 import numpy.typing as npt
 from starlette.applications import Starlette
 
-from api.app import create_app
 from api.config import Settings
-from api.state import Resources
+from api.web.app import create_app
+from api.web.state import Resources
 
 
 class AppClient(httpx.AsyncClient):

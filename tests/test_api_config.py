@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from api import serve
 from api.config import Settings, describe, layout
+from api.process import serve
 from container.bundle import read_manifest
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores

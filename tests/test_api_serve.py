@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 import uvicorn
 
-from api.app import create_app
 from api.config import Settings
-from api.worker import PacedServer
+from api.process.worker import PacedServer
+from api.web.app import create_app
 from container.optimize.textset import SENTENCES
 from tests.conftest import ModelFactory
 from tests.live_server import ROOT, hare_serve
@@ -113,7 +113,7 @@ def keep_alive(url: str, count: int) -> list[http.client.HTTPConnection]:
 def test_two_clients_of_a_two_worker_server_are_served_by_two_workers(
     server: tuple[str, subprocess.Popen[bytes], Path],
 ) -> None:
-    """Each worker alone on one connection runs its short calls on its own event loop (api/batching.py); two
+    """Each worker alone on one connection runs its short calls on its own event loop (api/engine/batching.py); two
     users on one worker would share its loop and its model threads."""
     url, _, _ = server
     for _ in range(3):  # one after the other: with no balancing, the second lands on either worker
@@ -180,7 +180,7 @@ def test_serving_never_imports_torch_or_transformers(tiny_bundle: ModelFactory) 
     script = textwrap.dedent(
         f"""
         import asyncio, sys, httpx
-        from api.app import create_app
+        from api.web.app import create_app
         from api.config import Settings
 
         async def main():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from tokenizers import Tokenizer
 
-from api.backend import Backend
+from api.engine.backend import Backend
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
 from tests.conftest import ModelFactory
 

@@ -9,14 +9,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from api.batching import Batcher, BatchStats, Result
-from api.cores import CorePool
-from api.errors import NotReady, Overloaded
+from api.config import Settings
+from api.engine.batching import Batcher, BatchStats, Result
+from api.engine.cores import CorePool
+from api.engine.errors import NotReady, Overloaded
+from api.engine.policy import BatchPolicy
 from container.runtime import InferenceFailed
 from tasks.errors import InputError
 
@@ -36,20 +39,23 @@ def echo(calls: Calls) -> Callable[[list[str], int], Rows]:
     return run
 
 
-def make(run: Callable[[list[str], int], Rows], **limits: float) -> Batcher[str]:
-    options = {"max_items": 8, "max_tokens": 10_000, "max_wait": 0.0, "capacity": 64, "streams": 1, "max_queue": 0.0}
-    options |= limits
-    batcher: Batcher[str] = Batcher(
-        run,
-        max_items=int(options["max_items"]),
-        max_tokens=int(options["max_tokens"]),
-        max_wait=options["max_wait"],
-        capacity=int(options["capacity"]),
-        streams=int(options["streams"]),
-        max_queue=options["max_queue"],
-    )
+def policy(**limits: Any) -> BatchPolicy:
+    """The tests' policy: 8 sequences, no token budget to speak of, no waiting, 64 places, one stream."""
+    return BatchPolicy(**{"max_items": 8, "max_tokens": 10_000, "capacity": 64} | limits)
+
+
+def make(run: Callable[[list[str], int], Rows], **limits: Any) -> Batcher[str]:
+    batcher: Batcher[str] = Batcher(run, policy(**limits))
     batcher.start()
     return batcher
+
+
+def test_the_policy_is_the_settings_batching_knobs_in_seconds() -> None:
+    env = {"HARE_MAX_BATCH_SIZE": "4", "HARE_MAX_BATCH_TOKENS": "512", "HARE_MAX_WAIT_MS": "2", "HARE_QUEUE_SIZE": "9"}
+    settings = Settings.from_env(env | {"HARE_MAX_QUEUE_MS": "1500", "HARE_STREAMS": "3", "HARE_INLINE_MS": "20"})
+    got = BatchPolicy.from_settings(settings)
+    assert (got.max_items, got.max_tokens, got.max_wait, got.capacity) == (4, 512, 0.002, 9)
+    assert (got.max_queue, got.streams, got.inline_seconds, got.idle_priority) == (1.5, 3, 0.02, False)
 
 
 async def ask(batcher: Batcher[str], items: list[str]) -> Result:
@@ -258,9 +264,7 @@ async def test_closing_fails_waiting_requests_and_refuses_new_ones(streams: int)
 
 async def test_batch_statistics_are_reported() -> None:
     seen: list[BatchStats] = []
-    batcher: Batcher[str] = Batcher(
-        echo([]), max_items=8, max_tokens=1000, max_wait=0.0, capacity=8, on_batch=seen.append
-    )
+    batcher: Batcher[str] = Batcher(echo([]), policy(max_tokens=1000, capacity=8), on_batch=seen.append)
     batcher.start()
     await ask(batcher, ["ab", "abcd"])
     await asyncio.sleep(0)  # statistics are reported after the answers
@@ -296,7 +300,7 @@ async def test_admission_refuses_when_the_queue_would_take_longer_than_its_bound
 
 
 async def test_the_measured_capacity_follows_the_model_speed_and_the_request_size() -> None:
-    """What paces refusals (api/worker.py): answers a second the machine gives, unknown (0) before a batch ran,
+    """What paces refusals (api/process/worker.py): answers a second the machine gives, unknown (0) before a batch ran,
     then the token rate over the average request's padded tokens."""
 
     def run(batch: list[str], width: int = 1) -> Rows:
@@ -320,9 +324,7 @@ async def test_waiting_for_a_core_does_not_count_as_model_time(tmp_path: Path) -
         return echo([])(batch, width)
 
     pool = CorePool(1, tmp_path)
-    batcher: Batcher[str] = Batcher(
-        run, max_items=1, max_tokens=10_000, max_wait=0.0, capacity=64, streams=2, pool=pool
-    )
+    batcher: Batcher[str] = Batcher(run, policy(max_items=1, streams=2), pool=pool)
     batcher.start()
     await asyncio.gather(*(ask(batcher, ["x" * 16]) for _ in range(12)))
     assert 35 < batcher.answers_per_second() <= 50  # 25 if the wait for the core were counted
@@ -360,9 +362,7 @@ async def test_the_idle_hook_runs_once_after_a_quiet_spell_not_while_busy() -> N
     """The backend gives a burst's memory back when the worker has had no batch for `idle_after` seconds."""
     idle = threading.Event()
     calls: Calls = []
-    batcher: Batcher[str] = Batcher(
-        echo(calls), max_items=8, max_tokens=1000, max_wait=0.0, capacity=8, on_idle=idle.set, idle_after=0.5
-    )
+    batcher: Batcher[str] = Batcher(echo(calls), policy(max_tokens=1000, capacity=8, idle_after=0.5), on_idle=idle.set)
     batcher.start()
     for _ in range(5):  # busy: requests 50 ms apart keep putting the hook off
         await ask(batcher, ["abc"])
@@ -392,9 +392,7 @@ async def test_a_worker_alone_on_one_connection_runs_short_calls_on_its_event_lo
 
     cpus = os.sched_getaffinity(0)
     pool = CorePool(len(cpus), tmp_path)  # cores = CPUs: calls are pinned to the cores they hold
-    batcher: Batcher[str] = Batcher(
-        run, max_items=8, max_tokens=10_000, max_wait=0.0, capacity=64, streams=2, pool=pool, inline_seconds=0.05
-    )
+    batcher: Batcher[str] = Batcher(run, policy(streams=2, inline_seconds=0.05), pool=pool)
     batcher.start()
     alone = True
     batcher.solo = lambda: alone

@@ -188,7 +188,7 @@ def test_cpu_image_runs_gunicorn_as_pid_1_not_as_root(engine: Engine, cpu_server
     uids = re.search(r"^Uid:\s+(\d+)\s+(\d+)", status, re.M)
     assert uids is not None and uids.groups() == (HARE_UID, HARE_UID)
     # The image's HEALTHCHECK command passes.
-    assert engine.docker("exec", name, "python3", "-m", "api.healthcheck", check=False).returncode == 0
+    assert engine.docker("exec", name, "python3", "-m", "api.process.healthcheck", check=False).returncode == 0
 
 
 def test_cpu_image_is_slim(engine: Engine, cpu_image: str) -> None:

@@ -10,7 +10,7 @@ import textwrap
 import threading
 from pathlib import Path
 
-from api.cores import CorePool, forget
+from api.engine.cores import CorePool, forget
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,7 @@ def test_a_killed_worker_leaks_no_core_and_its_queue_and_connections_are_forgott
         f"""
         import sys, time
         from pathlib import Path
-        from api.cores import CorePool
+        from api.engine.cores import CorePool
         pool = CorePool(1, Path({str(tmp_path)!r}))
         pool.set_queued(100)
         pool.set_connections(3)

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from api import healthcheck
+from api.process import healthcheck
 
 
 class Health(BaseHTTPRequestHandler):

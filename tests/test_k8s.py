@@ -255,8 +255,8 @@ KSERVE_MODEL = {
 def test_kserve_serving_runtime_speaks_v2_with_hare() -> None:
     import jsonschema
 
-    from api.routes import ROUTES
-    from api.serve import configure
+    from api.process.serve import configure
+    from api.web.routes import ROUTES
 
     runtime = load(K8S / "kserve" / "servingruntime.yaml")
     jsonschema.validate(runtime, KSERVE_RUNTIME)
@@ -356,7 +356,7 @@ def test_dashboard_shows_every_appliance_metric() -> None:
 def test_dashboard_metrics_exist_in_the_server() -> None:
     from prometheus_client import Counter
 
-    from api.metrics import Metrics
+    from api.web.metrics import Metrics
 
     exported: dict[str, str] = {}
     for collector in vars(Metrics()).values():
@@ -444,7 +444,7 @@ def test_images_run_the_entrypoint_in_exec_form() -> None:
         (entry,) = [i for i in base if i.startswith("ENTRYPOINT ")]
         assert json.loads(entry.removeprefix("ENTRYPOINT ")) == ["python3", "-m", "container.docker.entrypoint"]
         (health,) = [i for i in base if i.startswith("HEALTHCHECK ")]
-        assert "api.healthcheck" in health
+        assert "api.process.healthcheck" in health
         assert "EXPOSE 8080" in base
 
 

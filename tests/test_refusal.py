@@ -1,6 +1,6 @@
 """Refusal as a client sees it, on a real `hare serve` (loopback): while the server is full, a burst of new
-clients each gets an answer or a 429 with Retry-After (the accept loop's prebuilt one, api/refuser.py), and
-no connection is reset or left hanging; other methods still reach the app."""
+clients each gets an answer or a 429 with Retry-After (the accept loop's prebuilt one, api/process/refuser.py),
+and no connection is reset or left hanging; other methods still reach the app."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import h11
 import httpx
 import pytest
 
-from api.errors import Overloaded
-from api.refuser import LINGER_S, canned_429
+from api.engine.errors import Overloaded
+from api.process.refuser import LINGER_S
+from api.web.errors import error_response, raw_answer
 from tests.conftest import ModelFactory
 from tests.live_server import hare_serve
 
@@ -106,12 +107,13 @@ def test_a_connection_silent_past_the_linger_is_still_served(full_server: str) -
     assert data.startswith(b"HTTP/1.1 200 ")
 
 
-def test_the_prebuilt_429_parses_as_http_and_has_the_apps_shape() -> None:
+def test_the_prebuilt_429_parses_as_http_and_is_the_apps_answer() -> None:
+    """The accept loop's bytes come from the app's one error answer: the same status, headers and body."""
     refusal = Overloaded("the server's queue would take 3.0 s; retry after the time in Retry-After", retry_after=2)
     client = h11.Connection(h11.CLIENT)  # a real HTTP/1.1 parser (httpx's)
     client.send(h11.Request(method="POST", target="/predict", headers=[("host", "x"), ("content-length", "0")]))
     client.send(h11.EndOfMessage())
-    client.receive_data(canned_429(refusal))
+    client.receive_data(raw_answer(refusal))
     response = client.next_event()
     assert isinstance(response, h11.Response) and response.status_code == 429
     headers = {k.decode(): v.decode() for k, v in response.headers}
@@ -120,3 +122,8 @@ def test_the_prebuilt_429_parses_as_http_and_has_the_apps_shape() -> None:
     assert isinstance(data, h11.Data)
     assert json.loads(data.data) == {"error": refusal.message, "type": "Overloaded", "error_type": "Overloaded"}
     assert isinstance(client.next_event(), h11.EndOfMessage)
+    app = error_response(refusal)
+    assert app.status_code == 429 and app.body == data.data
+    assert {k: v for k, v in app.headers.items() if k not in ("content-length", "content-type")} == {
+        k: v for k, v in headers.items() if k not in ("content-length", "content-type")
+    }

@@ -120,7 +120,7 @@ def test_a_refusing_worker_paces_its_refusals_and_lets_the_rest_wait(tiny_bundle
 BUSY_WORKER = """
 import sys
 from pathlib import Path
-from api.cores import CorePool
+from api.engine.cores import CorePool
 pool = CorePool(2, Path(sys.argv[1]))
 pool.set_queued(1e12)  # hours of queued work
 print("busy", flush=True)

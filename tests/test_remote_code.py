@@ -19,7 +19,7 @@ QUICK = ["--variants", "fp32", "--tune-lengths", "8", "--tune-batches", "1", "--
 SERVE = """
 import asyncio, sys
 import httpx
-from api.app import create_app
+from api.web.app import create_app
 from api.config import Settings
 
 async def go():

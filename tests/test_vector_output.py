@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from api.protocols.cohere_embed import prompt_name
+from api.web.protocols.cohere_embed import prompt_name
 from tasks import quantize
 from tasks.errors import InvalidRequest
 from tasks.ops import l2_normalize

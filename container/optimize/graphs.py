@@ -5,7 +5,7 @@ its weights in `model.onnx.data` at page-aligned offsets, which ONNX Runtime map
     model.onnx       the graph, with small tensors (biases, norms, shapes) inline
     model.onnx.data  each tensor from MAP_BYTES up at an offset that is a multiple of ALIGN
 
-A mapped weight is the page cache's, not the process's: the worker's narrow and wide sessions (api/backend.py)
+A mapped weight is the page cache's, not the process's: the worker's narrow and wide sessions (api/engine/backend.py)
 and every worker of the machine share one copy of what the kernels do not repack (embedding tables, above
 all), and the copy ORT makes while loading a file-embedded graph is gone. Measured on the 87 MB fp32
 all-MiniLM-L6-v2 graph, one process with a 1- and a 2-thread session after a batch of 8 x 128: 303 MB RSS

@@ -1,18 +1,18 @@
 """Dynamic batching in one worker: the sequences of concurrent requests share model calls.
 
     request ── admit() ──> Ticket ── run(sequences) ──> LengthQueue ──> dispatch ──> ModelThreads ──> cores
-      429 here when the machine's           (api/lengthqueue.py)   │ batches close on max_items, on the
+      429 here when the machine's    (api/engine/lengthqueue.py)   │ batches close on max_items, on the
       queue would take too long                                    │ padded-token budget, or after max_wait
-      (api/admission.py)                                           └─ every request's future: its rows or the error
+      (api/engine/admission.py)                                    └─ every request's future: its rows or the error
 
-- Streams: `streams` model threads per worker (api/scheduler.py), each holding machine-wide cores for its
-  call (api/cores.py), so all workers together never run more ORT threads than there are cores. A call
-  asks for every core while the machine is quiet (a lone request) and for one under load.
+- Streams: `streams` model threads per worker (api/engine/scheduler.py), each holding machine-wide cores for
+  its call (api/engine/cores.py), so all workers together never run more ORT threads than there are cores. A
+  call asks for every core while the machine is quiet (a lone request) and for one under load.
 - A batch leaves as soon as a model thread is free; with several free, the waiting sequences are shared
   among them: two requests that arrive together run side by side, not as a batch of two on one core.
 - Waiting: the last free thread waits (at most `max_wait` seconds) only while other admitted requests are
   still being read or tokenized, i.e. when waiting can fill the batch; a lone request never waits.
-- A request that finds a free thread and no reason to wait goes straight to it from `submit`; the loop task
+- A request that finds a free thread and no reason to wait goes straight to it from `enqueue`; the loop task
   starts only what must wait (for a thread, or for company), so the common case costs no task switch.
 - Every request's future gets its rows or the error; a failing batch fails only its requests, and the loop
   goes on. Requests whose caller went away (cancelled) are skipped.
@@ -39,11 +39,12 @@ from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from api.admission import Admission, Ticket
-from api.cores import CorePool
-from api.errors import NotReady, Overloaded
-from api.lengthqueue import Entry, Job, LengthQueue, Result
-from api.scheduler import ModelThreads, Rows, Run
+from api.engine.admission import Admission, Ticket
+from api.engine.cores import CorePool
+from api.engine.errors import NotReady, Overloaded
+from api.engine.lengthqueue import Entry, Job, LengthQueue, Result
+from api.engine.policy import BatchPolicy
+from api.engine.scheduler import ModelThreads, Rows, Run
 from container.runtime import InferenceFailed
 from tasks.errors import HareError
 
@@ -68,50 +69,46 @@ class BatchStats:
 
 class Batcher(Generic[T]):
     """Batches sequences (anything with a length in tokens) for `run(batch, width)`, which returns one row
-    (array) per sequence, computed on `width` cores.
+    (array) per sequence, computed on `width` cores, within `policy` (its limits, streams and bounds).
 
     widths: the core counts `run` offers (the backend's session widths); the widest is asked for while the
     machine is quiet. pool: the machine's cores shared with other workers (None: no core accounting).
-    on_idle: called in a thread once no batch has run for `idle_after` seconds (the backend trims its memory)."""
+    on_batch, on_depth: told each batch's statistics and the queue's depth (metrics).
+    on_idle: called in a thread once no batch has run for `policy.idle_after` seconds (the backend trims its
+    memory)."""
 
     def __init__(
         self,
         run: Run[T],
+        policy: BatchPolicy,
         *,
-        max_items: int,
-        max_tokens: int,
-        max_wait: float,
-        capacity: int,
-        max_queue: float = 0.0,
         pool: CorePool | None = None,
         widths: Sequence[int] = (1,),
         on_batch: Callable[[BatchStats], None] | None = None,
         on_depth: Callable[[int], None] | None = None,
         on_idle: Callable[[], None] | None = None,
-        idle_after: float = 1.0,
-        bucket: int = 16,
-        streams: int = 1,
-        idle_priority: bool = False,
-        inline_seconds: float = 0.0,
     ) -> None:
-        self._max_items = max_items
-        self._max_tokens = max_tokens
-        self._max_wait = max_wait
+        self.policy = policy
+        # The knobs read on every request, as attributes of their own.
+        self._max_items = policy.max_items
+        self._max_tokens = policy.max_tokens
+        self._max_wait = policy.max_wait
         self._on_batch = on_batch
         self._on_depth = on_depth
         self._on_idle = on_idle
-        self._idle_after = idle_after
+        self._idle_after = policy.idle_after
         self._idle_timer: asyncio.TimerHandle | None = None
-        self._queue: LengthQueue[T] = LengthQueue(bucket)
+        self._queue: LengthQueue[T] = LengthQueue(policy.bucket)
         self._pool = pool
         self._narrow, self._wide = min(widths), max(widths)
-        self.admission = Admission(capacity, max_queue, pool.cores if pool else streams * self._narrow, pool)
+        cores = pool.cores if pool else policy.streams * self._narrow
+        self.admission = Admission(policy.capacity, policy.max_queue, cores, pool)
         self._held = 0  # requests admitted and not yet left
         self._arriving = 0  # admitted requests that have not queued their sequences yet
         self._reported = 0  # the depth last reported (reports only on change: each is a metrics write)
-        self._model = ModelThreads(run, streams, pool, idle_priority)
-        self._streams = streams
-        self._inline_seconds = inline_seconds
+        self._model = ModelThreads(run, policy.streams, pool, policy.idle_priority)
+        self._streams = policy.streams
+        self._inline_seconds = policy.inline_seconds
         # Whether this worker serves exactly one connection now (set by the server that knows; None: never).
         self.solo: Callable[[], bool] | None = None
         self._running: dict[int, list[Job]] = {}  # the requests of each batch on the model threads, by number
@@ -206,7 +203,8 @@ class Batcher(Generic[T]):
             return 0.0
         return self.admission.rate * self.admission.cores / self._request_tokens
 
-    def _submit(self, items: Sequence[T]) -> Job:
+    def enqueue(self, items: Sequence[T]) -> Job:
+        """Queue an admitted request's sequences (its ticket's way in: Ticket.submit calls this, once)."""
         self._arriving -= 1
         job = Job(asyncio.get_running_loop().create_future(), len(items))
         if not items:
@@ -224,7 +222,8 @@ class Batcher(Generic[T]):
             self._wake.set()
         return job
 
-    def _leave(self, job: Job | None) -> None:
+    def leave(self, job: Job | None) -> None:
+        """Free an admitted request's place (its ticket's way out); a request still waiting is withdrawn."""
         self._held -= 1
         if job is None:
             self._arriving -= 1
@@ -235,7 +234,7 @@ class Batcher(Generic[T]):
     # ---- the loop --------------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        """Starts what `_submit` could not: batches waiting for a free model thread, and the last free thread's
+        """Starts what `enqueue` could not: batches waiting for a free model thread, and the last free thread's
         batch after it gave late arrivals a moment."""
         while True:
             if not self._queue.pending or not self._idle:
@@ -252,7 +251,7 @@ class Batcher(Generic[T]):
         return self._max_wait > 0 and self._idle == 1 and self._arriving > 0 and self._queue.pending < self._max_items
 
     def _dispatch(self) -> None:
-        """Start the next batch on a free model thread, if one is free (`_submit` may have taken the last one
+        """Start the next batch on a free model thread, if one is free (`enqueue` may have taken the last one
         while the loop was gathering)."""
         if not self._idle:
             return

@@ -164,7 +164,7 @@ class CorePool:
         self._slots["tokens"][self._slot] = tokens
 
     def set_connections(self, count: int) -> None:
-        """This worker's open connections (the accept loops balance them, api/worker.py)."""
+        """This worker's open connections (the accept loops balance them, api/process/worker.py)."""
         self._slots["connections"][self._slot] = count
 
     def fewest_connections_elsewhere(self) -> int | None:

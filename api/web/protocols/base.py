@@ -16,19 +16,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive
 
-from api import schemas
-from api.errors import NotFound
-from api.metrics import SERVED
-from api.pipeline import Served
-from api.public import check_api_key
-from api.schemas import PredictRequest
-from api.state import Resources, resources
+from api.engine.pipeline import PredictRequest, Served
+from api.web import schemas
+from api.web.errors import NotFound
+from api.web.metrics import SERVED
+from api.web.public import check_api_key
+from api.web.state import Resources, resources
 from tasks.base import TaskSpec
 
 JSON = "application/json"
@@ -70,9 +71,15 @@ async def infer(
     with res.batcher.admit() as ticket:
         body = await schemas.read_body(request, res.limits.max_body_bytes)
         parsed, extra = parse(body, res)
-        served = await res.pipeline.run(ticket, parsed, request.receive)
+        served = await res.pipeline.run(ticket, parsed, partial(_gone, request.receive))
     request.scope[SERVED] = served
     return Call(res, parsed, served, start, extra)
+
+
+async def _gone(receive: Receive) -> None:
+    """Returns once the client has closed the connection (its body is read, so that is all receive says)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def reply(call: Call[Any], body: Any, media_type: str = JSON, headers: Iterable[tuple[bytes, bytes]] = ()) -> Response:

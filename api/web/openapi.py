@@ -1,6 +1,6 @@
 """GET /openapi.json and GET /docs: this server's API for its task, derived from the tables the code enforces:
 the task's parameter specs and COMMON (tasks/params.py: types, choices, ranges), the server's limits
-(settings), the error table (api/errors.py STATUS: every status a route can answer), and the routes this task
+(settings), the error table (api/web/errors.py STATUS: every status a route can answer), and the routes this task
 serves. The docs page is plain HTML with no external assets: the appliance often runs offline."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import html
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from api.errors import STATUS, NotFound, NotReady, Overloaded, Unauthorized
-from api.protocols import cohere_embed, openai, rerank, tei
-from api.schemas import COMMON
-from api.state import Resources
+from api.engine.errors import NotReady, Overloaded
+from api.web.errors import STATUS, NotFound, Unauthorized
+from api.web.protocols import cohere_embed, openai, rerank, tei
+from api.web.schemas import COMMON
+from api.web.state import Resources
 from container.runtime import InferenceFailed
 from tasks import params, quantize, sparse_embedding
 from tasks.base import NUMBER, TRUNCATED, TaskSpec
@@ -20,7 +21,7 @@ from tasks.errors import HareError, InputError, InputTooLong, InvalidRequest
 from tasks.feature_extraction import EMBEDDING, TOKENS, VECTOR
 
 ERROR = {"$ref": "#/components/schemas/Error"}
-# What each kind of route can fail with (their statuses come from api/errors.py's table).
+# What each kind of route can fail with (their statuses come from api/web/errors.py's table).
 INFER_ERRORS: tuple[type[HareError], ...] = (
     InputError,
     Unauthorized,

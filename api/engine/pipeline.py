@@ -9,19 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
-from starlette.types import Receive
 from tokenizers import Encoding
 
-from api.batching import Batcher, Result, Ticket
-from api.encoder import Encoded, Encoder
-from api.errors import ClientGone
-from api.schemas import PredictRequest
-from tasks.base import Answer, Array, ModelInfo, Outputs, TaskSpec
+from api.engine.batching import Batcher, Result, Ticket
+from api.engine.encoder import Encoded, Encoder
+from api.engine.errors import ClientGone
+from tasks.base import Answer, Array, Inputs, ModelInfo, Outputs, TaskSpec
 
 # Above this many characters a request is tokenized off the event loop (about 1 ms of tokenizer work).
 OFFLOAD_CHARS = 20_000
+# Returns once the client has gone away (the HTTP face watches its connection; api/web/protocols/base.py).
+Gone = Callable[[], Awaitable[object]]
+
+
+@dataclass(frozen=True, slots=True)
+class PredictRequest:
+    """A checked request (every protocol's body becomes one, api/web/schemas.py). stride: None unless
+    long_input is "window"."""
+
+    inputs: Inputs
+    truncate: bool
+    stride: int | None
+    params: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +55,9 @@ class Pipeline:
         self.encoder = encoder
         self.batcher = batcher
 
-    async def run(self, ticket: Ticket[Encoding], request: PredictRequest, receive: Receive | None = None) -> Served:
-        """Answer `request` within its admission `ticket`. With `receive`, a request that has to wait behind
-        a full batch watches its connection and is withdrawn if the client leaves."""
+    async def run(self, ticket: Ticket[Encoding], request: PredictRequest, gone: Gone | None = None) -> Served:
+        """Answer `request` within its admission `ticket`. With `gone`, a request that has to wait behind a
+        full batch watches for its client to leave, and is withdrawn if it does."""
         inputs = request.inputs
         characters = sum(map(len, inputs.texts)) + (len(inputs.query) if inputs.query else 0)
         start = time.perf_counter()
@@ -53,7 +66,7 @@ class Pipeline:
         else:
             encoded = self.encoder.encode(inputs, request.truncate, request.stride)
         queued = time.perf_counter()
-        result = await self._wait(ticket, encoded, receive)
+        result = await self._wait(ticket, encoded, gone)
         answered = time.perf_counter()
         outputs = Outputs(
             inputs, encoded.windows, _regroup(result.outputs, encoded), encoded.truncated, request.stride or 0
@@ -64,11 +77,11 @@ class Pipeline:
         phases = (queued - start, max(answered - queued - inference, 0.0), inference, done - answered)
         return Served(answer, characters, encoded.tokens, sum(encoded.truncated), phases)
 
-    async def _wait(self, ticket: Ticket[Encoding], encoded: Encoded, receive: Receive | None) -> Result:
+    async def _wait(self, ticket: Ticket[Encoding], encoded: Encoded, gone: Gone | None) -> Result:
         future = ticket.submit(encoded.sequences)
-        if receive is None or self.batcher.backlog <= self.batcher.max_items:
+        if gone is None or self.batcher.backlog <= self.batcher.max_items:
             return await future
-        watcher = asyncio.ensure_future(_watch(receive, future))
+        watcher = asyncio.ensure_future(_watch(gone, future))
         try:
             return await future
         except asyncio.CancelledError:
@@ -79,13 +92,10 @@ class Pipeline:
             watcher.cancel()
 
 
-async def _watch(receive: Receive, future: asyncio.Future[Result]) -> None:
-    """Cancel `future` when the client disconnects (the body is already read, so that is all receive says)."""
-    while not future.done():
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            future.cancel()
-            return
+async def _watch(gone: Gone, future: asyncio.Future[Result]) -> None:
+    """Cancel `future` when the client goes away."""
+    await gone()
+    future.cancel()
 
 
 def _regroup(rows: list[Array], encoded: Encoded) -> list[list[Array]]:

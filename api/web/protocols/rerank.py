@@ -19,10 +19,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import schemas
-from api.protocols.base import infer, pairs, reply
-from api.schemas import PredictRequest
-from api.state import Resources
+from api.engine.pipeline import PredictRequest
+from api.web import schemas
+from api.web.protocols.base import infer, pairs, reply
+from api.web.state import Resources
 from tasks import params
 from tasks.base import Inputs
 from tasks.errors import InputError, InvalidRequest

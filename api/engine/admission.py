@@ -1,13 +1,13 @@
 """Admission at the door, before a request's body is read: a request gets in only while the machine can
-answer it in time; otherwise it is refused at once (Overloaded: HTTP 429 with Retry-After), never left to
-time out in a queue.
+answer it in time; otherwise it is refused at once (Overloaded, with the seconds to wait: the HTTP face
+answers 429 with Retry-After), never left to time out in a queue.
 
 - Time bound: the expected wait is the padded tokens every worker of the machine still has to run (the
-  shared page of api/cores.py: queued, on the model, and requests admitted but not yet tokenized, at the
-  average request's size) over the measured token rate (tokens per second per core x cores). Above `max_queue`
-  seconds, 429 with Retry-After = the seconds until the excess has drained (at least 1).
+  shared page of api/engine/cores.py: queued, on the model, and requests admitted but not yet tokenized, at
+  the average request's size) over the measured token rate (tokens per second per core x cores). Above
+  `max_queue` seconds, Overloaded with retry_after = the seconds until the excess has drained (at least 1).
 - Count bound: a worker holds at most `capacity` requests (memory: each holds its body and encodings).
-- The rate starts from warm-up's batches (api/app.py) and follows every batch (a moving average), so it
+- The rate starts from warm-up's batches (api/web/app.py) and follows every batch (a moving average), so it
   tracks the model, the sequence lengths being served and how busy the machine is.
 """
 
@@ -19,18 +19,20 @@ from collections.abc import Sequence, Sized
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
-from api.cores import CorePool
-from api.errors import Overloaded
-from api.lengthqueue import Job, Result
+from api.engine.cores import CorePool
+from api.engine.errors import Overloaded
+from api.engine.lengthqueue import Job, Result
 
 T = TypeVar("T", bound=Sized)
 SMOOTHING = 0.2  # weight of the newest batch in the token rate
 
 
 class Door(Protocol):
-    def _submit(self, items: Sequence[Any]) -> Job: ...
+    """What a ticket needs of the batcher (api/engine/batching.py): a way in for its sequences, and a way out."""
 
-    def _leave(self, job: Job | None) -> None: ...
+    def enqueue(self, items: Sequence[Any]) -> Job: ...
+
+    def leave(self, job: Job | None) -> None: ...
 
 
 class Ticket(Generic[T]):
@@ -47,13 +49,13 @@ class Ticket(Generic[T]):
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self._door._leave(self._job)
+        self._door.leave(self._job)
 
     def submit(self, items: Sequence[T]) -> asyncio.Future[Result]:
         """Queue `items` (sequences); the future gets the model's row for each. Cancelling it withdraws them."""
         if self._job is not None:
             raise RuntimeError("a ticket submits once")
-        self._job = self._door._submit(items)
+        self._job = self._door.enqueue(items)
         return self._job.future
 
     async def run(self, items: Sequence[T]) -> Result:

@@ -1,22 +1,24 @@
-"""The serving errors, and the one table from hare's whole error tree to HTTP statuses, with the handlers that
-answer every failure in one JSON shape: {"error": "<what to fix>", "type": "<ErrorClass>"} (plus
-"error_type", the same name, as issue 3 spelled the field).
+"""The HTTP face's errors, the one table from hare's whole error tree to HTTP statuses, and the one way an
+error becomes an answer: {"error": "<what to fix>", "type": "<ErrorClass>"} (plus "error_type", the same name,
+as issue 3 spelled the field), with the headers its class calls for.
 
 HareError (tasks/errors.py)                       500
 ├── InputError (tasks/errors.py)                  400
 │   ├── InvalidRequest (tasks/errors.py)          422
 │   ├── InputTooLong (tasks/errors.py)            413
 │   ├── NotFound                                  404
-│   ├── ClientGone                                499
+│   ├── ClientGone (api/engine/errors.py)         499
 │   └── UnsupportedModel (container/optimize/)    (the optimizer's; exit code 2)
 ├── Unauthorized                                  401 (WWW-Authenticate: Bearer)
-├── Overloaded                                    429 (Retry-After)
+├── Overloaded (api/engine/errors.py)             429 (Retry-After)
 │   └── RateLimited                               429 (Retry-After)
-├── NotReady                                      503
+├── NotReady (api/engine/errors.py)               503
 ├── InferenceFailed (container/runtime.py)        500
 └── ValidationFailed (container/optimize/)        (the optimizer's; exit code 3)
 
-A bug answers 500 with no traceback in the body; the server logs the trace.
+Every 429 is built by `answer` below: the handler's, RefuseEarly's before routing, and the bytes the accept
+loop's refuser sends from the socket (api/process/refuser.py, through `raw_answer`). A bug answers 500 with
+no traceback in the body; the server logs the trace.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.engine.errors import ClientGone, NotReady, Overloaded
 from container.runtime import InferenceFailed
 from tasks.errors import HareError, InputError, InputTooLong, InvalidRequest
 
 log = logging.getLogger("hare.errors")
+JSON = "application/json"
 
 
 class NotFound(InputError):
@@ -41,26 +45,13 @@ class NotFound(InputError):
     or version that is not this server's; admin routes in public mode."""
 
 
-class ClientGone(InputError):
-    """The client closed the connection before its answer was ready (nobody reads the status; metrics count it)."""
-
-
 class Unauthorized(HareError):
     """An inference route without `HARE_API_KEY`'s bearer token (when one is set), `/metrics` or `/info` without
     the admin token (when one is set); answered with `WWW-Authenticate: Bearer`."""
 
 
-class Overloaded(HareError):
-    """The machine's expected wait is past `HARE_MAX_QUEUE_MS`, or a worker holds `HARE_QUEUE_SIZE` requests;
-    answered with `Retry-After` (details["retry_after"], the seconds until the excess drains)."""
-
-
 class RateLimited(Overloaded):
     """This client sent more than its share (public mode); answered with `Retry-After`."""
-
-
-class NotReady(HareError):
-    """The model is still loading, or the server is draining."""
 
 
 STATUS: dict[type[HareError], int] = {
@@ -85,21 +76,45 @@ def status_of(exc: HareError) -> int:
     return 500
 
 
-def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
-    body = orjson.dumps({"error": message, "type": kind, "error_type": kind})
-    return Response(body, status_code=status, headers=headers, media_type="application/json")
+def body(message: str, kind: str) -> bytes:
+    """The one JSON shape of every error answer."""
+    return orjson.dumps({"error": message, "type": kind, "error_type": kind})
+
+
+def answer(exc: HareError) -> tuple[int, dict[str, str], bytes]:
+    """What `exc` answers: its status, the headers its class calls for, and the body."""
+    headers = {}
+    if isinstance(exc, Overloaded):
+        # A refused client that hammers on must reconnect (accept() is cheap, and the backlog bounds it)
+        # rather than keep a worker reading its requests.
+        headers = {"retry-after": str(exc.details.get("retry_after", 1)), "connection": "close"}
+    elif isinstance(exc, Unauthorized):
+        headers = {"www-authenticate": "Bearer"}
+    return status_of(exc), headers, body(exc.message, type(exc).__name__)
+
+
+def error_response(exc: HareError) -> Response:
+    """`answer` as a Starlette response."""
+    status, headers, content = answer(exc)
+    return Response(content, status_code=status, headers=headers, media_type=JSON)
+
+
+def raw_answer(exc: HareError) -> bytes:
+    """`answer` as a whole HTTP/1.1 response, for a raw socket (the accept loop's refuser)."""
+    status, headers, content = answer(exc)
+    head = [
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        f"content-type: {JSON}",
+        f"content-length: {len(content)}",
+    ]
+    head += [f"{name}: {value}" for name, value in headers.items()]
+    return "\r\n".join([*head, "", ""]).encode("latin-1") + content
 
 
 def _count(request: Request, kind: str) -> None:
     resources = getattr(request.app.state, "hare", None)
     if resources is not None:
         resources.metrics.errors.labels(kind).inc()
-
-
-def _refusal_headers(exc: Overloaded) -> dict[str, str]:
-    # A refused client that hammers on must reconnect (accept() is cheap, and the backlog bounds it) rather
-    # than keep a worker reading its requests.
-    return {"retry-after": str(exc.details.get("retry_after", 1)), "connection": "close"}
 
 
 class RefuseEarly:
@@ -115,26 +130,19 @@ class RefuseEarly:
             res = getattr(scope["app"].state, "hare", None)
             refusal = res.batcher.refusal() if res is not None else None
             if res is not None and refusal is not None:
-                res.metrics.errors.labels("Overloaded").inc()
-                response = error_response(429, refusal.message, "Overloaded", _refusal_headers(refusal))
-                await response(scope, receive, send)
+                res.metrics.errors.labels(type(refusal).__name__).inc()
+                await error_response(refusal)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
 async def on_hare_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HareError)
-    status = status_of(exc)
     kind = type(exc).__name__
-    headers = {}
-    if isinstance(exc, Overloaded):
-        headers.update(_refusal_headers(exc))
-    if isinstance(exc, Unauthorized):
-        headers["www-authenticate"] = "Bearer"
-    if status >= 500:
+    if status_of(exc) >= 500:
         log.error("%s %s: %s: %s", request.method, request.url.path, kind, exc.message, exc_info=exc.__cause__)
     _count(request, kind)
-    return error_response(status, exc.message, kind, headers)
+    return error_response(exc)
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -148,13 +156,13 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
         message = exc.detail
     kind = HTTPStatus(exc.status_code).phrase.replace(" ", "")
     _count(request, kind)
-    return error_response(exc.status_code, message, kind, dict(exc.headers or {}))
+    return Response(body(message, kind), status_code=exc.status_code, headers=exc.headers, media_type=JSON)
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
     """A bug: 500 without details (Starlette re-raises afterwards, so the server logs the traceback)."""
     _count(request, "InternalError")
-    return error_response(500, "internal error; the server log has the details", "InternalError")
+    return Response(body("internal error; the server log has the details", "InternalError"), 500, media_type=JSON)
 
 
 HANDLERS = {HareError: on_hare_error, HTTPException: on_http_error, Exception: on_unexpected}

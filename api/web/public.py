@@ -1,6 +1,6 @@
 """Exposure controls: the API key on inference routes, the admin token on /metrics and /info, and the
 public demo profile's per-client rate limit (HARE_PUBLIC=1; its body, input and character caps are plain
-settings, checked in api/schemas.py)."""
+settings, checked in api/web/schemas.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from starlette.requests import Request
 
 from api.config import Settings
-from api.errors import NotFound, RateLimited, Unauthorized
+from api.web.errors import NotFound, RateLimited, Unauthorized
 
 
 def check_api_key(request: Request, settings: Settings) -> None:

@@ -1,4 +1,4 @@
-"""The threads that call the model, off the event loop, each holding machine cores (api/cores.py) for the
+"""The threads that call the model, off the event loop, each holding machine cores (api/engine/cores.py) for the
 length of its call.
 
     event loop ── call(items, want, done) ──> job queue ──> model thread: take cores (want, or one; waits
@@ -7,7 +7,7 @@ length of its call.
 
 Leaner than a ThreadPoolExecutor on the hot path: one queue put there, one call_soon_threadsafe back, no
 concurrent.futures chaining. `run_here` runs a call on the event loop's own thread instead, for a worker
-that serves a single connection (api/batching.py says when): no hand-off at all.
+that serves a single connection (api/engine/batching.py says when): no hand-off at all.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from api.cores import CorePool, Seat
+from api.engine.cores import CorePool, Seat
 
 T = TypeVar("T")
 Array = NDArray[np.float32]

@@ -14,7 +14,7 @@
                      [[{"id", "text", "special", "start", "stop"}]] (every bundle)
     POST /decode    {"ids": [int] | [[int]], "skip_special_tokens"?: true} -> [str] (every bundle)
 
-(/similarity is api/protocols/hf.py's.) /tokenize's start and stop are character offsets (TEI's are bytes:
+(/similarity is api/web/protocols/hf.py's.) /tokenize's start and stop are character offsets (TEI's are bytes:
 the same for ASCII); special tokens have null ones, as in TEI.
 """
 
@@ -27,11 +27,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import schemas
-from api.pipeline import OFFLOAD_CHARS
-from api.protocols.base import embeddings, guarded, infer, json_response, pairs, reply, sparse
-from api.schemas import PredictRequest
-from api.state import Resources
+from api.engine.pipeline import OFFLOAD_CHARS, PredictRequest
+from api.web import schemas
+from api.web.protocols.base import embeddings, guarded, infer, json_response, pairs, reply, sparse
+from api.web.state import Resources
 from tasks import params, sparse_embedding
 from tasks.base import Inputs
 from tasks.errors import InputTooLong, InvalidRequest

@@ -1,4 +1,4 @@
-"""The worker's resources: made once in the app's lifespan (api/app.py), reached by handlers through
+"""The worker's resources: made once in the app's lifespan (api/web/app.py), reached by handlers through
 `resources(request)`, typed."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ from dataclasses import dataclass
 from starlette.requests import HTTPConnection
 from tokenizers import Encoding
 
-from api.backend import Backend
-from api.batching import Batcher
 from api.config import Settings
-from api.cores import CorePool
-from api.encoder import Encoder
-from api.errors import NotReady
-from api.metrics import Metrics
-from api.pipeline import Pipeline
-from api.public import RateLimiter
-from api.schemas import Limits
+from api.engine.backend import Backend
+from api.engine.batching import Batcher
+from api.engine.cores import CorePool
+from api.engine.encoder import Encoder
+from api.engine.errors import NotReady
+from api.engine.pipeline import Pipeline
+from api.web.metrics import Metrics
+from api.web.public import RateLimiter
+from api.web.schemas import Limits
 from container.bundle import Manifest
 from tasks.base import ModelInfo, TaskSpec
 
@@ -48,7 +48,7 @@ class Resources:
     info: bytes = b"{}"
     openapi: bytes = b"{}"
     ready: bool = False
-    # Whether this worker should hand a connection to a less busy one (api/worker.py sets it; app.Rebalance).
+    # Whether this worker should hand a connection to a less busy one (api/process/worker.py sets it; app.Rebalance).
     rebalance: Callable[[], bool] = _never
 
     @property

@@ -1,6 +1,6 @@
 """Prometheus metrics, correct across gunicorn workers.
 
-`hare serve` (api/gunicorn_conf.py) points PROMETHEUS_MULTIPROC_DIR at a fresh folder before any worker
+`hare serve` (api/process/gunicorn_conf.py) points PROMETHEUS_MULTIPROC_DIR at a fresh folder before any worker
 starts; prometheus_client then writes every worker's samples there and /metrics merges them. Without that
 variable (tests, one process) the samples live in this object's own registry.
 
@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.batching import BatchStats
+from api.engine.batching import BatchStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Ten buckets a decade (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8) from 1 ms to 2.5 s, where requests are served, so
@@ -34,7 +34,7 @@ SECONDS = (
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 # Routes are labelled by name; anything else is "other", so scanners cannot explode the label set.
-SERVED = "hare.served"  # scope key: the api.pipeline.Served of an answered inference request
+SERVED = "hare.served"  # scope key: the api.engine.pipeline.Served of an answered inference request
 
 
 class Metrics:

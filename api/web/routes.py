@@ -1,5 +1,5 @@
 """Every route, registered here and nowhere else: the operational ones below, the client protocols from
-api/protocols/ (each a short module; all of them run inference through api/protocols/base.py's `infer`).
+api/web/protocols/ (each a short module; all of them run inference through api/web/protocols/base.py's `infer`).
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from api.metrics import CONTENT_TYPE
-from api.protocols import cohere_embed, hf, kserve, openai, rerank, tei
-from api.protocols.base import JSON
-from api.protocols.kserve import Endpoint
-from api.public import check_admin
-from api.state import Resources, resources
+from api.web.metrics import CONTENT_TYPE
+from api.web.protocols import cohere_embed, hf, kserve, openai, rerank, tei
+from api.web.protocols.base import JSON
+from api.web.protocols.kserve import Endpoint
+from api.web.public import check_admin
+from api.web.state import Resources, resources
 
 OK = b'{"status":"ok"}'
 BROKEN = b'{"status":"broken"}'
@@ -55,7 +55,7 @@ async def openapi(request: Request) -> Response:
 
 
 async def docs(request: Request) -> Response:
-    from api.openapi import docs_page
+    from api.web.openapi import docs_page
 
     return HTMLResponse(docs_page(orjson.loads(resources(request).openapi)))
 

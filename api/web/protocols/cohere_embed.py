@@ -26,11 +26,11 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import schemas
-from api.protocols.base import embeddings as needs_embeddings
-from api.protocols.base import infer, reply
-from api.schemas import PredictRequest
-from api.state import Resources
+from api.engine.pipeline import PredictRequest
+from api.web import schemas
+from api.web.protocols.base import embeddings as needs_embeddings
+from api.web.protocols.base import infer, reply
+from api.web.state import Resources
 from tasks import params, quantize
 from tasks.base import Inputs
 from tasks.errors import InvalidRequest

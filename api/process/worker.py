@@ -1,9 +1,10 @@
 """The gunicorn worker class of `hare serve`: uvicorn-worker's UvicornWorker with its own accept loop, so that
 a refusal costs the server as little as possible and keeps up with the clients who arrive.
 
-- Canned refusals (HARE_REFUSE_IN_ACCEPT, api/refuser.py): while admission (api/admission.py) refuses, a new
-  connection's POST is answered a prebuilt 429 with Retry-After and Connection: close right from the socket,
-  with no HTTP parse and no app; other requests, and every request once admission opens, go to uvicorn.
+- Canned refusals (HARE_REFUSE_IN_ACCEPT, api/process/refuser.py): while admission (api/engine/admission.py)
+  refuses, a new connection's POST is answered a prebuilt 429 with Retry-After and Connection: close right
+  from the socket (the bytes of the app's one error answer, api/web/errors.py), with no HTTP parse and no app;
+  other requests, and every request once admission opens, go to uvicorn.
   Through uvicorn and the app a refusal cost about 0.2 ms of a core, too much to keep up with arrivals a few
   times past capacity: the connections it could not reach waited unseen in the listen backlog, and an
   accepted answer came 10-30 s after its client sent it.
@@ -17,17 +18,17 @@ a refusal costs the server as little as possible and keeps up with the clients w
   answers a second) or too fast for long ones. As soon as admission opens, the worker accepts as fast as
   connections come, oldest first. A worker that never refuses accepts exactly as uvicorn would, but for:
 - Balanced connections: every worker wakes for a new connection, and one that serves more connections than
-  the least busy other worker (counts on the shared page of api/cores.py) lets that one take it first
+  the least busy other worker (counts on the shared page of api/engine/cores.py) lets that one take it first
   (1 ms). Keep-alive connections made while only one worker was up (right after a start, or while a
   replaced worker boots) would all stay on it: a worker holding 2 more than the least busy one answers
-  one request with Connection: close (api/app.py, Rebalance), and its client reconnects to the other. Two
+  one request with Connection: close (api/web/app.py, Rebalance), and its client reconnects to the other. Two
   clients of a two-worker server then run on two workers, each alone on its connection, which runs short
-  calls on its event loop (api/batching.py); on one, the p99 was 40% higher.
+  calls on its event loop (api/engine/batching.py); on one, the p99 was 40% higher.
 
     kernel listen backlog (one socket, every worker)
         -> accept loop (this module): open while admitted, paced by capacity while refusing
-            -> refusing: api/refuser.py (peek "POST ", the prebuilt 429, a lingering close)
-            -> otherwise: uvicorn's protocol (httptools) -> the app (api/app.py): RefuseEarly, routes, batcher
+            -> refusing: api/process/refuser.py (peek "POST ", the prebuilt 429, a lingering close)
+            -> otherwise: uvicorn's protocol (httptools) -> the app (api/web/app.py): RefuseEarly, routes, batcher
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ from gunicorn.arbiter import Arbiter
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
-from api.errors import Overloaded
-from api.refuser import LINGER_S, Refuser
-from api.state import Resources
+from api.engine.errors import Overloaded
+from api.process.refuser import LINGER_S, Refuser
+from api.web.errors import raw_answer
+from api.web.state import Resources
 
 log = logging.getLogger("hare")
 ACCEPT_ERROR_PAUSE_S = 0.1  # after EMFILE and the like: let connections close before trying again
@@ -81,7 +83,8 @@ class PacedServer(Server):
             pool = res.pool
             connections = _Counted(self.server_state.connections, pool.set_connections if pool else None)
             self.server_state.connections = connections  # uvicorn's protocols add and discard themselves here
-            res.batcher.solo = lambda: len(connections) == 1  # its short calls run on this loop (api/batching.py)
+            # Alone on one connection, its short calls run on this loop (api/engine/batching.py).
+            res.batcher.solo = lambda: len(connections) == 1
             res.rebalance = self._overfull
         for sock in sockets or []:
             sock.setblocking(False)
@@ -117,6 +120,11 @@ class PacedServer(Server):
         """Why admission would refuse a request now (None: it admits)."""
         res = self._resources()
         return res.batcher.refusal() if res is not None else None
+
+    def _canned(self) -> bytes | None:
+        """The whole 429 the refuser sends when admission refuses now (None: it admits)."""
+        refusal = self._refusal()
+        return None if refusal is None else raw_answer(refusal)
 
     def _pace(self) -> float:
         """Seconds between two connections this worker accepts while refusing: its share of the refusals
@@ -175,7 +183,7 @@ class PacedServer(Server):
     async def _accept(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         res = self._resources()
-        refuser = Refuser(self._refusal, self._hand_off, self._count_refusal)
+        refuser = Refuser(self._canned, self._hand_off, self._count_refusal)
         canned = res is not None and res.settings.refuse_in_accept
         sweeper = asyncio.create_task(self._sweep(refuser)) if canned else None
         last_refused = 0.0

@@ -3,7 +3,7 @@
     POST /predict   {"inputs": str | [str] | {"query", "documents"} | {"source_sentence", "sentences"},
                      "parameters": {...}, <any parameter at the root>}
 
-The protocol modules (api/protocols/) turn their own bodies into the same PredictRequest through `checked`.
+The protocol modules (api/web/protocols/) turn their own bodies into the same PredictRequest through `checked`.
 Task parameters are the task's own (tasks/*.py `PARAMETERS`); COMMON ones are handled here. A parameter may
 also sit at the body's root, as the Hugging Face client sends feature-extraction's options (TEI style).
 """
@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
-from api.errors import ClientGone
+from api.engine.errors import ClientGone
+from api.engine.pipeline import PredictRequest
 from tasks import params
 from tasks.base import Inputs, ModelInfo, TaskSpec
 from tasks.errors import InputTooLong, InvalidRequest
@@ -59,16 +60,6 @@ class Limits:
     max_input_chars: int
     truncate: bool
     content_length: int
-
-
-@dataclass(frozen=True, slots=True)
-class PredictRequest:
-    """A checked request. stride: None unless long_input is "window"."""
-
-    inputs: Inputs
-    truncate: bool
-    stride: int | None
-    params: Any
 
 
 async def read_body(request: Request, limit: int) -> bytes:

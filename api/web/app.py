@@ -2,7 +2,7 @@
 metrics) is made in the lifespan, once per worker, and warmed up before /ready turns true; nothing is built
 at import time.
 
-gunicorn loads `api.app:create_app_from_env()` in each worker (see api/gunicorn_conf.py).
+gunicorn loads `api.web.app:create_app_from_env()` in each worker (see api/process/gunicorn_conf.py).
 """
 
 from __future__ import annotations
@@ -22,17 +22,18 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tokenizers import Encoding, Tokenizer
 
-from api import errors, openapi, routes
-from api.backend import Backend
-from api.batching import Batcher
 from api.config import BATCH_TOKENS, Settings
-from api.cores import CorePool
-from api.encoder import Encoder, vocab
-from api.metrics import Metrics, MetricsMiddleware
-from api.pipeline import Pipeline
-from api.public import RateLimiter
-from api.schemas import COMMON, Limits, PredictRequest
-from api.state import Resources
+from api.engine.backend import Backend
+from api.engine.batching import Batcher
+from api.engine.cores import CorePool
+from api.engine.encoder import Encoder, vocab
+from api.engine.pipeline import Pipeline, PredictRequest
+from api.engine.policy import BatchPolicy
+from api.web import errors, openapi, routes
+from api.web.metrics import Metrics, MetricsMiddleware
+from api.web.public import RateLimiter
+from api.web.schemas import COMMON, Limits
+from api.web.state import Resources
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
 from container.machine import int8_check, same_cpu
 from container.runtime import bound_malloc
@@ -179,19 +180,12 @@ async def load(settings: Settings) -> Resources:
     pool = None if on_gpu else CorePool(settings.cores, settings.core_pool)
     batcher: Batcher[Encoding] = Batcher(
         backend.run,
-        max_items=settings.max_batch_size,
-        max_tokens=settings.max_batch_tokens,
-        max_wait=settings.max_wait_ms / 1000,
-        capacity=settings.queue_size,
-        max_queue=settings.max_queue_ms / 1000,
+        BatchPolicy.from_settings(settings),
         pool=pool,
         widths=backend.widths,
         on_batch=metrics.observe_batch,
         on_depth=metrics.queue_depth.set,
         on_idle=backend.trim,  # a burst's memory back after a second without batches
-        streams=settings.streams,
-        idle_priority=settings.idle_priority,
-        inline_seconds=settings.inline_ms / 1000,
     )
     batcher.start()
     res = Resources(
@@ -260,7 +254,7 @@ def _versions() -> dict[str, str]:
 
 
 class Rebalance:
-    """Answers with Connection: close when the worker says it holds too many connections (api/worker.py):
+    """Answers with Connection: close when the worker says it holds too many connections (api/process/worker.py):
     the client's next request opens a new one, which a less busy worker accepts."""
 
     def __init__(self, app: ASGIApp) -> None:

@@ -1,19 +1,20 @@
-"""gunicorn's settings for `hare serve` (`gunicorn -c python:api.gunicorn_conf api.app:create_app_from_env()`),
-from the same HARE_* environment the app reads (api/config.py), so the CLI and a container entrypoint that
-calls gunicorn directly behave the same.
+"""gunicorn's settings for `hare serve`
+(`gunicorn -c python:api.process.gunicorn_conf api.web.app:create_app_from_env()`), from the same HARE_*
+environment the app reads (api/config.py), so the CLI and a container entrypoint that calls gunicorn directly
+behave the same.
 
-- uvicorn workers (api/worker.py: uvicorn-worker's UvicornWorker, uvloop + httptools, with an accept loop
+- uvicorn workers (api/process/worker.py: uvicorn-worker's UvicornWorker, uvloop + httptools, with an accept loop
   that paces refusals), one per physical core by default,
-  each running HARE_STREAMS model threads (api/batching.py).
+  each running HARE_STREAMS model threads (api/engine/batching.py).
 - Graceful drain: on SIGTERM gunicorn stops accepting, each worker finishes its in-flight requests (up to
   HARE_GRACEFUL_TIMEOUT seconds), then exits; gunicorn restarts a worker that dies.
-- One core pool for the machine (api/cores.py): a folder in /dev/shm made here, in the master, before the
+- One core pool for the machine (api/engine/cores.py): a folder in /dev/shm made here, in the master, before the
   workers fork, named to them by HARE_CORE_POOL; a worker's model calls hold cores there, so all workers
   together never run more ONNX Runtime threads than HARE_CORES. When a worker dies, its slot is cleared
   (the kernel already dropped its core locks).
-- Cheap refusal: a 429 closes its connection (api/errors.py); while admission refuses, a worker answers a new
-  connection's POST with a prebuilt 429 from its accept loop, paced by the measured capacity (api/worker.py,
-  api/refuser.py), so refusals keep up with arrivals and a greedy flood waits in the listen backlog.
+- Cheap refusal: a 429 closes its connection (api/web/errors.py); while admission refuses, a worker answers a new
+  connection's POST with a prebuilt 429 from its accept loop, paced by the measured capacity (api/process/worker.py,
+  api/process/refuser.py), so refusals keep up with arrivals and a greedy flood waits in the listen backlog.
 - Prometheus multiprocess mode: every worker writes its samples under PROMETHEUS_MULTIPROC_DIR, a fresh
   folder made here (before prometheus_client is imported anywhere, since it reads the variable on import)
   and removed when gunicorn exits; a dead worker's live gauges are dropped.
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from api.config import Settings
-from api.cores import forget
+from api.engine.cores import forget
 
 _settings = Settings.from_env()
 
@@ -53,7 +54,7 @@ if _settings.threads == 1:
 _host = f"[{_settings.host}]" if ":" in _settings.host else _settings.host
 bind = [f"{_host}:{_settings.port}"]
 workers = _settings.workers
-worker_class = "api.worker.HareWorker"
+worker_class = "api.process.worker.HareWorker"
 graceful_timeout = _settings.graceful_timeout
 timeout = 120  # heartbeat: a worker silent this long (model load included) is replaced
 keepalive = 5

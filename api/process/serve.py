@@ -2,7 +2,7 @@
 
 Checks the settings and the bundle, then replaces itself with gunicorn (exec: no shell or Python parent
 in between, so SIGTERM reaches gunicorn and in-flight requests drain). Every flag sets its HARE_* variable;
-gunicorn and its workers read the same variables (api/config.py, api/gunicorn_conf.py).
+gunicorn and its workers read the same variables (api/config.py, api/process/gunicorn_conf.py).
 
 With no BUNDLE_DIR (and no HARE_BUNDLE), serves bundles/all-MiniLM-L6-v2, building it first when missing
 (that needs the optimizer extra).
@@ -23,8 +23,8 @@ from container.bundle import read_manifest
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK
 from tasks.errors import InputError
 
-APP = "api.app:create_app_from_env()"
-CONFIG = "python:api.gunicorn_conf"
+APP = "api.web.app:create_app_from_env()"
+CONFIG = "python:api.process.gunicorn_conf"
 
 # Settings without a flag: secrets, whose value a flag would show in `ps` and in the shell's history. Set
 # them in the environment (or a Kubernetes Secret).

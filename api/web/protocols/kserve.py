@@ -28,12 +28,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import schemas
-from api.errors import NotFound
-from api.protocols import base
-from api.protocols.base import Call, guarded, json_response, reply
-from api.schemas import PredictRequest
-from api.state import Resources
+from api.engine.pipeline import PredictRequest
+from api.web import schemas
+from api.web.errors import NotFound
+from api.web.protocols import base
+from api.web.protocols.base import Call, guarded, json_response, reply
+from api.web.state import Resources
 from tasks import params
 from tasks.base import Inputs, Tensor
 from tasks.errors import InvalidRequest

@@ -16,12 +16,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import schemas
-from api.errors import NotFound
-from api.protocols.base import embeddings as needs_embeddings
-from api.protocols.base import guarded, infer, json_response, reply
-from api.schemas import PredictRequest
-from api.state import Resources
+from api.engine.pipeline import PredictRequest
+from api.web import schemas
+from api.web.errors import NotFound
+from api.web.protocols.base import embeddings as needs_embeddings
+from api.web.protocols.base import guarded, infer, json_response, reply
+from api.web.state import Resources
 from container.bundle import MANIFEST_FILE
 from tasks import params
 from tasks.base import Inputs

@@ -1,7 +1,7 @@
 """The Hugging Face Inference API, as huggingface_hub's InferenceClient calls it (POST /predict), and
 sentence similarity (also TEI's POST /similarity).
 
-    POST /predict      {"inputs": ..., "parameters": {...}}: the task's answer (api/schemas.py, tasks/*.py)
+    POST /predict      {"inputs": ..., "parameters": {...}}: the task's answer (api/web/schemas.py, tasks/*.py)
                        embedding bundles: {"inputs": {"source_sentence", "sentences"}} -> [cosine per sentence]
     POST /similarity   the same sentence-similarity body, with TEI's optional "parameters"
 """
@@ -12,11 +12,11 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import schemas
-from api.protocols.base import Call, embeddings, infer, reply
-from api.protocols.vectors import as_vector
-from api.schemas import PredictRequest
-from api.state import Resources
+from api.engine.pipeline import PredictRequest
+from api.web import schemas
+from api.web.protocols.base import Call, embeddings, infer, reply
+from api.web.protocols.vectors import as_vector
+from api.web.state import Resources
 from tasks import params
 from tasks.errors import InvalidRequest
 

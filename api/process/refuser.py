@@ -1,7 +1,7 @@
-"""The accept loop's canned refusal (api/worker.py): while admission refuses, a new connection whose request is
-a POST gets a prebuilt `HTTP/1.1 429` with Retry-After and Connection: close straight from the socket, with no
-transport, no HTTP parse and no app. Everything else (GET /health, /metrics, a POST once admission opened)
-goes on to uvicorn as usual.
+"""The accept loop's canned refusal (api/process/worker.py): while admission refuses, a new connection whose
+request is a POST gets a prebuilt `HTTP/1.1 429` with Retry-After and Connection: close straight from the
+socket, with no transport, no HTTP parse and no app. Everything else (GET /health, /metrics, a POST once
+admission opened) goes on to uvicorn as usual.
 
 Why: a refusal through uvicorn and the app costs about 0.2 ms of a core, so refusals could not keep up with
 arrivals a few times past capacity, and the connections they did not reach waited unseen in the listen
@@ -24,33 +24,18 @@ import socket
 import time
 from collections.abc import Callable
 
-import orjson
-
-from api.errors import Overloaded
-
 LINGER_S = 2.0  # a refused client has this long to read its 429 and close; a silent one to send its request
-REFUSED_METHOD = b"POST "  # every inference route is a POST; RefuseEarly (api/errors.py) refuses the same
-
-
-def canned_429(refusal: Overloaded) -> bytes:
-    """The whole response, in the JSON shape of api/errors.py."""
-    kind = "Overloaded"
-    body = orjson.dumps({"error": refusal.message, "type": kind, "error_type": kind})
-    retry = refusal.details.get("retry_after", 1)
-    head = (
-        f"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-        f"retry-after: {retry}\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode("latin-1") + body
+REFUSED_METHOD = b"POST "  # every inference route is a POST; RefuseEarly (api/web/errors.py) refuses the same
 
 
 class Refuser:
-    """Connections this worker took while refusing. `refusal` says whether admission refuses now (and why);
+    """Connections this worker took while refusing. `refusal` gives the whole 429 to send when admission
+    refuses now (None: it admits), built by the app's one error answer (api/web/errors.py, `raw_answer`);
     `hand_off` gives a connection to uvicorn; `refused` counts one canned refusal (metrics)."""
 
     def __init__(
         self,
-        refusal: Callable[[], Overloaded | None],
+        refusal: Callable[[], bytes | None],
         hand_off: Callable[[socket.socket], None],
         refused: Callable[[], None],
     ) -> None:
@@ -85,7 +70,7 @@ class Refuser:
             self._give(conn)
             return
         try:
-            conn.send(canned_429(refusal))  # a few hundred bytes into an empty send buffer: never partial
+            conn.send(refusal)  # a few hundred bytes into an empty send buffer: never partial
             conn.shutdown(socket.SHUT_WR)
         except OSError:
             self._close(conn)
