@@ -73,6 +73,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run the model's own Python code (config auto_map) while building; the bundle stays plain ONNX",
     )
+    p.add_argument(
+        "--adapter",
+        metavar="NAME",
+        help="for a folder with task adapters (LoRA; config lora_adaptations, e.g. jina-embeddings-v3): the one "
+        "baked into this bundle's weights (its sentence-transformers prompt of the same name becomes the default)",
+    )
     p.add_argument("--validation-file", type=Path, help="one text per line, or JSONL {text} / {query, documents}")
     p.add_argument("--variants", help="comma-separated variant names to try (default: all for the target)")
     p.add_argument("--tune-lengths", type=_ints, default=[16, 128, 384], help="sequence lengths timed")
@@ -130,6 +136,7 @@ def main(args: argparse.Namespace) -> int:
             force=args.force,
             allow_pickle=args.allow_pickle,
             trust_remote_code=args.trust_remote_code,
+            adapter=args.adapter,
             validation_file=args.validation_file,
             thresholds=thresholds,
             only=args.variants.split(",") if args.variants else None,

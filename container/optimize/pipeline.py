@@ -9,7 +9,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from tokenizers import Encoding, Tokenizer
 from container.bundle import DENSE_FILE, MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE, Manifest
 from container.machine import describe, physical_cores
 from container.optimize import (
+    adapters,
     autotune,
     export,
     fuse,
@@ -109,6 +110,7 @@ class OptimizeOptions:
     tune_threads: int = 1
     tune_seconds: float = 0.2
     tune_streams: int = 0  # model calls at once while measuring the batch budget (0: one per physical core)
+    adapter: str | None = None  # the task adapter (LoRA) baked into the weights, for a folder that has several
 
 
 class Stages:
@@ -160,15 +162,19 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
             f"--target {opts.target} validates and tunes on {PROVIDERS[opts.target][0]}, which this machine's "
             "onnxruntime lacks; run it where the GPU is (onnxruntime-gpu installed, e.g. the hare:gpu image)"
         )
-    src = source.inspect_source(opts.model_dir, opts.task, opts.allow_pickle, opts.trust_remote_code)
-    candidates = variants_for(opts.target, attention=fuse.attention_shape(src.config))
-    if opts.only:
-        unknown = set(opts.only) - {v.name for v in candidates}
-        if unknown:
-            raise InputError(f"unknown variant(s) {sorted(unknown)}; for {opts.target}: {[v.name for v in candidates]}")
+    adapter = adapters.choose(opts.model_dir, opts.adapter)
+    names = [v.name for v in variants_for(opts.target)]
+    unknown = set(opts.only or ()) - set(names)
+    if unknown:
+        raise InputError(f"unknown variant(s) {sorted(unknown)}; for {opts.target}: {names}")
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}.partial-", dir=opts.out.parent))
     try:
+        model_dir = adapters.merge(opts.model_dir, adapter, folder / "merged") if adapter else opts.model_dir
+        src = source.inspect_source(model_dir, opts.task, opts.allow_pickle, opts.trust_remote_code)
+        if adapter in src.prompts:  # sentence-transformers' prompt of the same name goes with the adapter
+            src = replace(src, default_prompt_name=adapter)
+        candidates = variants_for(opts.target, attention=fuse.attention_shape(src.config))
         work = Work(folder, opts, src, candidates)
         _run(work, Stages(console))
         assert work.manifest is not None
@@ -459,7 +465,8 @@ def _manifest(w: Work, best: validate.VariantReport) -> Manifest:
         pick=asdict(w.pick) if w.pick else {},
         versions=_versions(),
         source={
-            "path": str(src.path.resolve()),
+            "path": str(opts.model_dir.resolve()),
+            "adapter": src.config.get("hare_adapter"),
             "weights": [p.name for p in src.weights],
             "weights_sha256": src.weights_sha256,
             "trust_remote_code": src.trust_remote_code,
