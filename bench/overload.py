@@ -33,10 +33,10 @@ from bench.loadgen import CONNECT, TIMEOUT, LoadSpec, Samples, latency_summary, 
 from bench.runner import Planned, make_point
 from bench.servers import ServerProcess, group_rss_mb, hare_server, split_url
 from bench.store import Point, Store
-from bench.subjects import manifest_hash, versions
+from bench.subjects import VERSIONED, manifest_hash
 from bench.tables import wide_console
 from container.bundle import TOKENIZER_FILE, model_bytes, read_manifest
-from container.machine import describe, physical_cores
+from container.machine import describe, physical_cores, versions
 
 TAIL_USERS = 16  # the tail's second phase: many users per core
 
@@ -143,7 +143,7 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
         target=str(options.bundle),
         manifest_hash=manifest_hash(options.bundle),
         machine=describe(),
-        versions=versions(),
+        versions=versions(VERSIONED),
         settings={k: str(v) for k, v in options.__dict__.items()},
     )
     rss: dict[str, float] = {}

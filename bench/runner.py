@@ -22,9 +22,9 @@ from bench.progress import Reporter
 from bench.servers import ServerProcess, baseline_server, get_json, hare_server, split_url
 from bench.stats import Summary
 from bench.store import BASELINES, Point, Store
-from bench.subjects import Subject, info_json, manifest_hash, versions
+from bench.subjects import VERSIONED, Subject, info_json, manifest_hash
 from container.bundle import read_manifest
-from container.machine import describe, physical_cores
+from container.machine import describe, physical_cores, versions
 from tasks.errors import HareError, InputError
 
 Load = Literal["closed", "open"]
@@ -134,7 +134,7 @@ class Runner:
             target=subject.label,
             manifest_hash=manifest_hash(subject.bundle),
             machine=describe(),
-            versions=versions(),
+            versions=versions(VERSIONED),
             settings={
                 "grid": asdict(options.grid),
                 "baselines": options.baselines,

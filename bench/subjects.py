@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +42,6 @@ def manifest_hash(bundle: Path | None) -> str:
     if bundle is None or not (bundle / MANIFEST_FILE).is_file():
         return ""
     return hashlib.sha256((bundle / MANIFEST_FILE).read_bytes()).hexdigest()
-
-
-def versions() -> dict[str, str]:
-    found = {"python": sys.version.split()[0]}
-    for name in VERSIONED:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
 
 
 def is_bundle(path: Path) -> bool:

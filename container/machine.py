@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import os
 import platform
+from collections.abc import Sequence
 from functools import cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +125,15 @@ def int8_check(record: dict[str, Any]) -> dict[str, Any]:
     built = record.get("int8_path") or int8_path(list(record.get("flags", [])))
     here = describe()["int8_path"]
     return {"checked_on": built, "serving_on": here, "same": built == here}
+
+
+def versions(packages: Sequence[str]) -> dict[str, str]:
+    """Python's version and each of `packages` that is installed, with its version: recorded beside the
+    machine in bundles, benchmark runs and /info, so that figures name their software too."""
+    found = {"python": platform.python_version()}
+    for name in packages:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found

@@ -35,20 +35,16 @@ from tasks.errors import InvalidRequest
 
 if TYPE_CHECKING:  # annotations only: the console reads the task specs without tokenizers
     from tokenizers import Encoding
-from tasks.ops import POOLINGS, Dense, cosine, normalize_vector, pool, pool_tokens
+from tasks.ops import POOLINGS, Dense, cosine, normalize_vector, pool_tokens
 from tasks.windows import combine_vectors, content_tokens
 
 ENCODINGS = quantize.ENCODINGS
 OUTPUT_VALUES = ("sentence_embedding", "token_embeddings")
 
 
-def _pooled(states: np.ndarray, mode: str) -> np.ndarray:
-    return pool(states[None], np.ones((1, states.shape[0]), dtype=np.int64), mode)[0]
-
-
 def parity(p: ParityInput) -> dict[str, float]:
-    ref = np.stack([_pooled(r, p.pooling) for r in p.reference])
-    cand = np.stack([_pooled(c, p.pooling) for c in p.candidate])
+    ref = np.stack([pool_tokens(r, p.pooling) for r in p.reference])
+    cand = np.stack([pool_tokens(c, p.pooling) for c in p.candidate])
     cos = cosine(ref, cand)
     return {"cosine_p1": float(np.percentile(cos, 1)), "cosine_min": float(cos.min())}
 

@@ -66,31 +66,10 @@ def l2_normalize(x: Array, axis: int = -1) -> Array:
     return (x / np.maximum(norm, 1e-12)).astype(np.float32)
 
 
-def pool(hidden: Array, mask: NDArray[np.int64], mode: str) -> Array:
-    """Pool token states [batch, seq, dim] into [batch, dim] over the tokens the mask keeps."""
-    m = mask[..., None].astype(np.float32)
-    if mode == "cls":
-        return hidden[:, 0].astype(np.float32)
-    if mode == "max":
-        return np.where(m > 0, hidden, -np.inf).max(axis=1).astype(np.float32)
-    summed = (hidden * m).sum(axis=1)
-    counts = np.maximum(m.sum(axis=1), 1e-9)
-    if mode == "mean":
-        return (summed / counts).astype(np.float32)
-    if mode == "mean_sqrt_len":
-        return (summed / np.sqrt(counts)).astype(np.float32)
-    if mode == "weightedmean":
-        w = m * np.arange(1, hidden.shape[1] + 1, dtype=np.float32)[None, :, None]
-        return ((hidden * w).sum(axis=1) / np.maximum(w.sum(axis=1), 1e-9)).astype(np.float32)
-    if mode == "lasttoken":
-        # Right padding: the last real token sits at count - 1 (left padding would put it at the end).
-        last = np.maximum(mask.sum(axis=1) - 1, 0)
-        return hidden[np.arange(len(hidden)), last].astype(np.float32)
-    raise ValueError(f"unknown pooling {mode!r}; choose one of {', '.join(POOLINGS)}")
-
-
 def pool_tokens(states: Array, mode: str) -> Array:
-    """Pool one sequence's token states [tokens, dim] (padding already trimmed) into [dim].
+    """Pool one sequence's token states [tokens, dim] (padding already trimmed) into [dim], as
+    sentence-transformers' Pooling module does (tests/test_tasks_serving.py checks it against it). The one
+    pooling: the server and the optimizer's gate both call it.
 
     Plain ufunc reductions: this runs once per input on the serving hot path, where numpy's Python-level
     wrappers (mean, linalg.norm) cost more than the arithmetic.

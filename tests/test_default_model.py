@@ -12,7 +12,7 @@ from container.bundle import read_manifest
 from container.defaults import default_model_dir
 from container.optimize.pipeline import OptimizeOptions, optimize
 from container.runtime import OnnxModel
-from tasks.ops import l2_normalize, pad_batch, pool
+from tasks.ops import l2_normalize, pad_batch, pool_tokens
 from tasks.registry import get_task
 
 pytestmark = pytest.mark.slow
@@ -50,7 +50,9 @@ def embed(model_file: Path, bundle: Path, texts: list[str]) -> np.ndarray:
     model = OnnxModel(model_file, output=manifest.output)
     enc = Tokenizer.from_file(str(bundle / "tokenizer.json")).encode_batch(texts)
     feeds = pad_batch(enc, model.input_names)
-    vectors = pool(model.run(feeds), feeds["attention_mask"], manifest.pooling or "mean")
+    states, lengths = model.run(feeds), feeds["attention_mask"].sum(axis=1)
+    mode = manifest.pooling or "mean"
+    vectors = np.stack([pool_tokens(row[:n], mode) for row, n in zip(states, lengths, strict=True)])
     return l2_normalize(vectors) if manifest.normalize else vectors
 
 

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 from tasks import entities, params
 from tasks.base import Vocab
 from tasks.errors import InputError, InvalidRequest
-from tasks.ops import POOLINGS, pool, pool_tokens, sigmoid, softmax
+from tasks.ops import POOLINGS, pool_tokens, sigmoid, softmax
 from tasks.registry import TASKS
 from tasks.text_ranking import relevance_logit
 from tasks.windows import Tokens, combine_vectors, content_tokens
@@ -105,14 +105,20 @@ def test_the_tokenizers_decoder_rebuilds_words() -> None:
 
 
 @pytest.mark.parametrize("mode", POOLINGS)
-def test_padded_and_trimmed_pooling_agree(mode: str) -> None:
-    """The optimizer pools padded batches (pool), the server trimmed rows (pool_tokens): same vectors."""
+def test_pooling_is_sentence_transformers_pooling(mode: str) -> None:
+    """The one pooling (server and gate) gives sentence-transformers' Pooling module's vectors for a padded
+    batch, each row pooled over its own tokens."""
+    import torch
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
     rng = np.random.default_rng(0)
     hidden = rng.standard_normal((2, 6, 4)).astype(np.float32)
     mask = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
-    pooled = pool(hidden, mask, mode)
+    theirs = Pooling(4, pooling_mode="mean_sqrt_len_tokens" if mode == "mean_sqrt_len" else mode)(
+        {"token_embeddings": torch.from_numpy(hidden), "attention_mask": torch.from_numpy(mask)}
+    )["sentence_embedding"].numpy()
     for i, n in enumerate(mask.sum(axis=1)):
-        assert np.allclose(pooled[i], pool_tokens(hidden[i, :n], mode), atol=1e-6)
+        assert np.allclose(pool_tokens(hidden[i, :n], mode), theirs[i], atol=1e-6)
 
 
 def test_multi_label_rankers_rank_by_the_last_label() -> None:

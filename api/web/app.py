@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import platform
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from importlib import metadata
 
 import orjson
 from starlette.applications import Starlette
@@ -35,7 +33,7 @@ from api.web.public import RateLimiter
 from api.web.schemas import COMMON, Limits
 from api.web.state import Resources
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
-from container.machine import int8_check, same_cpu
+from container.machine import int8_check, same_cpu, versions
 from container.runtime import bound_malloc
 from tasks.base import Inputs, ModelInfo
 from tasks.errors import InputError
@@ -243,16 +241,6 @@ def _labels(manifest: Manifest) -> tuple[str, ...]:
     return tuple(manifest.labels.get(i, f"LABEL_{i}") for i in range(max(manifest.labels) + 1))
 
 
-def _versions() -> dict[str, str]:
-    found = {"python": platform.python_version()}
-    for name in VERSIONED:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
-
-
 class Rebalance:
     """Answers with Connection: close when the worker says it holds too many connections (api/process/worker.py):
     the client's next request opens a new one, which a less busy worker accepts."""
@@ -306,7 +294,7 @@ def _info(res: Resources) -> dict[str, object]:
         },
         "parameters": sorted([*res.task.parameters, *COMMON]),
         "public": s.public,
-        "versions": {**_versions(), "bundle": m.versions},
+        "versions": {**versions(VERSIONED), "bundle": m.versions},
         "machine": m.machine,
         "pid": os.getpid(),
     }

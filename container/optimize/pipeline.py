@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from rich.progress import (
 from tokenizers import Encoding, Tokenizer
 
 from container.bundle import DENSE_FILE, MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE, Manifest
-from container.machine import describe, physical_cores
+from container.machine import describe, physical_cores, versions
 from container.optimize import (
     adapters,
     autotune,
@@ -136,17 +135,6 @@ class Stages:
 
         yield step
         self.progress.update(task_id, completed=total, description=f"{name} ({time.perf_counter() - start:.1f}s)")
-
-
-def _versions() -> dict[str, str]:
-    names = ("hare", "onnxruntime", "onnx", "tokenizers", "transformers", "torch")
-    found = {}
-    for name in names:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
 
 
 def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
@@ -463,7 +451,7 @@ def _manifest(w: Work, best: validate.VariantReport) -> Manifest:
         variants=[asdict(r) | {"chosen": r.name == best.name} for r in w.reports],
         machine=describe() | {"tune_threads": opts.tune_threads},
         pick=asdict(w.pick) if w.pick else {},
-        versions=_versions(),
+        versions=versions(("hare", "onnxruntime", "onnx", "tokenizers", "transformers", "torch")),
         source={
             "path": str(opts.model_dir.resolve()),
             "adapter": src.config.get("hare_adapter"),
