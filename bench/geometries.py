@@ -30,7 +30,8 @@ class Geometry:
     sentence_transformers: write a normalizing sentence-transformers folder pooling with `pooling`.
     sparse_terms: a SPLADE geometry's output bias leaves about this many vocabulary entries reachable, so its
     vectors have a trained SPLADE's few hundred non-zero weights (random weights would make about half the
-    vocabulary non-zero, and the answer's size, not the model, would be measured)."""
+    vocabulary non-zero, and the answer's size, not the model, would be measured). labels: the head's
+    id2label/label2id, as the real checkpoint names its classes."""
 
     task: str
     config: str
@@ -41,6 +42,7 @@ class Geometry:
     pooling: str = "mean"
     hidden: Callable[[dict[str, Any]], int] = field(default=lambda s: int(s["hidden_size"]))
     sparse_terms: int | None = None
+    labels: dict[str, Any] = field(default_factory=dict)
 
 
 GEOMETRIES: dict[str, Geometry] = {
@@ -52,6 +54,7 @@ GEOMETRIES: dict[str, Geometry] = {
         dict(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072, max_position_embeddings=512),
         tokenizer_class="DistilBertTokenizer",
         hidden=lambda s: int(s["dim"]),
+        labels=LABELS,
     ),
     # sentence-transformers/all-mpnet-base-v2.
     "mpnet-base": Geometry(
@@ -107,6 +110,7 @@ GEOMETRIES: dict[str, Geometry] = {
             type_vocab_size=0,
             pad_token_id=0,
         ),
+        labels=LABELS,
     ),
     # Qwen/Qwen3-Embedding-0.6B: a decoder (grouped-query attention, rotary positions), last-token pooling.
     "qwen3-embedding-0.6b": Geometry(
@@ -148,8 +152,7 @@ def build(name: str, folder: Path, seed: int = 0) -> Path:
     for file in TOKENIZER_FILES:
         shutil.copyfile(default_model_dir() / file, partial / file)
     _tokenizer_config(partial, geometry)
-    heads = LABELS if geometry.task == "text-classification" else {}
-    config = getattr(transformers, geometry.config)(**geometry.settings, **heads)
+    config = getattr(transformers, geometry.config)(**geometry.settings, **geometry.labels)
     torch.manual_seed(seed)
     model = getattr(transformers, geometry.model)(config).eval()
     if geometry.sparse_terms:

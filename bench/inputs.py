@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 
 from container.optimize.textset import SENTENCES
 from tasks.errors import InputError
+from tasks.registry import TASKS
 
 COMET_WORDS = (45, 55)
 MAX_TEXTS = 8192  # texts per point at most (bodies x batch): enough variety, bounded memory and set-up time
@@ -132,7 +133,7 @@ def make_bodies(
 ) -> Bodies:
     """`count` bodies (fewer for big batches) for `task`; `seq_len` None means Comet's 45-55-word inputs."""
     n = max(8, min(count, MAX_TEXTS // max(1, batch)))
-    if task == "text-ranking":
+    if TASKS[task].pairs:
         if seq_len is None:
             texts = comet_texts(n * batch + n, seed)
             pairs = [(texts[i][:60], d) for i, d in enumerate(texts[n:])]

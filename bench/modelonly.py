@@ -19,6 +19,7 @@ from bench.stats import Summary, mean, summarize
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
 from container.runtime import OnnxModel
 from tasks.ops import pad_batch
+from tasks.registry import TASKS
 
 MAX_ITERATIONS = 20_000
 
@@ -50,7 +51,7 @@ def measure(
     # The served tokenizer as the server loads it: truncating at max_length, as the server does by default.
     tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
     tok.no_padding()
-    if manifest.task == "text-ranking":
+    if TASKS[manifest.task].pairs:
         pairs = maker.pairs(seq_len, n * batch) if seq_len else [(t[:60], t) for t in comet_texts(n * batch)]
         groups: list[list[str] | list[tuple[str, str]]] = [pairs[i * batch : (i + 1) * batch] for i in range(n)]
     else:

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.store import Point, Ratio, Run, Store
+from bench.tables import POINT_COLUMNS, RATIO_COLUMNS, fmt, point_row, ratio_row
 from tasks.errors import InputError
 
-LATENCIES = ("min", "avg", "p50", "p90", "p95", "p99", "max")
 COLORS = {"hare": "#d9480f", "vanilla": "#495057", "comet": "#1c7ed6", "model-only": "#2b8a3e"}
 
 
@@ -201,63 +201,19 @@ def _hare_vs_baseline(points: Sequence[Point], ratios: Sequence[Ratio]) -> Plot 
 # -- documents -----------------------------------------------------------------------------------------------
 
 
-def _fmt(value: Any, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
 def _point_rows(points: Sequence[Point]) -> tuple[list[str], list[list[str]]]:
-    head = ["target", "load", "workers", "threads", "seq", "batch", "conc/rate", "req/s", "seq/s", "tokens/s"]
-    head += [f"{q} ms" for q in LATENCIES] + ["errors", "server p50 ms", "client cpu", "server cpu"]
-    rows = []
-    for p in points:
-        rows.append(
-            [
-                p.target,
-                p.load,
-                str(p.workers),
-                str(p.threads),
-                str(p.seq_len),
-                str(p.batch),
-                f"{p.rate:g}/s" if p.load == "open" else str(p.concurrency),
-                _fmt(p.req_s, 1),
-                _fmt(p.seq_s, 1),
-                _fmt(p.tokens_s, 0),
-                *(_fmt(getattr(p, f"lat_{q}")) for q in LATENCIES),
-                ", ".join(f"{k}: {v}" for k, v in p.errors.items()) or "0",
-                _fmt(p.server.get("compute_p50")),
-                _fmt(p.client_cpu),
-                _fmt(p.server_cpu),
-            ]
-        )
-    return head, rows
+    return list(POINT_COLUMNS), [point_row(p) for p in points]
 
 
 def _ratio_rows(ratios: Sequence[Ratio]) -> tuple[list[str], list[list[str]]]:
-    head = ["baseline", "seq", "batch", "conc", "hare req/s", "baseline req/s", "throughput x", "p50 x"]
-    rows = [
-        [
-            r.baseline,
-            str(r.key["seq_len"]),
-            str(r.key["batch"]),
-            str(r.key["concurrency"]),
-            _fmt(r.hare_req_s, 1),
-            _fmt(r.baseline_req_s, 1),
-            _fmt(r.req_s_ratio),
-            _fmt(r.p50_ratio),
-        ]
-        for r in ratios
-    ]
-    return head, rows
+    return list(RATIO_COLUMNS), [ratio_row(r) for r in ratios]
 
 
 def _goal_rows(goals: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     head = ["goal", "figure", "target", "met", "gap"]
     rows = [
-        [g["goal"], _fmt(g.get("value")), g["target"], "yes" if g.get("met") else "NO", g.get("gap", "")] for g in goals
+        [g["goal"], fmt(g.get("value"), 2), g["target"], "yes" if g.get("met") else "NO", g.get("gap", "")]
+        for g in goals
     ]
     return head, rows
 

@@ -1,10 +1,12 @@
-"""Rich tables for the terminal: runs, a run's points, hare/baseline ratios, and two runs compared."""
+"""Rich tables for the terminal: runs, a run's points, hare/baseline ratios, and two runs compared. The rows
+of points and ratios are made here once (point_row, ratio_row) and read by the reports too (bench/report.py)."""
 
 from __future__ import annotations
 
 import math
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -17,10 +19,49 @@ def wide_console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 180)
 
 
-def fmt(value: float | None, digits: int = 1) -> str:
+def fmt(value: Any, digits: int = 1) -> str:
+    """A figure for a table: floats to `digits` places, none (or NaN) as "-", anything else as it prints."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    return f"{value:.{digits}f}"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+LATENCIES = ("min", "avg", "p50", "p90", "p95", "p99", "max")
+POINT_COLUMNS = (
+    *("target", "load", "w", "thr", "seq", "batch", "conc/rate", "req/s", "seq/s", "tokens/s"),
+    *LATENCIES,
+    *("errors", "server p50", "client cpu", "server cpu"),
+)
+RATIO_COLUMNS = ("baseline", "seq", "batch", "conc/rate", "hare req/s", "baseline req/s", "throughput x", "p50 x")
+POINTS_CAPTION = "latency in ms (client side; server p50 from x-compute-time); cpu in cores"
+RATIOS_CAPTION = "p50 x: baseline p50 / hare p50 (above 1: hare answers faster)"
+
+
+def _load(load: str, rate: float, concurrency: int) -> str:
+    return f"{rate:g}/s" if load == "open" else str(concurrency)
+
+
+def point_row(p: Point) -> list[str]:
+    """One measured point, in POINT_COLUMNS' order."""
+    return [
+        *(p.target, p.load, str(p.workers), str(p.threads), str(p.seq_len), str(p.batch)),
+        _load(p.load, p.rate, p.concurrency),
+        *(fmt(p.req_s), fmt(p.seq_s), fmt(p.tokens_s, 0)),
+        *(fmt(getattr(p, f"lat_{k}"), 2) for k in LATENCIES),
+        ", ".join(f"{k}: {v}" for k, v in p.errors.items()) or "0",
+        *(fmt(p.server.get("compute_p50"), 2), fmt(p.client_cpu, 2), fmt(p.server_cpu, 2)),
+    ]
+
+
+def ratio_row(r: Ratio) -> list[str]:
+    """hare against one baseline at one point, in RATIO_COLUMNS' order."""
+    return [
+        *(r.baseline, str(r.key["seq_len"]), str(r.key["batch"])),
+        _load(r.key["load"], r.key["rate"], r.key["concurrency"]),
+        *(fmt(r.hare_req_s), fmt(r.baseline_req_s), fmt(r.req_s_ratio, 2), fmt(r.p50_ratio, 2)),
+    ]
 
 
 def runs_table(runs: Sequence[Run]) -> Table:
@@ -42,50 +83,20 @@ def runs_table(runs: Sequence[Run]) -> Table:
 
 
 def points_table(points: Sequence[Point], title: str = "") -> Table:
-    table = Table(title=title)
-    cols = ["target", "load", "w", "thr", "seq", "batch", "conc/rate", "req/s", "seq/s", "tokens/s"]
-    cols += ["min", "avg", "p50", "p90", "p95", "p99", "max", "errors", "server p50", "client cpu", "server cpu"]
-    for col in cols:
+    table = Table(title=title, caption=POINTS_CAPTION)
+    for col in POINT_COLUMNS:
         table.add_column(col, justify="left" if col in ("target", "load") else "right")
     for p in points:
-        table.add_row(
-            p.target,
-            p.load,
-            str(p.workers),
-            str(p.threads),
-            str(p.seq_len),
-            str(p.batch),
-            f"{p.rate:g}/s" if p.load == "open" else str(p.concurrency),
-            fmt(p.req_s),
-            fmt(p.seq_s),
-            fmt(p.tokens_s, 0),
-            *(fmt(getattr(p, f"lat_{k}"), 2) for k in ("min", "avg", "p50", "p90", "p95", "p99", "max")),
-            ", ".join(f"{k}:{v}" for k, v in p.errors.items()) or "0",
-            fmt(p.server.get("compute_p50"), 2),
-            fmt(p.client_cpu, 2),
-            fmt(p.server_cpu, 2),
-        )
-    table.caption = "latency in ms (client side; server p50 from x-compute-time); cpu in cores"
+        table.add_row(*point_row(p))
     return table
 
 
 def ratios_table(ratios: Sequence[Ratio]) -> Table:
-    table = Table(title="hare / baseline at the same settings")
-    for col in ("baseline", "seq", "batch", "conc/rate", "hare req/s", "baseline req/s", "throughput x", "p50 x"):
+    table = Table(title="hare / baseline at the same settings", caption=RATIOS_CAPTION)
+    for col in RATIO_COLUMNS:
         table.add_column(col, justify="left" if col == "baseline" else "right")
     for r in ratios:
-        load = f"{r.key['rate']:g}/s" if r.key["load"] == "open" else str(r.key["concurrency"])
-        table.add_row(
-            r.baseline,
-            str(r.key["seq_len"]),
-            str(r.key["batch"]),
-            load,
-            fmt(r.hare_req_s),
-            fmt(r.baseline_req_s),
-            fmt(r.req_s_ratio, 2),
-            fmt(r.p50_ratio, 2),
-        )
-    table.caption = "p50 x: baseline p50 / hare p50 (above 1: hare answers faster)"
+        table.add_row(*ratio_row(r))
     return table
 
 
