@@ -1,6 +1,7 @@
 """The bundle format `hare optimize` writes and `hare serve` reads: model.onnx and its weights in
-model.onnx.data (container/optimize/graphs.py says why apart), tokenizer.json, hare.json, and dense.npz when a
-sentence-transformers model has Dense modules after pooling. A bundle from before the data file, its weights
+model.onnx.data (container/optimize/graphs.py says why apart), tokenizer.json, hare.json, parity.npz (the
+validation set and PyTorch's answers, for `hare tune --check`), and dense.npz when a sentence-transformers model
+has Dense modules after pooling. A bundle from before the data file, its weights
 inline in model.onnx, loads the same.
 
 Loading a bundle needs onnxruntime, tokenizers and numpy only.
@@ -22,6 +23,8 @@ MODEL_FILE = "model.onnx"
 TOKENIZER_FILE = "tokenizer.json"
 MANIFEST_FILE = "hare.json"
 DENSE_FILE = "dense.npz"
+# The validation set and PyTorch's answers to it, so that `hare tune --check` re-runs the gate on another CPU.
+PARITY_FILE = "parity.npz"
 FORMAT_VERSION = 1
 
 

@@ -49,7 +49,7 @@ def test_bundle_has_manifest_with_every_variant(tiny_model: ModelFactory, tmp_pa
         assert chosen[0]["timings_ms"]["s8xb1"] == min(v["timings_ms"]["s8xb1"] for v in passed)
     assert manifest.source["weights_sha256"] and manifest.versions["onnxruntime"]
     assert "avx2" in manifest.machine["flags"] or manifest.machine["cpu"]
-    assert sorted(p.name for p in out.iterdir()) == ["hare.json", "model.onnx", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["hare.json", "model.onnx", "parity.npz", "tokenizer.json"]
     assert not list(tmp_path.glob(".bundle.partial-*"))
 
 

@@ -73,3 +73,39 @@ def test_a_gpu_bundle_is_refused_with_what_it_batches_to(elsewhere: Path, capsys
     (elsewhere / "hare.json").write_text(json.dumps(manifest | {"target": "gpu"}))
     assert main(["tune", str(elsewhere), *QUICK]) == 2
     assert "measured for CPU bundles" in capsys.readouterr().err
+
+
+def test_check_runs_the_shipped_gates_on_this_cpu(
+    tiny_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bundle carries its validation set and PyTorch's answers: the gates run again without torch."""
+    bundle = shutil.copytree(tiny_bundle("text-classification"), tmp_path / "bundle")
+    assert main(["tune", str(bundle), "--check"]) == 0
+    captured = capsys.readouterr()
+    assert "passes its gates on this CPU" in captured.out
+    assert all(gate in captured.err for gate in read_manifest(bundle).variants[0]["gates"])
+
+
+def test_check_fails_where_the_graph_misses_a_gate_and_says_what_to_do(
+    tiny_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As an int8 graph whose error on this CPU's kernels is over its gate: here the stored answers are moved
+    instead of the graph's, which the check cannot tell apart."""
+    import numpy as np
+
+    bundle = shutil.copytree(tiny_bundle("text-classification"), tmp_path / "bundle")
+    with np.load(bundle / "parity.npz") as stored:
+        arrays = {k: stored[k] + (1.0 if k.startswith("ref_") else 0) for k in stored.files}
+    np.savez(bundle / "parity.npz", **arrays)  # type: ignore[arg-type]
+    assert main(["tune", str(bundle), "--check"]) == 1
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps its lines
+    assert "fails max_abs_diff" in err and "rebuild it here" in err
+
+
+def test_check_of_a_bundle_without_its_validation_set_says_to_rebuild(
+    tiny_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = shutil.copytree(tiny_bundle("feature-extraction"), tmp_path / "bundle")
+    (bundle / "parity.npz").unlink()
+    assert main(["tune", str(bundle), "--check"]) == 2
+    assert "rebuild it" in " ".join(capsys.readouterr().err.split())

@@ -138,7 +138,7 @@ async def load(settings: Settings) -> Resources:
         log.warning(
             "%s's int8 variant %s was checked against PyTorch and timed on the %s int8 path (%s); this CPU takes "
             "the %s path, whose kernels round and add differently: its error and speed were not measured here. "
-            "`hare optimize` on this machine checks and picks again",
+            "`hare tune --check BUNDLE` runs its gates here; `hare optimize` on this machine checks and picks again",
             settings.bundle,
             manifest.variant,
             int8["checked_on"],

@@ -24,7 +24,7 @@ from rich.progress import (
 )
 from tokenizers import Encoding, Tokenizer
 
-from container.bundle import DENSE_FILE, MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE, Manifest
+from container.bundle import DENSE_FILE, MANIFEST_FILE, MODEL_FILE, PARITY_FILE, TOKENIZER_FILE, Manifest
 from container.machine import describe, physical_cores, versions
 from container.optimize import (
     adapters,
@@ -191,6 +191,7 @@ class Work:
     build_errors: dict[str, str] = field(default_factory=dict)
     reports: list[validate.VariantReport] = field(default_factory=list)
     pick: autotune.Pick | None = None
+    parity: validate.Parity | None = None  # what the variants were judged against (it ships with the bundle)
     token_rates: dict[int, float] = field(default_factory=dict)
     manifest: Manifest | None = None
 
@@ -280,7 +281,7 @@ def _reference(w: Work, step: Step) -> None:
 def _validate(w: Work, step: Step) -> None:
     assert w.reference is not None
     o = w.opts
-    parity = validate.Parity(
+    w.parity = parity = validate.Parity(
         w.reference, w.encodings, w.samples, o.task, w.src.pooling, o.thresholds or {}, o.target, w.src.multi_label
     )
     for v in w.chosen:
@@ -356,6 +357,8 @@ def _bundle(w: Work, step: Step) -> None:
     if w.src.dense:
         # The Dense modules run in numpy after pooling (tasks/ops.Dense): their weights travel as plain arrays.
         np.savez(bundle / DENSE_FILE, **source.dense_weights(w.src.dense))  # type: ignore[arg-type]
+    assert w.parity is not None
+    validate.save_parity(bundle / PARITY_FILE, w.parity)
     w.manifest = _manifest(w, best)
     (bundle / MANIFEST_FILE).write_text(w.manifest.to_json())
     step()

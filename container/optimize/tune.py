@@ -1,9 +1,16 @@
-"""`hare tune BUNDLE`: measure a CPU bundle's batch budget on this machine and write it into its hare.json.
+"""`hare tune BUNDLE`: measure a CPU bundle's batch budget on this machine and write it into its hare.json;
+`hare tune BUNDLE --check`: run the bundle's parity gate again on this machine.
 
 `hare optimize` measures the budget where it runs; an image's bundle is optimized where the image is built,
 and another CPU (other caches, more cores) may want another budget (docs/overload.md). This runs the
 optimizer's budget stage again on the bundle as it ships, with the same rule. `--dry-run` only prints it, as
-the HARE_MAX_BATCH_TOKENS to set where the bundle is read-only (an image's /bundle)."""
+the HARE_MAX_BATCH_TOKENS to set where the bundle is read-only (an image's /bundle).
+
+An int8 graph's error depends on the CPU's int8 kernels (container/machine.py INT8_PATHS): a bundle checked
+on an AMX machine and served on an AVX2 one was judged on other arithmetic. `--check` runs the shipped graph
+on the validation set the bundle carries (parity.npz: the inputs and PyTorch's answers) and applies the gates
+it shipped with; no torch is needed, so it runs in the serving image. A bundle holds one graph, so a failing
+check cannot re-pick: it says to rebuild on this CPU (or build with --variants fp32)."""
 
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from container.bundle import MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE, read_manifest
+from container.bundle import MANIFEST_FILE, MODEL_FILE, PARITY_FILE, TOKENIZER_FILE, read_manifest
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
 from tasks.errors import InputError
@@ -31,6 +38,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seconds", type=float, default=0.2, help="least time spent timing each budget")
     p.add_argument("--dry-run", action="store_true", help="measure and print; leave hare.json as it is")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="instead: run the bundle's parity gates on this CPU (exit 1 if the graph fails them here)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -40,6 +52,8 @@ def main(args: argparse.Namespace) -> int:
 
     bundle: Path = args.bundle
     manifest = read_manifest(bundle)
+    if args.check:
+        return check(bundle)
     if manifest.target != "cpu":
         raise InputError(
             f"{bundle} is a {manifest.target} bundle: the batch budget is measured for CPU bundles "
@@ -82,3 +96,52 @@ def _table(rates: dict[int, float], budget: int, before: int | None) -> Table:
         marks = [m for m, on in (("chosen", tokens == budget), ("was", tokens == before)) if on]
         table.add_row(str(tokens), f"{rate:,.0f} ({rate / best:.0%})", ", ".join(marks))
     return table
+
+
+def check(bundle: Path) -> int:
+    """The shipped graph against the bundle's stored reference, on this CPU, with the gates it shipped with."""
+    from container.machine import int8_check
+    from container.optimize.validate import judge, load_parity
+    from container.runtime import OnnxModel
+    from tasks.registry import get_task
+
+    manifest = read_manifest(bundle)
+    if not (bundle / PARITY_FILE).is_file():
+        raise InputError(f"{bundle} has no {PARITY_FILE} (built before hare kept its validation set): rebuild it")
+    shipped = next(v for v in manifest.variants if v["name"] == manifest.variant)
+    thresholds = {metric: float(g["threshold"]) for metric, g in shipped["gates"].items()}
+    feeds, refs, groups = load_parity(bundle / PARITY_FILE)
+    model = OnnxModel(bundle / MODEL_FILE, manifest.target, threads=1, output=manifest.output)
+    cand = [model.run(f)[0] for f in feeds]
+    task = get_task(manifest.task)
+    _, verdicts = judge(
+        task, manifest.precision, refs, cand, groups, manifest.pooling or "mean", manifest.multi_label, thresholds
+    )
+    path = int8_check(manifest.machine)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+    console.print(
+        f"{manifest.variant} ({manifest.precision}) on {path['serving_on']} int8 kernels; "
+        f"checked at build on {path['checked_on']}; {len(feeds)} samples"
+    )
+    table = Table()
+    for col in ("gate", "at build", "here", "threshold", "passes here"):
+        table.add_column(col, justify="left" if col == "gate" else "right")
+    for metric, verdict in verdicts.items():
+        built = shipped["gates"].get(metric, {}).get("value")
+        table.add_row(
+            metric,
+            "-" if built is None else f"{float(built):.4g}",
+            f"{float(verdict['value']):.4g}",
+            f"{float(verdict['threshold']):g}",
+            "yes" if verdict["passed"] else "NO",
+        )
+    console.print(table)
+    failed = [m for m, v in verdicts.items() if not v["passed"]]
+    if failed:
+        console.print(
+            f"{bundle}: {manifest.variant} fails {', '.join(failed)} on this CPU; rebuild it here "
+            "(hare optimize picks among the variants that pass on this CPU's kernels), or build with --variants fp32"
+        )
+        return 1
+    print(f"{bundle}: {manifest.variant} passes its gates on this CPU")
+    return 0

@@ -85,6 +85,31 @@ def candidate_outputs(model: OnnxModel, encodings: Sequence[Encoding]) -> list[N
     return [model.run(pad_batch([enc], model.input_names))[0] for enc in encodings]
 
 
+def judge(
+    task: TaskSpec,
+    precision: str,
+    ref: Sequence[NDArray[np.float32]],
+    cand: Sequence[NDArray[np.float32]],
+    groups: Sequence[int],
+    pooling: str,
+    multi_label: bool,
+    thresholds: Mapping[str, float],
+) -> tuple[dict[str, float], dict[str, dict[str, float | bool]]]:
+    """The metrics of candidate outputs against the reference, and each gate's verdict (the task's gates, and
+    FP32_GATE for an fp32 graph; `thresholds` overrides by metric name). The build and `hare tune --check`
+    both judge here."""
+    metrics = {"max_abs_diff": float(max(np.abs(r - c).max() for r, c in zip(ref, cand, strict=True)))}
+    metrics |= task.parity(ParityInput(ref, cand, groups, pooling, multi_label))
+    gates = [*task.gates, FP32_GATE] if precision == "fp32" else list(task.gates)
+    verdicts: dict[str, dict[str, float | bool]] = {}
+    for gate in gates:
+        threshold = thresholds.get(gate.metric, gate.threshold)
+        checked = Gate(gate.metric, threshold, gate.higher_is_better, gate.help)
+        value = metrics[gate.metric]
+        verdicts[gate.metric] = {"value": value, "threshold": threshold, "passed": checked.passes(value)}
+    return metrics, verdicts
+
+
 def validate(variant: Path, name: str, precision: str, parity: Parity) -> VariantReport:
     """Compare the graph at `variant` with the stored reference and apply the gates.
 
@@ -94,16 +119,10 @@ def validate(variant: Path, name: str, precision: str, parity: Parity) -> Varian
     with np.load(parity.reference) as stored:
         ref = [stored[str(i)] for i in range(len(parity.encodings))]
     cand = candidate_outputs(OnnxModel(variant, target=parity.target, output=task.output), parity.encodings)
-    metrics = {"max_abs_diff": float(max(np.abs(r - c).max() for r, c in zip(ref, cand, strict=True)))}
     groups = [s.group for s in parity.samples]
-    metrics |= task.parity(ParityInput(ref, cand, groups, parity.pooling or "mean", parity.multi_label))
-    gates = [*task.gates, FP32_GATE] if precision == "fp32" else list(task.gates)
-    verdicts: dict[str, dict[str, float | bool]] = {}
-    for gate in gates:
-        threshold = parity.thresholds.get(gate.metric, gate.threshold)
-        checked = Gate(gate.metric, threshold, gate.higher_is_better, gate.help)
-        value = metrics[gate.metric]
-        verdicts[gate.metric] = {"value": value, "threshold": threshold, "passed": checked.passes(value)}
+    metrics, verdicts = judge(
+        task, precision, ref, cand, groups, parity.pooling or "mean", parity.multi_label, parity.thresholds
+    )
     return VariantReport(
         name=name,
         precision=precision,
@@ -112,3 +131,27 @@ def validate(variant: Path, name: str, precision: str, parity: Parity) -> Varian
         passed=all(bool(v["passed"]) for v in verdicts.values()),
         size_mb=round(variant.stat().st_size / 2**20, 2),
     )
+
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def save_parity(out: Path, parity: Parity) -> Path:
+    """The validation set as each sample's model inputs, PyTorch's answers and the ranking groups, in one
+    .npz that travels with the bundle (no tokenizer or torch is needed to read it)."""
+    with np.load(parity.reference) as stored:
+        arrays = {f"ref_{i}": stored[str(i)] for i in range(len(parity.encodings))}
+    for i, enc in enumerate(parity.encodings):
+        arrays |= {f"{name}_{i}": value for name, value in pad_batch([enc], INPUTS).items()}
+    arrays["groups"] = np.array([s.group for s in parity.samples], dtype=np.int64)
+    np.savez_compressed(out, **arrays)  # type: ignore[arg-type]
+    return out
+
+
+def load_parity(path: Path) -> tuple[list[dict[str, NDArray[np.int64]]], list[NDArray[np.float32]], list[int]]:
+    """save_parity's file: per sample the model inputs and the reference, and the groups."""
+    with np.load(path) as stored:
+        groups = [int(g) for g in stored["groups"]]
+        feeds = [{name: stored[f"{name}_{i}"] for name in INPUTS} for i in range(len(groups))]
+        refs = [stored[f"ref_{i}"] for i in range(len(groups))]
+    return feeds, refs, groups
