@@ -213,7 +213,7 @@ class Settings:
         "gets its 429) for each answer a second the machine is measured to give; the others wait in the "
         "kernel's listen backlog, so a flood of greedy clients, which come back as soon as they are refused, "
         "cannot spend the cores on refusals, while open-loop arrivals up to (this + 1) x capacity are all "
-        "refused at once (0: the interval alone paces; docs/overload.md measures the choice)",
+        "refused at once (0: the interval alone paces; docs/history/measurements-2026-11.md measured the choice)",
         3.0,
     )
     refusal_interval_ms: float = _setting(

@@ -2,7 +2,7 @@
 `hare tune BUNDLE --check`: run the bundle's parity gate again on this machine.
 
 `hare optimize` measures the budget where it runs; an image's bundle is optimized where the image is built,
-and another CPU (other caches, more cores) may want another budget (docs/overload.md). This runs the
+and another CPU (other caches, more cores) may want another budget (docs/optimizer.md). This runs the
 optimizer's budget stage again on the bundle as it ships, with the same rule. `--dry-run` only prints it, as
 the HARE_MAX_BATCH_TOKENS to set where the bundle is read-only (an image's /bundle).
 
