@@ -5,7 +5,8 @@
                healthcheck.py, the images' HEALTHCHECK
     web/       the HTTP face: app.py (create_app, the lifespan that builds a worker's resources), routes.py,
                protocols/ (hf, openai, rerank, cohere_embed, tei, kserve), schemas.py (bodies), errors.py
-               (the one status table and the one error answer), metrics.py, openapi.py, public.py, state.py
+               (the one status table and the one error answer), metrics.py, openapi.py (the document, from
+               the route table; each route's owner writes its operation with openapi_parts.py), public.py, state.py
     engine/    inference, no HTTP: admission.py, pipeline.py (tokenize, queue, post-process), encoder.py,
                batching.py (with policy.py, lengthqueue.py, scheduler.py), cores.py (the machine-wide core
                pool), backend.py (the model call), errors.py (its errors, without statuses)

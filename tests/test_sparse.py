@@ -282,6 +282,14 @@ def test_served_by_hare_serve(m3: Path, m3_bundle: Path, tmp_path: Path) -> None
     assert np.allclose(dense.json()["dense_vecs"], reference[0]["dense_vecs"], atol=TOL)
 
 
+async def test_the_openapi_paths_are_the_route_table(splade_bundle: Path) -> None:
+    """Sparse routes in the document, dense ones out (tests/test_openapi.py's check)."""
+    from tests.test_openapi import assert_paths_are_the_route_table
+
+    async with serve(splade_bundle) as client:
+        await assert_paths_are_the_route_table(client)
+
+
 @pytest.mark.parametrize("kind", ["splade", "bge-m3"])
 def test_schemathesis_finds_nothing(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """The OpenAPI document of each kind of sparse bundle is exact (tests/test_openapi.py's fuzzing)."""

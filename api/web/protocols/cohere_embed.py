@@ -28,11 +28,12 @@ from starlette.responses import Response
 
 from api.engine.pipeline import PredictRequest
 from api.web import schemas
+from api.web.openapi_parts import INFER_ERRORS, Shapes, closed, nullable, ok, post
 from api.web.protocols.base import embeddings as needs_embeddings
 from api.web.protocols.base import infer, reply
 from api.web.state import Resources
 from tasks import params, quantize
-from tasks.base import Inputs
+from tasks.base import NUMBER, Inputs
 from tasks.errors import InvalidRequest
 
 FIELDS = (
@@ -165,3 +166,55 @@ async def embed(request: Request) -> Response:
     else:
         answer.update(response_type="embeddings_by_type", embeddings=_by_type(vectors, asked.types))
     return reply(call, answer)
+
+
+def v1_operation(s: Shapes) -> dict[str, Any] | None:
+    return _operation(s, "Cohere v1 embed")
+
+
+def v2_operation(s: Shapes) -> dict[str, Any] | None:
+    return _operation(s, "Cohere v2 embed")
+
+
+def _operation(s: Shapes, summary: str) -> dict[str, Any] | None:
+    if not needs_embeddings(s.task):
+        return None
+    encodings = {"type": "string", "enum": list(quantize.ENCODINGS)}
+    body = closed(
+        {
+            "texts": s.texts,
+            "input_type": nullable({"type": "string", "enum": list(INPUT_PROMPTS)}),
+            "embedding_types": nullable({"type": "array", "items": encodings, "minItems": 1}),
+            "output_dimension": nullable(
+                {"type": "integer", "minimum": 1, "maximum": s.bounds.get("width", params.INT64)}
+            ),
+            "truncate": nullable({"type": "string", "enum": list(TRUNCATE)}),
+            "model": {"type": ["string", "null"]},
+            "max_tokens": nullable({"type": "integer", "minimum": s.max_length, "maximum": params.INT64}),
+            "priority": {"type": ["integer", "null"], "minimum": -params.INT64, "maximum": params.INT64},
+        },
+        ["texts"],
+    )
+    assert set(body["properties"]) == set(FIELDS)
+    floats = {"type": "array", "items": {"type": "array", "items": NUMBER}}
+    codes = {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}
+    by_type = closed(
+        {
+            "float": floats,
+            **{kind: codes for kind in ("int8", "uint8", "binary", "ubinary")},
+            "base64": {"type": "array", "items": {"type": "string"}},
+        }
+    )
+    answer = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "embeddings": {"anyOf": [by_type, floats]},
+            "texts": {"type": "array", "items": {"type": "string"}},
+            "meta": {"type": "object"},
+            "response_type": {"type": "string", "enum": ["embeddings_by_type", "embeddings_floats"]},
+        },
+        "required": ["id", "embeddings", "texts", "meta", "response_type"],
+    }
+    done = ok(answer, "per embedding type asked, one entry per text (v1 without embedding_types: floats)")
+    return post(summary, body, done, INFER_ERRORS)

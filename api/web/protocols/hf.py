@@ -8,17 +8,23 @@ sentence similarity (also TEI's POST /similarity).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
 from api.engine.pipeline import PredictRequest
 from api.web import schemas
+from api.web.openapi_parts import INFER_ERRORS, Shapes, closed, nullable, ok, post
 from api.web.protocols.base import Call, embeddings, infer, reply
 from api.web.protocols.vectors import as_vector
 from api.web.state import Resources
 from tasks import params
+from tasks.base import NUMBER
 from tasks.errors import InvalidRequest
+
+COSINES = {"type": "array", "items": NUMBER}
 
 
 def _predict(body: bytes, res: Resources) -> tuple[PredictRequest, bool]:
@@ -57,3 +63,55 @@ def cosines(call: Call[bool]) -> list[float]:
     vectors = np.stack([as_vector(v) for v in call.served.answer.body])
     unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     return [float(c) for c in unit[1:] @ unit[0]]
+
+
+def _similarity_inputs(s: Shapes) -> dict[str, Any]:
+    return closed({"source_sentence": s.text, "sentences": s.texts}, ["source_sentence", "sentences"])
+
+
+def _inputs(s: Shapes) -> dict[str, Any]:
+    if s.task.pairs:
+        return {
+            "oneOf": [
+                closed({"query": s.text, "documents": s.texts}, ["query", "documents"]),
+                closed({"query": s.text, "texts": s.texts}, ["query", "texts"]),
+            ]
+        }
+    shapes = [s.text, s.texts]
+    if s.task.embeddings:
+        shapes.append(_similarity_inputs(s))
+    return {"oneOf": shapes}
+
+
+def predict_operation(s: Shapes) -> dict[str, Any]:
+    # Any parameter may also sit at the body's root, as huggingface_hub sends embedding options: stated in the
+    # description rather than the schema, where each would need a rule that it is not in both places.
+    body = closed(
+        {
+            "inputs": _inputs(s),
+            "parameters": nullable(closed(s.parameters())),
+            "options": {"type": ["object", "null"], "description": "ignored (the Inference API's wait_for_model)"},
+        },
+        ["inputs"],
+        description="any parameter may also sit at the body's root (as the Hugging Face client sends embedding "
+        "options); a root one wins over the same one in parameters",
+    )
+    answer = s.task.answer
+    if s.task.embeddings:
+        answer = {"anyOf": [answer, COSINES]}
+    summary = f"{s.task.name}: the Hugging Face Inference API (huggingface_hub's InferenceClient)"
+    return post(summary, body, ok(answer, "the task's answer"), INFER_ERRORS)
+
+
+def similarity_operation(s: Shapes) -> dict[str, Any] | None:
+    if not embeddings(s.task):
+        return None
+    body = closed(
+        {"inputs": _similarity_inputs(s), "parameters": nullable(closed(s.parameters(nullable=True)))}, ["inputs"]
+    )
+    return post(
+        "sentence similarity (TEI): cosine of the source sentence with each sentence",
+        body,
+        ok(COSINES, "one cosine per sentence"),
+        INFER_ERRORS,
+    )

@@ -31,6 +31,7 @@ from starlette.responses import Response
 from api.engine.pipeline import PredictRequest
 from api.web import schemas
 from api.web.errors import NotFound
+from api.web.openapi_parts import INFER_ERRORS, MODEL_ERRORS, Shapes, closed, errors, get, ok, post, response
 from api.web.protocols import base
 from api.web.protocols.base import Call, guarded, json_response, reply
 from api.web.state import Resources
@@ -246,3 +247,82 @@ def _pack(t: Tensor) -> bytes:
         return b"".join(struct.pack("<I", len(b)) + b for b in (s.encode() for s in t.data))
     dtype = {"FP32": "<f4", "INT64": "<i8"}[t.datatype]
     return np.ascontiguousarray(t.data, dtype=dtype).tobytes()
+
+
+LIVE = response({"type": "object", "properties": {"live": {"type": "boolean"}}}, "live")
+READY = response({"type": "object", "properties": {"ready": {"type": "boolean"}}}, "ready")
+NOT_READY = response({"type": "object", "properties": {"ready": {"type": "boolean"}}}, "not ready")
+
+
+def server_operation(s: Shapes) -> dict[str, Any]:
+    server = {"type": "object", "required": ["name", "version", "extensions"]}
+    return get("KServe v2 server metadata", response(server, "name, version, extensions"))
+
+
+def live_operation(s: Shapes) -> dict[str, Any]:
+    return {"summary": "KServe v2 liveness", "responses": {"200": LIVE, "503": LIVE}}
+
+
+def ready_operation(s: Shapes) -> dict[str, Any]:
+    return {"summary": "KServe v2 readiness", "responses": {"200": READY, "503": NOT_READY}}
+
+
+def metadata_operation(s: Shapes) -> dict[str, Any]:
+    io = {"type": "array", "items": {"type": "object"}}
+    meta = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "versions": {"type": "array"},
+            "platform": {"type": "string"},
+            "inputs": io,
+            "outputs": io,
+        },
+        "required": ["name", "versions", "platform", "inputs", "outputs"],
+    }
+    return get("KServe v2 model metadata", response(meta, "the model's tensors"), MODEL_ERRORS)
+
+
+def model_ready_operation(s: Shapes) -> dict[str, Any]:
+    responses = {"200": READY, "503": NOT_READY, **errors(MODEL_ERRORS)}
+    return {"summary": "KServe v2 model ready", "responses": responses}
+
+
+def infer_operation(s: Shapes) -> dict[str, Any]:
+    signature = s.task.tensors
+    scalars = {"type": ["object", "null"], "additionalProperties": {"type": ["string", "number", "boolean", "null"]}}
+    tensor = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "shape", "datatype"],
+        "properties": {
+            "name": {"type": "string"},
+            "shape": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": params.INT64}},
+            "datatype": {"const": "BYTES"},
+            "parameters": scalars,
+            "data": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+    body = {
+        "type": "object",
+        "required": ["inputs"],
+        "additionalProperties": False,
+        "properties": {
+            "id": {"type": ["string", "null"]},
+            "parameters": scalars,
+            "inputs": {"type": "array", "items": tensor, "minItems": 1},
+            "outputs": {
+                "type": ["array", "null"],
+                "items": closed({"name": {"type": "string"}, "parameters": scalars}, ["name"]),
+            },
+        },
+        "description": "inputs: "
+        + ", ".join(f"{t['name']} {t['datatype']} {t['shape']}" for t in signature.inputs)
+        + "; outputs: "
+        + ", ".join(f"{t['name']} {t['datatype']} {t['shape']}" for t in signature.outputs)
+        + "; the shape must count the data's elements; parameters are the task's",
+    }
+    done = ok({"type": "object", "required": ["model_name", "outputs"]}, "the output tensors")
+    done["content"]["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
+    summary = "KServe v2 infer (BYTES text tensors; binary tensor extension)"
+    return post(summary, body, done, (*INFER_ERRORS, NotFound))

@@ -19,13 +19,15 @@ from starlette.responses import Response
 from api.engine.pipeline import PredictRequest
 from api.web import schemas
 from api.web.errors import NotFound
+from api.web.openapi_parts import INFER_ERRORS, MODEL_ERRORS, Shapes, closed, get, ok, post, response
 from api.web.protocols.base import embeddings as needs_embeddings
 from api.web.protocols.base import guarded, infer, json_response, reply
 from api.web.state import Resources
 from container.bundle import MANIFEST_FILE
 from tasks import params
-from tasks.base import Inputs
+from tasks.base import TRUNCATED, Inputs
 from tasks.errors import InvalidRequest
+from tasks.feature_extraction import VECTOR
 from tasks.quantize import FLOATS
 
 FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
@@ -85,3 +87,60 @@ async def model(request: Request) -> Response:
     if request.path_params["model"] != res.model_name:
         raise NotFound(f"no model {request.path_params['model']!r}; this server serves {res.model_name!r}")
     return json_response(_model(res))
+
+
+MODEL = closed(
+    {
+        "id": {"type": "string"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"type": "string"},
+    },
+    ["id", "object", "created", "owned_by"],
+)
+
+
+def embeddings_operation(s: Shapes) -> dict[str, Any] | None:
+    if not needs_embeddings(s.task):
+        return None
+    body = closed(
+        {
+            "input": {"oneOf": [s.text, s.texts]},
+            "model": {"type": ["string", "null"], "description": "any name; the answer names this server's"},
+            "user": {"type": ["string", "null"]},
+            **s.parameters(PARAMETERS, nullable=True),
+            "encoding_format": {"type": ["string", "null"], "enum": [*FLOATS, None]},
+        },
+        ["input"],
+    )
+    data = closed(
+        {"object": {"const": "embedding"}, "index": {"type": "integer"}, "embedding": VECTOR},
+        ["object", "index", "embedding"],
+    )
+    usage = closed(
+        {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}, ["prompt_tokens", "total_tokens"]
+    )
+    answer = closed(
+        {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": data},
+            "model": {"type": "string"},
+            "usage": usage,
+            "truncated": TRUNCATED,
+        },
+        ["object", "data", "model", "usage"],
+    )
+    return post("OpenAI's embeddings API", body, ok(answer, "the embeddings"), INFER_ERRORS)
+
+
+def models_operation(s: Shapes) -> dict[str, Any]:
+    listed = {
+        "type": "object",
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": MODEL}},
+        "required": ["object", "data"],
+    }
+    return get("OpenAI's model list: this server's one model", response(listed, "the model"), MODEL_ERRORS)
+
+
+def model_operation(s: Shapes) -> dict[str, Any]:
+    return get("OpenAI's model", response(MODEL, "the model"), MODEL_ERRORS)

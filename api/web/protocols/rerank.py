@@ -21,10 +21,11 @@ from starlette.responses import Response
 
 from api.engine.pipeline import PredictRequest
 from api.web import schemas
+from api.web.openapi_parts import INFER_ERRORS, Shapes, closed, ok, post
 from api.web.protocols.base import infer, pairs, reply
 from api.web.state import Resources
 from tasks import params
-from tasks.base import Inputs
+from tasks.base import NUMBER, TRUNCATED, Inputs
 from tasks.errors import InputError, InvalidRequest
 
 FIELDS = (
@@ -104,4 +105,63 @@ async def rerank(request: Request) -> Response:
             "model": call.res.model_name,
             "usage": {"total_tokens": tokens, "prompt_tokens": tokens},
         },
+    )
+
+
+def v1_operation(s: Shapes) -> dict[str, Any] | None:
+    return _operation(s, "Cohere v1 rerank (and Jina's)")
+
+
+def v2_operation(s: Shapes) -> dict[str, Any] | None:
+    return _operation(s, "Cohere v2 rerank")
+
+
+def _operation(s: Shapes, summary: str) -> dict[str, Any] | None:
+    if not pairs(s.task):
+        return None
+    fields = {"type": ["string", "number", "boolean", "null"]}
+    document = {
+        "oneOf": [
+            s.text,
+            {"type": "object", "properties": {"text": s.text}, "required": ["text"], "additionalProperties": fields},
+        ]
+    }
+    positive = {"type": ["integer", "null"], "minimum": 1, "maximum": params.INT64}
+    body = closed(
+        {
+            "query": s.text,
+            "documents": {"type": "array", "items": document, "minItems": 1, "maxItems": s.texts["maxItems"]},
+            "model": {"type": ["string", "null"]},
+            "top_n": s.parameters(["top_n"], nullable=True)["top_n"],
+            "return_documents": {"type": ["boolean", "null"]},
+            "rank_fields": {"type": ["array", "null"], "items": {"type": "string"}},
+            "max_chunks_per_doc": positive,
+            "max_tokens_per_doc": positive,
+            "priority": {"type": ["integer", "null"], "minimum": -params.INT64, "maximum": params.INT64},
+        },
+        ["query", "documents"],
+    )
+    assert set(body["properties"]) == set(FIELDS)
+    result = closed(
+        {
+            "index": {"type": "integer"},
+            "relevance_score": NUMBER,
+            "document": {"type": "object"},
+            "truncated": TRUNCATED,
+        },
+        ["index", "relevance_score"],
+    )
+    answer = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "results": {"type": "array", "items": result},
+            "meta": {"type": "object"},
+            "model": {"type": "string"},
+            "usage": {"type": "object"},
+        },
+        "required": ["id", "results", "meta", "model", "usage"],
+    }
+    return post(
+        summary, body, ok(answer, "results best first: Cohere's id and meta, Jina's model and usage"), INFER_ERRORS
     )

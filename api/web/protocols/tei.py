@@ -29,11 +29,13 @@ from starlette.responses import Response
 
 from api.engine.pipeline import OFFLOAD_CHARS, PredictRequest
 from api.web import schemas
+from api.web.openapi_parts import INFER_ERRORS, READ_ERRORS, Shapes, closed, ok, post
 from api.web.protocols.base import embeddings, guarded, infer, json_response, pairs, reply, sparse
 from api.web.state import Resources
 from tasks import params, sparse_embedding
-from tasks.base import Inputs
+from tasks.base import NUMBER, TRUNCATED, Inputs
 from tasks.errors import InputTooLong, InvalidRequest
+from tasks.feature_extraction import EMBEDDING, TOKENS
 
 EMBED_ALL_FIELDS = ("inputs", "truncate", "truncation_direction", "prompt_name")
 SPARSE_FIELDS = ("inputs", "truncate", "truncation_direction", "top_k", "threshold")
@@ -172,3 +174,90 @@ async def decode(request: Request) -> Response:
                 raise InvalidRequest(f"{where} must be a token id from 0 to {vocab_size - 1}")
     skip = params.boolean({k: v for k, v in data.items() if v is not None}, "skip_special_tokens", True)
     return json_response(res.encoder.whole.decode_batch(batch, skip_special_tokens=skip))
+
+
+def _texts_body(s: Shapes, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """A TEI body of `inputs` and the parameters `names` (every one the server accepts by default)."""
+    return closed({"inputs": {"oneOf": [s.text, s.texts]}, **s.parameters(names, nullable=True)}, ["inputs"])
+
+
+def embed_operation(s: Shapes) -> dict[str, Any] | None:
+    if not embeddings(s.task):
+        return None
+    answer = ok({"type": "array", "items": EMBEDDING}, "the vectors")
+    summary = "TEI's embed: one vector per input (normalize defaults to true, as TEI)"
+    return post(summary, _texts_body(s), answer, INFER_ERRORS)
+
+
+def embed_all_operation(s: Shapes) -> dict[str, Any] | None:
+    if not embeddings(s.task):
+        return None
+    answer = ok({"type": "array", "items": TOKENS}, "token vectors per input")
+    summary = "TEI's embed_all: per input, its tokens' last hidden states (special tokens included, not pooled)"
+    return post(summary, _texts_body(s, EMBED_ALL_FIELDS), answer, INFER_ERRORS)
+
+
+def embed_sparse_operation(s: Shapes) -> dict[str, Any] | None:
+    if not sparse(s.task):
+        return None
+    answer = ok({"type": "array", "items": sparse_embedding.SPARSE}, "one sparse vector per input")
+    summary = "TEI's embed_sparse: the non-zero weights of each input"
+    return post(summary, _texts_body(s, SPARSE_FIELDS[1:]), answer, INFER_ERRORS)
+
+
+def rerank_operation(s: Shapes) -> dict[str, Any] | None:
+    if not pairs(s.task):
+        return None
+    body = closed(
+        {
+            "query": s.text,
+            "texts": s.texts,
+            "return_text": {"type": ["boolean", "null"]},
+            **s.parameters(["raw_scores", "truncate", "truncation_direction"], nullable=True),
+        },
+        ["query", "texts"],
+    )
+    assert set(body["properties"]) == set(RERANK_FIELDS)
+    item = closed(
+        {"index": {"type": "integer"}, "score": NUMBER, "text": {"type": "string"}, "truncated": TRUNCATED},
+        ["index", "score"],
+    )
+    return post("TEI's rerank", body, ok({"type": "array", "items": item}, "best first"), INFER_ERRORS)
+
+
+def tokenize_operation(s: Shapes) -> dict[str, Any]:
+    token = closed(
+        {
+            "id": {"type": "integer"},
+            "text": {"type": "string"},
+            "special": {"type": "boolean"},
+            "start": {"type": ["integer", "null"]},
+            "stop": {"type": ["integer", "null"]},
+        },
+        ["id", "text", "special", "start", "stop"],
+    )
+    body = closed(
+        {"inputs": {"oneOf": [s.text, s.texts]}, "add_special_tokens": {"type": ["boolean", "null"]}}, ["inputs"]
+    )
+    answer = ok({"type": "array", "items": {"type": "array", "items": token}}, "tokens per input", compute=False)
+    return post("TEI's tokenize (character offsets; special tokens have null ones)", body, answer, READ_ERRORS)
+
+
+def decode_operation(s: Shapes) -> dict[str, Any]:
+    limits = s.res.limits
+    top = s.res.encoder.whole.get_vocab_size() - 1
+    row = {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": top},
+        "minItems": 1,
+        "maxItems": limits.max_input_chars,
+    }
+    body = closed(
+        {
+            "ids": {"oneOf": [row, {"type": "array", "items": row, "minItems": 1, "maxItems": limits.max_inputs}]},
+            "skip_special_tokens": {"type": ["boolean", "null"]},
+        },
+        ["ids"],
+    )
+    answer = ok({"type": "array", "items": {"type": "string"}}, "one text per id list", compute=False)
+    return post("TEI's decode", body, answer, READ_ERRORS)
