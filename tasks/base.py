@@ -233,7 +233,7 @@ class TaskSpec:
     sparse: the task answers sparse vectors (TEI's /embed_sparse), from a SPLADE or bge-m3 folder.
 
     What the rest of hare asks of the task, so that no table elsewhere is keyed by task name:
-    answer: the JSON Schema of the /predict answer (api/web/openapi.py).
+    answer: the JSON Schema of the /predict answer (its OpenAPI operation, api/web/protocols/hf.py).
     tensors: its KServe v2 tensors (api/web/protocols/kserve.py).
     playground: its form and drawing in the console (admin_ui).
     baseline: how the vanilla transformers pipeline serves it (bench/baseline_app.py).

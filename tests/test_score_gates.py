@@ -144,3 +144,15 @@ def test_a_multi_label_checkpoint_is_validated_on_sigmoids(tmp_path: Path, monke
     model = make_model(tmp_path / "model", "text-classification", problem_type="multi_label_classification")
     quick_bundle(model, "text-classification", tmp_path / "bundle")
     assert seen == [True]
+
+
+@pytest.mark.parametrize(("magnitude", "off", "passes"), [(0.5, 5e-5, True), (0.5, 5e-4, False), (100.0, 5e-3, True)])
+def test_the_fp32_gate_is_per_unit_of_the_outputs_magnitude(magnitude: float, off: float, passes: bool) -> None:
+    """float32 rounds relative to a value's size: hidden states that run to 100 are as exact at 5e-3 as
+    outputs under 1 are at 5e-5; a miss of 5e-4 on small outputs is a different computation."""
+    task = get_task("feature-extraction")
+    ref = [np.full((4, 8), magnitude, dtype=np.float32), np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)]
+    cand = [r + np.float32(off) for r in ref]
+    _, verdicts = validate.judge(task, "fp32", ref, cand, [0, 0], "mean", False, {})
+    assert verdicts["max_abs_diff"]["passed"] is passes
+    assert verdicts["max_abs_diff"]["threshold"] == pytest.approx(1e-4 * max(1.0, magnitude))
