@@ -1,9 +1,11 @@
-"""`hare bench`: run | headline | overload | model | ceiling | list | show | compare | export | report.
+"""`hare bench`: run | headline | overload | peers | model | ceiling | list | show | compare | export | report.
 
 hare bench run BUNDLE --seq 8,128 --batch 1 --concurrency 2 --baseline vanilla,comet
 hare bench run http://127.0.0.1:8000 --bundle BUNDLE        (a server already running)
 hare bench run BUNDLE --load open --rate 50,100 --duration 20
 hare bench headline                                         (the issue's scenario, with its goals)
+hare bench peers [MODEL_DIR] [--bundle BUNDLE]              (in process: hare's bundle vs sentence-transformers,
+                                                             its ONNX/OpenVINO backends and int8, fastembed)
 hare bench model mpnet-base DIR                             (a random-weights folder of a real geometry)
 hare bench ceiling                                          (the load generator against a trivial server)
 hare bench list | show RUN | compare RUN RUN | export RUN --format csv | report RUN --format html
@@ -132,6 +134,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
     over.add_argument("--no-tail", action="store_true", help="skip the p99/p50 phases")
     _common(over)
 
+    peers = sub.add_parser(
+        "peers",
+        help="hare's bundle against sentence-transformers (torch, onnx, openvino, int8) and fastembed, in process",
+        description="See bench/peers.py for each candidate and how its threads are set.",
+    )
+    peers.add_argument(
+        "model_dir",
+        nargs="?",
+        type=Path,
+        default=None,
+        help="sentence-transformers folder (default: the default model)",
+    )
+    peers.add_argument("--bundle", type=Path, help="hare's bundle of it (default: `hare optimize` it, cached)")
+    peers.add_argument("--seq", type=int, default=128, help="tokens per text for the speed figures (default 128)")
+    peers.add_argument("--batch", type=int, default=32, help="the throughput batch (default 32; batch 1 always)")
+    peers.add_argument("--threads", type=_ints, default=[1, 2], help="thread counts (default 1,2)")
+    peers.add_argument("--rounds", type=int, default=5, help="rounds of every candidate in turn (default 5)")
+    peers.add_argument("--seconds", type=float, default=1.0, help="seconds recorded per slot and round (default 1)")
+    peers.add_argument("--fidelity", type=int, default=200, help="texts in the fidelity set (default 200)")
+    peers.add_argument("--fidelity-max", type=int, default=200, help="the fidelity set's longest text in tokens")
+    peers.add_argument("--only", type=_names, default=None, help="candidates to run (torch always runs)")
+    peers.add_argument("--skip", type=_names, default=[], help="candidates to leave out")
+    peers.add_argument(
+        "--int8-config",
+        choices=["avx512_vnni", "avx512", "avx2", "arm64"],
+        default=None,
+        help="sentence-transformers' dynamic int8 configuration (default: from the CPU's flags)",
+    )
+    peers.add_argument("--work", type=Path, default=None, help="where the peers' exports are kept (default: cache)")
+    peers.add_argument("--name", default="", help="a label for the run")
+    _common(peers)
+
     model = sub.add_parser("model", help="write a random-weights model folder of a real checkpoint's geometry")
     model.add_argument("name", choices=sorted(GEOMETRIES), help="the geometry (see bench/geometries.py)")
     model.add_argument("folder", type=Path, help="where to write it (kept as it is if already built)")
@@ -187,6 +221,7 @@ def main(args: argparse.Namespace) -> int:
         "run": _run,
         "headline": _headline,
         "overload": _overload,
+        "peers": _peers,
         "model": _model,
         "ceiling": _ceiling,
         "list": _list,
@@ -286,6 +321,41 @@ def _overload(args: argparse.Namespace) -> int:
     return 0
 
 
+def _peers(args: argparse.Namespace) -> int:
+    from bench.peers import CANDIDATES, PeersOptions, run_peers
+    from bench.subjects import bundle_for_model
+    from container.defaults import DEFAULT_TASK, default_model_dir
+
+    model_dir = args.model_dir or default_model_dir()
+    if not (model_dir / "config.json").is_file():
+        raise InputError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
+    bundle = args.bundle or bundle_for_model(model_dir, DEFAULT_TASK)
+    chosen = tuple(args.only) if args.only else CANDIDATES
+    if args.only and "torch" not in chosen:
+        chosen = ("torch", *chosen)
+    options = PeersOptions(
+        model_dir=model_dir,
+        bundle=bundle,
+        seq_len=args.seq,
+        batch=args.batch,
+        threads=tuple(args.threads),
+        rounds=args.rounds,
+        seconds=args.seconds,
+        fidelity=args.fidelity,
+        fidelity_max=args.fidelity_max,
+        candidates=tuple(c for c in chosen if c not in args.skip),
+        int8_config=args.int8_config,
+        work=args.work,
+        name=args.name,
+    )
+    store = _store(args)
+    with cancellable() as stop:
+        run_id, _ = run_peers(options, store, stop)
+    run = store.run(run_id)
+    _print_run(store, run_id)
+    return CANCELLED if run.status == "cancelled" else (0 if run.status == "done" else 1)
+
+
 def _model(args: argparse.Namespace) -> int:
     from bench.geometries import build
 
@@ -343,6 +413,11 @@ def _print_run(store: Store, run_id: int) -> None:
         f"versions: {' '.join(f'{k} {v}' for k, v in run.versions.items())}\n"
         f"bundle manifest sha256: {run.manifest_hash or '-'}" + (f"\nmessage: {run.message}" if run.message else "")
     )
+    if run.kind == "peers":
+        from bench.peers import print_peers
+
+        print_peers(run.summary, run.settings)
+        return
     console.print(points_table(store.points(run_id)))
     ratios = store.ratios(run_id)
     if ratios:
