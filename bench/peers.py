@@ -74,7 +74,7 @@ from bench.store import Store
 from bench.subjects import cache_dir, manifest_hash
 from bench.tables import fmt, wide_console
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_dense, read_manifest
-from container.machine import describe
+from container.machine import describe, versions
 from container.runtime import OnnxModel
 from tasks.errors import InputError
 from tasks.ops import cosine, normalize_vector, pad_batch, pool_tokens
@@ -678,7 +678,7 @@ def run_peers(
         target=str(options.bundle),
         manifest_hash=manifest_hash(options.bundle),
         machine=machine,
-        versions=package_versions(),
+        versions=versions(PACKAGES),
         settings={
             "model_dir": str(options.model_dir),
             "bundle": str(options.bundle),
@@ -799,20 +799,6 @@ def _point(run_id: int, idx: int, key: str, threads: int, batch: int, seq_len: i
         client_cpu=slot.cpu_s / max(slot.wall_s, 1e-9),
         extra={"candidate": LABELS[key], "cpu_ms_p50": summarize(slot.cpu_ms).p50},
     )
-
-
-def package_versions() -> dict[str, str]:
-    """Python's version and every package a candidate runs on that is installed here."""
-    import platform
-    from importlib import metadata
-
-    found = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
 
 
 # -- the goal and the table -----------------------------------------------------------------------------------
