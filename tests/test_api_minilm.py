@@ -12,6 +12,7 @@ from container.defaults import default_model_dir
 from container.optimize.pipeline import OptimizeOptions, optimize
 from tasks.registry import get_task
 from tests.api_helpers import serve
+from tests.conftest import TorchWork
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 TEXTS = [
@@ -28,10 +29,21 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bundle(tmp_path_factory: pytest.TempPathFactory, torch_work: TorchWork) -> Path:
     out = tmp_path_factory.mktemp("minilm-serve") / "bundle"
     task = get_task("feature-extraction")
-    optimize(OptimizeOptions(default_model_dir(), task, out, only=["fp32"], tune_lengths=[16], tune_batches=[1]))
+    options = OptimizeOptions(
+        default_model_dir(),
+        task,
+        out,
+        only=["fp32"],
+        tune_lengths=[16],
+        tune_batches=[1],
+        tune_seconds=0.05,
+        tune_streams=1,
+    )
+    with torch_work.reused():  # one export (and reference) of MiniLM for this file and tests/test_default_model.py
+        optimize(options)
     return out
 
 

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.subjects import bundle_for_model
 from container.bundle import read_manifest
-from tests.conftest import ModelFactory
+from container.optimize import export, pipeline, validate
+from tests.conftest import ModelFactory, TorchWork
 
 
 def test_a_cached_bundle_is_reused_unless_it_predates_the_batch_budget_or_additive_masks(
-    tiny_model: ModelFactory, tmp_path: Path
+    tiny_model: ModelFactory, torch_work: TorchWork, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # What is under test is when the cache is rebuilt: its builds tune quickly (one point, one stream) and share
+    # the session's export and reference outputs of the model.
+    quick = functools.partial(
+        pipeline.OptimizeOptions, tune_lengths=[8], tune_batches=[1], tune_seconds=0.01, tune_streams=1
+    )
+    monkeypatch.setattr(pipeline, "OptimizeOptions", quick)
+    monkeypatch.setattr(export, "export_onnx", torch_work.export)
+    monkeypatch.setattr(validate, "reference_outputs", torch_work.reference)
     model, out = tiny_model("feature-extraction"), tmp_path / "cached"
     manifest_file = out / "hare.json"
     assert bundle_for_model(model, "feature-extraction", out, ["fp32"]) == out

@@ -14,6 +14,7 @@ from container.optimize.pipeline import OptimizeOptions, optimize
 from container.runtime import OnnxModel
 from tasks.ops import l2_normalize, pad_batch, pool_tokens
 from tasks.registry import get_task
+from tests.conftest import TorchWork
 
 pytestmark = pytest.mark.slow
 
@@ -29,19 +30,21 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bundle(tmp_path_factory: pytest.TempPathFactory, torch_work: TorchWork) -> Path:
     out = tmp_path_factory.mktemp("minilm") / "bundle"
-    optimize(
-        OptimizeOptions(
-            model_dir=default_model_dir(),
-            task=get_task("feature-extraction"),
-            out=out,
-            only=["fp32", "int8", "int8-block32"],
-            tune_lengths=[16],
-            tune_batches=[1],
-            tune_seconds=0.05,
+    with torch_work.reused():  # one export (and reference) of MiniLM for this file and tests/test_api_minilm.py
+        optimize(
+            OptimizeOptions(
+                model_dir=default_model_dir(),
+                task=get_task("feature-extraction"),
+                out=out,
+                only=["fp32", "int8", "int8-block32"],
+                tune_lengths=[16],
+                tune_batches=[1],
+                tune_seconds=0.05,
+                tune_streams=1,
+            )
         )
-    )
     return out
 
 
@@ -75,13 +78,13 @@ def test_manifest_reads_the_model_files(bundle: Path) -> None:
 
 
 def test_chosen_bundle_and_fp32_match_sentence_transformers(
-    bundle: Path, tmp_path: Path, reference: np.ndarray
+    bundle: Path, tmp_path: Path, reference: np.ndarray, torch_work: TorchWork
 ) -> None:
-    from container.optimize import export, source
+    from container.optimize import source
 
     task = get_task("feature-extraction")
     fp32 = tmp_path / "fp32.onnx"
-    export.export_onnx(source.inspect_source(default_model_dir(), task), task, fp32)
+    torch_work.export(source.inspect_source(default_model_dir(), task), task, fp32)
     cos_fp32 = (embed(fp32, bundle, TEXTS) * l2_normalize(reference)).sum(-1)
     assert cos_fp32.min() >= 0.999
     manifest = read_manifest(bundle)

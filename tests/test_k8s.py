@@ -527,7 +527,7 @@ def test_entrypoint_optimizes_a_model_once(
         "HARE_TASK": "text-classification",
         "HARE_CACHE_DIR": str(tmp_path),
         "HARE_TARGET": "cpu",
-        "HARE_OPTIMIZE_ARGS": "--variants fp32 --tune-lengths 8 --tune-batches 1",
+        "HARE_OPTIMIZE_ARGS": "--variants fp32 --tune-lengths 8 --tune-batches 1 --tune-seconds 0.02 --tune-streams 1",
     }
     _, first = entrypoint.command([], env)
     bundle = Path(first["HARE_BUNDLE"])
@@ -537,5 +537,7 @@ def test_entrypoint_optimizes_a_model_once(
     assert second["HARE_BUNDLE"] == str(bundle)
     assert "serving the cached bundle" in capsys.readouterr().err
     # Other optimizer arguments are another bundle.
-    _, third = entrypoint.command([], {**env, "HARE_OPTIMIZE_ARGS": "--variants int8 --tune-lengths 8"})
+    _, third = entrypoint.command(
+        [], {**env, "HARE_OPTIMIZE_ARGS": "--variants int8 --tune-lengths 8 --tune-batches 1 --tune-seconds 0.02"}
+    )
     assert third["HARE_BUNDLE"] != str(bundle)

@@ -12,7 +12,7 @@ from tokenizers import Encoding, Tokenizer
 from container.optimize import export, fuse, masks, quantize, source, textset, tokenizer, validate
 from container.runtime import OnnxModel
 from tasks.registry import get_task
-from tests.conftest import ModelFactory
+from tests.conftest import ExportFactory, ModelFactory, TorchWork
 from tests.tiny_models import FAMILIES, FAST_PAIRS, SLOW_PAIRS
 
 FP32_TOL = 1e-4  # the exported and fused fp32 graphs must match PyTorch to this (max |Δ output|)
@@ -22,12 +22,18 @@ INT8_TOL = 0.1  # blockwise int8 (one scale per 32 weights) of a tiny random mod
 @pytest.mark.parametrize(
     ("arch", "task_name"), [*FAST_PAIRS, *(pytest.param(*pair, marks=pytest.mark.slow) for pair in SLOW_PAIRS)]
 )
-def test_every_stage_keeps_parity(tiny_model: ModelFactory, tmp_path: Path, arch: str, task_name: str) -> None:
+def test_every_stage_keeps_parity(
+    tiny_model: ModelFactory,
+    tiny_export: ExportFactory,
+    torch_work: TorchWork,
+    tmp_path: Path,
+    arch: str,
+    task_name: str,
+) -> None:
     task = get_task(task_name)
     src = source.inspect_source(tiny_model(task_name, arch), task)
 
-    fp32 = tmp_path / "fp32.onnx"
-    inputs = export.export_onnx(src, task, fp32)
+    fp32, inputs = tiny_export(task_name, arch)  # a copy of export.export_onnx's graph (one export per model)
     masks.additive_masks(fp32, fp32)  # as the pipeline's export stage does
     # token_type_ids only where the model has segment embeddings to feed
     assert ("token_type_ids" in inputs) == FAMILIES[arch].segments
@@ -38,14 +44,17 @@ def test_every_stage_keeps_parity(tiny_model: ModelFactory, tmp_path: Path, arch
     assert tok.truncation is not None and tok.truncation["max_length"] == src.max_length
 
     fused = tmp_path / "fused.onnx"
-    counts = fuse.fuse(fp32, fused)
+    # The fusion itself, in this process: the child process fuse.fuse runs it in (under a memory cap) is
+    # checked once, below, to fuse and count the same.
+    counts = fuse._fuse_here(fp32, fused, "bert", False, fuse.attention_shape(src.config))
     # Something fused in every family (at least LayerNorm and Gelu per layer); the BERT-shaped ones get more.
     assert sum(counts.values()) >= 2, counts
     int8 = quantize.quantize_int8(fused, tmp_path / "int8.onnx")
 
     samples = textset.builtin_samples(tok, task.pairs)
     encodings = validate.encode_samples(tok, samples)
-    ref = validate.reference_outputs(src, task, encodings, inputs, tmp_path / "ref.npz")
+    # validate.reference_outputs's (computed once per model and task: the model's bundles reuse it)
+    ref = torch_work.reference(src, task, encodings, inputs, tmp_path / "ref.npz")
     parity = validate.Parity(ref, encodings, samples, task, src.pooling)
 
     for graph in (fp32, fused):
@@ -79,15 +88,16 @@ def _correlation(reference: Path, model: OnnxModel, encodings: list[Encoding]) -
 
 
 @pytest.mark.slow
-def test_blockwise_int8_keeps_parity(tiny_model: ModelFactory, tmp_path: Path) -> None:
+def test_blockwise_int8_keeps_parity(
+    tiny_model: ModelFactory, tiny_export: ExportFactory, torch_work: TorchWork, tmp_path: Path
+) -> None:
     task = get_task("feature-extraction")
     src = source.inspect_source(tiny_model("feature-extraction", "xlm-roberta"), task)
-    fp32 = tmp_path / "fp32.onnx"
-    inputs = export.export_onnx(src, task, fp32)
+    fp32, inputs = tiny_export("feature-extraction", "xlm-roberta")
     tok = Tokenizer.from_file(str(tokenizer.write_tokenizer(src, tmp_path / "tokenizer.json")))
     samples = textset.builtin_samples(tok, task.pairs)
     encodings = validate.encode_samples(tok, samples)
-    ref = validate.reference_outputs(src, task, encodings, inputs, tmp_path / "ref.npz")
+    ref = torch_work.reference(src, task, encodings, inputs, tmp_path / "ref.npz")
     block = quantize.quantize_blockwise(fp32, tmp_path / "block.onnx")
     report = validate.validate(block, "int8-block32", "int8", validate.Parity(ref, encodings, samples, task, "mean"))
     assert report.metrics["max_abs_diff"] <= INT8_TOL and report.passed, report.metrics
@@ -186,22 +196,16 @@ def _padded_batch() -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def test_a_graph_without_selected_masks_is_left_alone(tiny_model: ModelFactory, tmp_path: Path) -> None:
+def test_a_graph_without_selected_masks_is_left_alone(tiny_export: ExportFactory) -> None:
     """BERT adds its mask already: nothing to rewrite, and the file is not written again."""
-    task = get_task("feature-extraction")
-    src = source.inspect_source(tiny_model("feature-extraction"), task)
-    graph = tmp_path / "fp32.onnx"
-    export.export_onnx(src, task, graph)
+    graph, _ = tiny_export("feature-extraction")
     written = graph.stat().st_mtime_ns
     assert masks.additive_masks(graph, graph) == 0
     assert graph.stat().st_mtime_ns == written
 
 
-def test_outputs_have_dynamic_batch_and_sequence_axes(tiny_model: ModelFactory, tmp_path: Path) -> None:
-    task = get_task("token-classification")
-    src = source.inspect_source(tiny_model("token-classification"), task)
-    path = tmp_path / "m.onnx"
-    export.export_onnx(src, task, path)
+def test_outputs_have_dynamic_batch_and_sequence_axes(tiny_export: ExportFactory) -> None:
+    path, _ = tiny_export("token-classification")
     model = OnnxModel(path)
     for batch, length in [(1, 3), (5, 40)]:
         feeds = {n: np.ones((batch, length), dtype=np.int64) for n in model.input_names}
@@ -248,14 +252,12 @@ def test_the_fused_graph_has_one_attention_kernel_per_layer(
     assert fuse.attention_shape({"hidden_size": 32}) == (0, 0)  # nothing to tell: ORT reads the graph
 
 
-def test_gpu_fp16_graph_keeps_its_io_types(tiny_model: ModelFactory, tmp_path: Path) -> None:
+def test_gpu_fp16_graph_keeps_its_io_types(tiny_export: ExportFactory, tmp_path: Path) -> None:
     """The fp16 conversion runs anywhere; running it needs a GPU (checked on one when available)."""
     import onnx
 
-    task = get_task("text-classification")
-    src = source.inspect_source(tiny_model("text-classification"), task)
-    export.export_onnx(src, task, tmp_path / "fp32.onnx")
-    fuse.fuse(tmp_path / "fp32.onnx", tmp_path / "fused.onnx", use_gpu=True)
+    fp32, _ = tiny_export("text-classification")
+    fuse.fuse(fp32, tmp_path / "fused.onnx", use_gpu=True)
     graph = onnx.load(str(fuse.to_fp16(tmp_path / "fused.onnx", tmp_path / "fp16.onnx"))).graph
     assert {i.type.tensor_type.elem_type for i in graph.input} == {onnx.TensorProto.INT64}
     assert graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
@@ -274,6 +276,22 @@ def test_gpu_target_without_cuda_is_refused_before_any_work(tiny_model: ModelFac
     with pytest.raises(InputError, match="CUDAExecutionProvider"):
         optimize(OptimizeOptions(tiny_model("text-classification"), get_task("text-classification"), out, "gpu"))
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_the_fusion_runs_in_a_process_of_its_own_and_reports_what_it_fused(
+    tiny_export: ExportFactory, tmp_path: Path
+) -> None:
+    """fuse.fuse as the optimizer calls it: a child process (under a memory cap) writes the fused graph and
+    reports its fused-operator counts, the same graph and counts as the fusion run here."""
+    import onnx
+
+    fp32, _ = tiny_export("text-classification")
+    heads = (4, 32)  # the tiny BERT's, as the optimizer passes them from its config
+    counts = fuse.fuse(fp32, tmp_path / "child.onnx", attention=heads)
+    assert counts == fuse._fuse_here(fp32, tmp_path / "here.onnx", "bert", False, heads)
+    assert counts.get("SkipLayerNormalization", 0) >= 2, counts
+    child, here = onnx.load(str(tmp_path / "child.onnx")), onnx.load(str(tmp_path / "here.onnx"))
+    assert child.graph.SerializeToString() == here.graph.SerializeToString()
 
 
 def test_a_fusion_out_of_memory_fails_only_the_fused_variants(
@@ -304,7 +322,7 @@ def test_a_fusion_out_of_memory_fails_only_the_fused_variants(
 
 
 def test_a_graph_past_protobufs_limit_ships_with_one_data_file(
-    tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_export: ExportFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A 0.6B decoder's fp32 graph (2.4 GB) cannot be one protobuf: its weights travel in `model.onnx.data`,
     however many files the exporter scattered them into, and the bundle's graph answers as before."""
@@ -312,10 +330,7 @@ def test_a_graph_past_protobufs_limit_ships_with_one_data_file(
 
     from container.optimize import graphs
 
-    task = get_task("feature-extraction")
-    src = source.inspect_source(tiny_model("feature-extraction", "qwen3"), task)
-    inline = tmp_path / "inline.onnx"
-    export.export_onnx(src, task, inline)
+    inline, _ = tiny_export("feature-extraction", "qwen3")
     scattered = tmp_path / "export" / "fp32.onnx"
     scattered.parent.mkdir()
     onnx.save(onnx.load(str(inline)), str(scattered), save_as_external_data=True, all_tensors_to_one_file=False)
@@ -334,7 +349,7 @@ def test_a_graph_past_protobufs_limit_ships_with_one_data_file(
 
 
 def test_a_shipped_graph_keeps_its_big_weights_page_aligned_in_the_data_file(
-    tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_export: ExportFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ONNX Runtime maps a weight of the data file (shared by sessions and workers, not copied into each) only
     when its offset is a multiple of the allocation granularity: every weight from MAP_BYTES up sits there,
@@ -343,9 +358,7 @@ def test_a_shipped_graph_keeps_its_big_weights_page_aligned_in_the_data_file(
 
     from container.optimize import graphs
 
-    src = source.inspect_source(tiny_model("feature-extraction", "bert"), get_task("feature-extraction"))
-    inline = tmp_path / "inline.onnx"
-    export.export_onnx(src, get_task("feature-extraction"), inline)
+    inline, _ = tiny_export("feature-extraction", "bert")
     monkeypatch.setattr(graphs, "MAP_BYTES", 2048)
     graphs.ship(inline, tmp_path / "model.onnx")
 

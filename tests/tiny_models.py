@@ -8,6 +8,7 @@ trained on (Unigram: scored from) a small English corpus and saved the way trans
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -215,9 +216,19 @@ SLOW_PAIRS = [(a, t) for a, f in FAMILIES.items() for t in TASK_ORDER if t in f.
 
 
 def _tokenizer(kind: str, specials: list[str]) -> Tokenizer:
-    """A tokenizer of `kind` for the corpus (no post-processor yet), the same on every run.
+    """A tokenizer of `kind` for the corpus (no post-processor yet), the same on every run: a fresh copy of
+    the one built first for (kind, specials), since callers change theirs (WordPiece's merges, in Python, took
+    about half a second a model)."""
+    return Tokenizer.from_str(_tokenizer_json(kind, tuple(specials)))
 
-    Byte-level BPE is trained (its trainer is deterministic); WordPiece and Unigram are built here, because
+
+@functools.cache
+def _tokenizer_json(kind: str, specials: tuple[str, ...]) -> str:
+    return _build_tokenizer(kind, list(specials)).to_str()
+
+
+def _build_tokenizer(kind: str, specials: list[str]) -> Tokenizer:
+    """Byte-level BPE is trained (its trainer is deterministic); WordPiece and Unigram are built here, because
     their trainers give a different vocabulary on every run, and with it a different tiny model."""
     unk = specials[1] if specials[0] == "[PAD]" else "<unk>"
     if kind == "bpe":
