@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,6 +37,7 @@ class VariantReport:
     size_mb: float
     timings_ms: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # the build (fusion, quantization) failed: why; nothing else was measured
+    build: dict[str, Any] = field(default_factory=dict)  # what a calibrated build chose (int8-mixed: mixed.Plan)
 
     @classmethod
     def failed_build(cls, name: str, precision: str, error: str) -> VariantReport:
@@ -85,6 +87,20 @@ def candidate_outputs(model: OnnxModel, encodings: Sequence[Encoding]) -> list[N
     return [model.run(pad_batch([enc], model.input_names))[0] for enc in encodings]
 
 
+def verdicts(
+    metrics: Mapping[str, float], gates: Sequence[Gate], thresholds: Mapping[str, float]
+) -> dict[str, dict[str, float | bool]]:
+    """Each gate's verdict on `metrics`: its value, its threshold (`thresholds` overrides by metric name) and
+    whether it passed."""
+    judged: dict[str, dict[str, float | bool]] = {}
+    for gate in gates:
+        threshold = thresholds.get(gate.metric, gate.threshold)
+        checked = Gate(gate.metric, threshold, gate.higher_is_better, gate.help)
+        value = metrics[gate.metric]
+        judged[gate.metric] = {"value": value, "threshold": threshold, "passed": checked.passes(value)}
+    return judged
+
+
 def validate(variant: Path, name: str, precision: str, parity: Parity) -> VariantReport:
     """Compare the graph at `variant` with the stored reference and apply the gates.
 
@@ -98,17 +114,12 @@ def validate(variant: Path, name: str, precision: str, parity: Parity) -> Varian
     groups = [s.group for s in parity.samples]
     metrics |= task.parity(ParityInput(ref, cand, groups, parity.pooling or "mean", parity.multi_label))
     gates = [*task.gates, FP32_GATE] if precision == "fp32" else list(task.gates)
-    verdicts: dict[str, dict[str, float | bool]] = {}
-    for gate in gates:
-        threshold = parity.thresholds.get(gate.metric, gate.threshold)
-        checked = Gate(gate.metric, threshold, gate.higher_is_better, gate.help)
-        value = metrics[gate.metric]
-        verdicts[gate.metric] = {"value": value, "threshold": threshold, "passed": checked.passes(value)}
+    judged = verdicts(metrics, gates, parity.thresholds)
     return VariantReport(
         name=name,
         precision=precision,
         metrics=metrics,
-        gates=verdicts,
-        passed=all(bool(v["passed"]) for v in verdicts.values()),
+        gates=judged,
+        passed=all(bool(v["passed"]) for v in judged.values()),
         size_mb=round(variant.stat().st_size / 2**20, 2),
     )
