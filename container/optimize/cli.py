@@ -149,6 +149,8 @@ def main(args: argparse.Namespace) -> int:
         console,
     )
     console.print(variant_table(manifest))
+    for line in build_lines(manifest):
+        console.print(line)
     if manifest.pick:
         console.print(pick_line(manifest.pick))
     if manifest.max_batch_tokens:
@@ -178,6 +180,21 @@ def variant_table(manifest: Manifest) -> Table:
             *[f"{v['timings_ms'][p]:.2f}" if p in v["timings_ms"] else "-" for p in points],
         )
     return table
+
+
+def build_lines(manifest: Manifest) -> list[str]:
+    """What each calibrated variant's build chose (int8-mixed: the smoothing and the MatMuls kept fp32)."""
+    lines = []
+    for v in manifest.variants:
+        chose = v.get("build") or {}
+        if "fp32" not in chose:
+            continue
+        kept, alpha = chose["fp32"], chose["alpha"]
+        smoothing = f"smoothing alpha {alpha:g} on {chose['smoothed']} activations" if alpha else "no smoothing"
+        how = f"chosen on {chose['calibration']} samples, {chose['passes']} simulated passes, {chose['seconds']:.1f} s"
+        named = f" ({', '.join(kept)})" if kept else ""
+        lines.append(f"{v['name']}: {smoothing}; {len(kept)} of {chose['matmuls']} MatMuls kept fp32{named}; {how}")
+    return lines
 
 
 def pick_line(pick: Mapping[str, Any]) -> str:

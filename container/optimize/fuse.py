@@ -45,7 +45,7 @@ def fuse(
     """Write the fused graph of `model` to `out`; returns the count of each fused operator (zeros dropped).
     `attention`: (heads, hidden size) from `attention_shape` ((0, 0): ORT reads them from the graph).
     Runs in a child process under a memory cap; raises RuntimeError if it runs out or crashes."""
-    limit = int(_available_bytes() * MEMORY_SHARE)
+    limit = int(available_bytes() * MEMORY_SHARE)
     argv = [
         sys.executable,
         "-m",
@@ -83,7 +83,7 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
-def _available_bytes() -> int:
+def available_bytes() -> int:
     """MemAvailable from /proc/meminfo (0 where there is none: no cap)."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

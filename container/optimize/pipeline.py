@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -33,6 +34,7 @@ from container.optimize import (
     fuse,
     graphs,
     masks,
+    mixed,
     quantize,
     source,
     textset,
@@ -53,19 +55,22 @@ FUSION_MODEL_TYPE = "bert"
 
 @dataclass(frozen=True)
 class Variant:
-    """A candidate graph: built from `parent` (None: the export) by `build(parent_file, out_file)`."""
+    """A candidate graph: built from `parent` (None: the export) by `build(parent_file, out_file)`, or, for a
+    calibrated one, after the reference by `calibrate(parent_file, out_file, parity)`, which returns what it
+    chose (for the manifest) and raises mixed.Refused, with the figures, when no graph of its kind can pass."""
 
     name: str
     precision: str
     parent: str | None
-    build: Callable[[Path, Path], object]
+    build: Callable[[Path, Path], object] | None = None
+    calibrate: Callable[[Path, Path, validate.Parity], dict[str, Any]] | None = None
 
 
 def variants_for(target: str, family: str = FUSION_MODEL_TYPE, attention: tuple[int, int] = (0, 0)) -> list[Variant]:
     """The candidates worth trying per target; the export itself is always the fp32 baseline. Every family
     gets every candidate: a fusion that does not match a family's graph fuses less (or fails its build), and
     the gates decide what ships."""
-    fp32 = Variant("fp32", "fp32", None, lambda _p, _o: None)
+    fp32 = Variant("fp32", "fp32", None)
     if target == "gpu":
         return [
             fp32,
@@ -87,6 +92,7 @@ def variants_for(target: str, family: str = FUSION_MODEL_TYPE, attention: tuple[
         Variant("int8-block32", "int8", "fp32", quantize.quantize_blockwise),
         Variant("int8-block128", "int8", "fp32", lambda p, o: quantize.quantize_blockwise(p, o, block=128)),
         Variant("fused-int8-block32", "int8", "fused-fp32", quantize.quantize_blockwise),
+        Variant("int8-mixed", "int8", "fp32", calibrate=mixed.build),
     ]
 
 
@@ -189,6 +195,7 @@ class Work:
     reference: Path | None = None
     additive_masks: int = 0  # attention masks the export stage made additive (container/optimize/masks.py)
     build_errors: dict[str, str] = field(default_factory=dict)
+    builds: dict[str, dict[str, Any]] = field(default_factory=dict)  # what each calibrated build chose
     reports: list[validate.VariantReport] = field(default_factory=list)
     pick: autotune.Pick | None = None
     parity: validate.Parity | None = None  # what the variants were judged against (it ships with the bundle)
@@ -218,7 +225,7 @@ class Work:
         return [v for v in self.candidates if not self.opts.only or v.name in self.opts.only]
 
     @property
-    def to_build(self) -> list[Variant]:
+    def needed(self) -> list[Variant]:
         """The chosen variants and their parents, but not the export (built by its own stage)."""
         parents = {v.name: v.parent for v in self.candidates}
         needed = set()
@@ -228,6 +235,16 @@ class Work:
                 needed.add(name)
                 name = parents[name]
         return [v for v in self.candidates if v.name in needed and v.parent is not None]
+
+    @property
+    def to_build(self) -> list[Variant]:
+        """What the fuse + quantize stage builds: the needed variants that take no calibration."""
+        return [v for v in self.needed if v.calibrate is None]
+
+    @property
+    def to_calibrate(self) -> list[Variant]:
+        """What the calibrated stage builds, after the reference (int8-mixed)."""
+        return [v for v in self.needed if v.calibrate is not None]
 
 
 Step = Callable[..., None]
@@ -252,6 +269,7 @@ def _build(w: Work, step: Step) -> None:
         if v.parent in w.build_errors:
             w.build_errors[v.name] = f"its parent {v.parent} failed to build"
             continue
+        assert v.build is not None
         try:
             fused = v.build(w.file(v.parent), w.file(v.name))
         except Exception as exc:  # any failure of the fusion/quantization tools is this variant's failure
@@ -275,20 +293,41 @@ def _reference(w: Work, step: Step) -> None:
         ]
     w.encodings = validate.encode_samples(w.tokenizer, w.samples)
     w.reference = validate.reference_outputs(w.src, task, w.encodings, w.inputs, w.folder / "reference.npz")
+    o = w.opts
+    w.parity = validate.Parity(
+        w.reference, w.encodings, w.samples, task, w.src.pooling, o.thresholds or {}, o.target, w.src.multi_label
+    )
     step()
 
 
+def _calibrate(w: Work, step: Step) -> None:
+    """Candidates chosen on the samples against the reference (int8-mixed, container/optimize/mixed.py). One
+    that cannot meet the gates is refused with its figures, as a failed build; the rest go on."""
+    for v in w.to_calibrate:
+        assert v.parent is not None and v.calibrate is not None and w.parity is not None
+        if v.parent in w.build_errors:
+            w.build_errors[v.name] = f"its parent {v.parent} failed to build"
+            continue
+        try:
+            w.builds[v.name] = v.calibrate(w.file(v.parent), w.file(v.name), w.parity)
+        except mixed.Refused as exc:
+            w.build_errors[v.name] = f"refused: {exc}"
+        except Exception as exc:  # any failure of the quantization tools is this variant's failure
+            w.build_errors[v.name] = f"{type(exc).__name__}: {exc}"
+        kept = w.builds.get(v.name, {}).get("fp32")
+        step(f"{v.name} ({len(kept)} MatMuls fp32)" if kept is not None else v.name)
+
+
 def _validate(w: Work, step: Step) -> None:
-    assert w.reference is not None
-    o = w.opts
-    w.parity = parity = validate.Parity(
-        w.reference, w.encodings, w.samples, o.task, w.src.pooling, o.thresholds or {}, o.target, w.src.multi_label
-    )
+    assert w.parity is not None
+    parity = w.parity
     for v in w.chosen:
         if v.name in w.build_errors:
-            w.reports.append(validate.VariantReport.failed_build(v.name, v.precision, w.build_errors[v.name]))
+            report = validate.VariantReport.failed_build(v.name, v.precision, w.build_errors[v.name])
         else:
-            w.reports.append(validate.validate(w.file(v.name), v.name, v.precision, parity))
+            report = validate.validate(w.file(v.name), v.name, v.precision, parity)
+        report.build = w.builds.get(v.name, {})
+        w.reports.append(report)
         step(v.name)
     if not any(r.passed for r in w.reports):
         failures = "; ".join(
@@ -392,6 +431,12 @@ STAGES = (
         "reference (PyTorch)",
         _reference,
         "check the model's max length (max_position_embeddings, tokenizer_config's model_max_length)",
+    ),
+    Stage(
+        "mixed int8",
+        _calibrate,
+        "leave int8-mixed out of --variants",
+        lambda w: len(w.to_calibrate),
     ),
     Stage("validate", _validate, "pass --variants fp32", lambda w: len(w.chosen)),
     Stage("autotune", _autotune, "pass --variants fp32", lambda _w: autotune.MAX_ROUNDS),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -44,6 +45,7 @@ class VariantReport:
     size_mb: float
     timings_ms: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # the build (fusion, quantization) failed: why; nothing else was measured
+    build: dict[str, Any] = field(default_factory=dict)  # what a calibrated build chose (int8-mixed: mixed.Plan)
 
     @classmethod
     def failed_build(cls, name: str, precision: str, error: str) -> VariantReport:
@@ -93,6 +95,20 @@ def candidate_outputs(model: OnnxModel, encodings: Sequence[Encoding]) -> list[N
     return [model.run(pad_batch([enc], model.input_names))[0] for enc in encodings]
 
 
+def verdicts(
+    metrics: Mapping[str, float], gates: Sequence[Gate], thresholds: Mapping[str, float]
+) -> dict[str, dict[str, float | bool]]:
+    """Each gate's verdict on `metrics`: its value, its threshold (`thresholds` overrides by metric name) and
+    whether it passed."""
+    judged: dict[str, dict[str, float | bool]] = {}
+    for gate in gates:
+        threshold = thresholds.get(gate.metric, gate.threshold)
+        checked = Gate(gate.metric, threshold, gate.higher_is_better, gate.help)
+        value = metrics[gate.metric]
+        judged[gate.metric] = {"value": value, "threshold": threshold, "passed": checked.passes(value)}
+    return judged
+
+
 def judge(
     task: TaskSpec,
     precision: str,
@@ -108,15 +124,11 @@ def judge(
     both judge here."""
     metrics = {"max_abs_diff": float(max(np.abs(r - c).max() for r, c in zip(ref, cand, strict=True)))}
     metrics |= task.parity(ParityInput(ref, cand, groups, pooling, multi_label))
-    gates = [*task.gates, FP32_GATE] if precision == "fp32" else list(task.gates)
+    if precision != "fp32":
+        return metrics, verdicts(metrics, task.gates, thresholds)
     scale = max([1.0, *(float(np.abs(r).max()) for r in ref)])
-    verdicts: dict[str, dict[str, float | bool]] = {}
-    for gate in gates:
-        threshold = thresholds.get(gate.metric, gate.threshold) * (scale if gate is FP32_GATE else 1.0)
-        checked = Gate(gate.metric, threshold, gate.higher_is_better, gate.help)
-        value = metrics[gate.metric]
-        verdicts[gate.metric] = {"value": value, "threshold": threshold, "passed": checked.passes(value)}
-    return metrics, verdicts
+    exact = {FP32_GATE.metric: thresholds.get(FP32_GATE.metric, FP32_GATE.threshold) * scale}
+    return metrics, verdicts(metrics, [*task.gates, FP32_GATE], {**thresholds, **exact})
 
 
 def validate(variant: Path, name: str, precision: str, parity: Parity) -> VariantReport:
@@ -129,15 +141,15 @@ def validate(variant: Path, name: str, precision: str, parity: Parity) -> Varian
         ref = [stored[str(i)] for i in range(len(parity.encodings))]
     cand = candidate_outputs(OnnxModel(variant, target=parity.target, output=task.output), parity.encodings)
     groups = [s.group for s in parity.samples]
-    metrics, verdicts = judge(
+    metrics, judged = judge(
         task, precision, ref, cand, groups, parity.pooling or "mean", parity.multi_label, parity.thresholds
     )
     return VariantReport(
         name=name,
         precision=precision,
         metrics=metrics,
-        gates=verdicts,
-        passed=all(bool(v["passed"]) for v in verdicts.values()),
+        gates=judged,
+        passed=all(bool(v["passed"]) for v in judged.values()),
         size_mb=round(variant.stat().st_size / 2**20, 2),
     )
 

@@ -1,0 +1,450 @@
+"""Stage 3b, mixed int8 (`int8-mixed`): per-channel dynamic int8 that keeps the task's gates, chosen on the
+validation samples once the PyTorch reference exists.
+
+Dynamic int8 gives a MatMul's activations one scale per call. Trained BERT-style encoders put a few huge
+values on one token ([CLS]) in a few fixed channels: all-MiniLM-L6-v2 has 28 in channel 99 of every
+attention-output LayerNorm where its other tokens stay under 10, and 24 in one channel of layer 0's GELU
+output, so that one scale leaves the other tokens a handful of levels (cosine p1 0.977 against PyTorch, the
+gate is 0.99). Two remedies, both chosen against the reference on a calibration subset of the samples:
+
+1. Smoothing (SmoothQuant, Xiao et al. 2022). The input channel j of the constant-weight MatMuls that read
+   one activation is divided by s_j = max|x_j|^alpha / max|w_j|^(1 - alpha) (one Mul before them) and row j
+   of their weights multiplied by it: the same function in fp32, with the outliers moved into the weights,
+   which are quantized per output channel. alpha is the one of ALPHAS (0: no smoothing) whose fully
+   quantized graph does best on the gates.
+2. Mixed precision. Each MatMul's harm is measured alone (only it quantized: how much of each gate's room
+   between the fp32 graph and the threshold it takes); the most harmful stay fp32, one more at a time, until
+   every gate passes with MARGIN of its room to spare on the subset and passes on every sample. More than
+   MAX_FP32 of them in fp32 (or none quantizable) refuses the variant, with the figures.
+
+Every choice is one pass of a simulation graph over the subset, not a quantizer run: the fp32 graph with each
+MatMul behind an `If` that switches it to the operators the dynamic quantizer writes for it
+(DynamicQuantizeLinear, MatMulInteger on the int8 weight values and per-channel scales it would store, the
+scales' Mul), so the CPU's own int8 kernel runs each choice: CPUs without VNNI add u8 x s8 pairs in 16-bit
+registers that can saturate (ONNX Runtime's quantization docs), and the choice is made with that error.
+Measured on all-MiniLM-L6-v2 on an AVX-512 VNNI CPU: the built graph's figures equal the simulation's to
+5 digits. The built graph is then validated like every variant.
+
+The cost is linear in the MatMuls: one pass per alpha over the subset (CALIBRATION_TOKENS tokens), one per
+MatMul over a subset of at most RANKING_TOKENS / MatMuls tokens (only when some must stay fp32), and one per
+MatMul kept fp32; then one quantizer run. The choice is fitted to (part of) the samples the gate then checks,
+which MARGIN hedges; a --validation-file of the served texts checks the shipped graph on unseen ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from numpy.typing import NDArray
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import QuantType, quantize_dynamic
+
+from container.optimize import fuse, graphs
+from container.optimize.validate import Parity, verdicts
+from container.runtime import PROVIDERS, session_options
+from tasks.base import Gate, ParityInput
+from tasks.ops import pad_batch
+
+# Smoothing strengths tried (0: none). SmoothQuant's default is 0.5; all-MiniLM-L6-v2 needs 0.7.
+ALPHAS = (0.0, 0.5, 0.6, 0.7, 0.8)
+# Tokens in the calibration subset (the shortest samples first: short inputs are where [CLS] dominates).
+CALIBRATION_TOKENS = 1024
+# Tokens per MatMul x MatMuls for the sensitivity pass: a decoder with many MatMuls ranks on fewer samples.
+RANKING_TOKENS = 32768
+# Share of each gate's room (fp32's figure to the threshold) a choice must leave unused on the subset.
+MARGIN = 0.4
+# The most of the MatMuls that may stay fp32: past it the variant is not worth its name.
+MAX_FP32 = 0.5
+# Peak memory of the stage over the fp32 graph's weight bytes: 8.5 measured on all-MiniLM-L6-v2 (765 MB for its
+# 90 MB graph: the graph, a smoothed copy, a simulation session, the quantizer's copies). A graph whose
+# multiple is past the memory available is refused before anything runs: the kernel's OOM killer would end
+# the whole build, not this variant.
+MEMORY_FACTOR = 10
+SWITCHES = "hare_int8_switches"
+# Bounds on a smoothing factor, against channels that are (nearly) silent in the calibration samples.
+SCALE_RANGE = (1e-3, 1e3)
+
+
+class Refused(Exception):
+    """No mixed graph within MAX_FP32 meets the gates on the calibration samples; the message has the figures."""
+
+
+@dataclass
+class Plan:
+    """What the stage chose, as the manifest records it (the variant's `build`).
+
+    alpha: the smoothing strength (0: none); smoothed: activations scaled. matmuls: MatMuls with a constant
+    2-D weight (the candidates); fp32: those kept in fp32, most harmful first. harm: each MatMul's share of the
+    tightest gate's room when it alone is int8, most harmful first (empty when none had to stay fp32).
+    calibration: samples in the calibration subset; figures: the gates' figures of the chosen graph there.
+    passes: simulation passes over a subset or the whole set.
+    """
+
+    alpha: float
+    smoothed: int
+    matmuls: int
+    fp32: list[str]
+    harm: dict[str, float] = field(default_factory=dict)
+    calibration: int = 0
+    figures: dict[str, float] = field(default_factory=dict)
+    passes: int = 0
+    seconds: float = 0.0
+
+
+def targets(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """MatMuls whose weight (second input) is a 2-D float initializer: what dynamic int8 quantizes, and what
+    the simulation models; any other MatMul stays fp32."""
+    inits = {t.name: t for t in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or not node.name:
+            continue
+        weight = inits.get(node.input[1])
+        if weight is not None and weight.data_type == TensorProto.FLOAT and len(weight.dims) == 2:
+            found.append(node)
+    return found
+
+
+def calibration(lengths: Sequence[int], groups: Sequence[int], pairs: bool, budget: int) -> list[int]:
+    """Indices of the samples to calibrate on: the shortest first up to `budget` tokens (at least one), whole
+    query groups for pair tasks (a ranking gate is per query)."""
+    units: dict[int, list[int]] = {}
+    for i, group in enumerate(groups):
+        units.setdefault(group if pairs else i, []).append(i)
+    chosen: list[int] = []
+    tokens = 0
+    for unit in sorted(units.values(), key=lambda u: (sum(lengths[i] for i in u), u[0])):
+        cost = sum(lengths[i] for i in unit)
+        if chosen and tokens + cost > budget:
+            break
+        chosen += unit
+        tokens += cost
+    return sorted(chosen)
+
+
+def quantized_weight(weight: NDArray[np.float32]) -> tuple[NDArray[np.int8], NDArray[np.float32]]:
+    """`weight` [K, N] as per-channel dynamic int8 stores it: symmetric int8 values in [-127, 127] and one scale
+    per output column (max |w| / 127, computed in float64 and stored in float32, as the quantizer does)."""
+    absmax = np.abs(weight).max(axis=0).astype(np.float64)
+    scale = (2 * absmax / 254).astype(np.float32)
+    scale[scale == 0] = 1.0
+    return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale
+
+
+def _consumers(model: onnx.ModelProto) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def smoothing_groups(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
+    """The target MatMuls by the activation they read, leaving out any whose weight another node also reads
+    (ALBERT's shared layers: scaling it for one input would change the others)."""
+    uses = _consumers(model)
+    groups: dict[str, list[onnx.NodeProto]] = {}
+    for node in targets(model):
+        if uses[node.input[1]] == 1:
+            groups.setdefault(node.input[0], []).append(node)
+    return groups
+
+
+def activation_maxima(
+    model: onnx.ModelProto, feeds: Sequence[Mapping[str, NDArray[np.int64]]], folder: Path
+) -> dict[str, NDArray[np.float32]]:
+    """max |x_j| per input channel of each smoothing group's activation over `feeds` (the fp32 graph, with
+    those activations as extra outputs)."""
+    names = list(smoothing_groups(model))
+    if not names:
+        return {}
+    probe = copy.deepcopy(model)
+    probe.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
+    session = _session(probe, folder)
+    maxima: dict[str, NDArray[np.float32]] = {}
+    for feed in feeds:
+        for name, value in zip(names, session.run(names, dict(feed)), strict=True):
+            channel = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
+            maxima[name] = np.maximum(maxima[name], channel) if name in maxima else channel
+    return maxima
+
+
+def smooth(model: onnx.ModelProto, maxima: Mapping[str, NDArray[np.float32]], alpha: float) -> onnx.ModelProto:
+    """A copy of `model` with each smoothing group's activation divided by its factors (one Mul before the
+    group's first MatMul) and the group's weight rows multiplied by them; the same function in fp32."""
+    out = copy.deepcopy(model)
+    if alpha == 0:
+        return out
+    inits = {t.name: t for t in out.graph.initializer}
+    muls: dict[str, onnx.NodeProto] = {}
+    for activation, nodes in smoothing_groups(out).items():
+        weights = [numpy_helper.to_array(inits[n.input[1]]) for n in nodes]
+        wmax = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
+        xmax = maxima[activation]
+        live = (xmax > 0) & (wmax > 0)
+        s = np.ones_like(xmax)
+        s[live] = xmax[live] ** alpha / wmax[live] ** (1 - alpha)
+        s = np.clip(s, *SCALE_RANGE).astype(np.float32)
+        scaled = f"{activation}/hare_smooth"
+        out.graph.initializer.append(numpy_helper.from_array((1 / s).astype(np.float32), f"{scaled}/inverse"))
+        muls[activation] = helper.make_node("Mul", [activation, f"{scaled}/inverse"], [scaled], name=scaled)
+        for node, weight in zip(nodes, weights, strict=True):
+            inits[node.input[1]].CopyFrom(numpy_helper.from_array(weight * s[:, None], node.input[1]))
+            node.input[0] = scaled
+    ordered: list[onnx.NodeProto] = []
+    for node in out.graph.node:
+        for name in node.input:  # each Mul goes right before the first node that reads it
+            if name.endswith("/hare_smooth") and name[: -len("/hare_smooth")] in muls:
+                ordered.append(muls.pop(name[: -len("/hare_smooth")]))
+        ordered.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(ordered)
+    return out
+
+
+def simulation(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    """`model` (consumed) with the MatMuls `names` switchable to their int8 arithmetic by the int64 input
+    SWITCHES (one entry per name, in order; nonzero: int8)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    index = {name: i for i, name in enumerate(names)}
+    nodes: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        if node.name not in index:
+            nodes.append(node)
+            continue
+        i, p = index[node.name], f"hare_sim{index[node.name]}"
+        x, w, y = node.input[0], node.input[1], node.output[0]
+        q, scale = quantized_weight(numpy_helper.to_array(inits[w]))
+        model.graph.initializer.extend(
+            [
+                numpy_helper.from_array(q, f"{p}_w"),
+                numpy_helper.from_array(scale, f"{p}_ws"),
+                numpy_helper.from_array(np.zeros(q.shape[1], np.int8), f"{p}_wz"),
+                numpy_helper.from_array(np.array(i, np.int64), f"{p}_i"),
+            ]
+        )
+        int8 = helper.make_graph(  # the quantizer's own operators, so the CPU's int8 kernel runs them
+            [
+                helper.make_node("DynamicQuantizeLinear", [x], [f"{p}_q", f"{p}_s", f"{p}_z"]),
+                helper.make_node("MatMulInteger", [f"{p}_q", f"{p}_w", f"{p}_z", f"{p}_wz"], [f"{p}_acc"]),
+                helper.make_node("Cast", [f"{p}_acc"], [f"{p}_f"], to=TensorProto.FLOAT),
+                helper.make_node("Mul", [f"{p}_s", f"{p}_ws"], [f"{p}_scale"]),
+                helper.make_node("Mul", [f"{p}_f", f"{p}_scale"], [f"{p}_y8"]),
+            ],
+            f"{p}_int8",
+            [],
+            [helper.make_tensor_value_info(f"{p}_y8", TensorProto.FLOAT, None)],
+        )
+        fp32 = helper.make_graph(
+            [helper.make_node("MatMul", [x, w], [f"{p}_y32"])],
+            f"{p}_fp32",
+            [],
+            [helper.make_tensor_value_info(f"{p}_y32", TensorProto.FLOAT, None)],
+        )
+        nodes += [
+            helper.make_node("Gather", [SWITCHES, f"{p}_i"], [f"{p}_g"], axis=0),
+            helper.make_node("Cast", [f"{p}_g"], [f"{p}_on"], to=TensorProto.BOOL),
+            helper.make_node("If", [f"{p}_on"], [y], name=node.name, then_branch=int8, else_branch=fp32),
+        ]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.input.append(helper.make_tensor_value_info(SWITCHES, TensorProto.INT64, [len(names)]))
+    return model
+
+
+def _session(model: onnx.ModelProto, folder: Path) -> ort.InferenceSession:
+    """A CPU session over `model`: from memory, or through a file in `folder` past protobuf's inline limit."""
+    options = session_options(0)
+    if not graphs.too_big(model):
+        return ort.InferenceSession(model.SerializeToString(), options, providers=PROVIDERS["cpu"])
+    path = folder / "hare-int8-simulation.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".data")
+    return ort.InferenceSession(str(path), options, providers=PROVIDERS["cpu"])
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A simulated graph on some samples: the gates' figures, whether every gate passes, the largest share of
+    a gate's room (fp32's figure to the threshold) it uses, and its squared output error relative to the
+    reference's (the tie-break between equal harms)."""
+
+    figures: dict[str, float]
+    passed: bool
+    harm: float
+    error: float
+
+
+class Simulator:
+    """One simulation graph's session, with the samples' feeds and the reference; `judge` runs a choice of
+    switches over some of the samples."""
+
+    def __init__(
+        self, model: onnx.ModelProto, names: Sequence[str], folder: Path, parity: Parity, passes: list[int]
+    ) -> None:
+        self.names = list(names)
+        self.parity = parity
+        self.session = _session(simulation(model, self.names), folder)
+        inputs = [i.name for i in self.session.get_inputs() if i.name != SWITCHES]
+        self.feeds = [pad_batch([e], inputs) for e in parity.encodings]
+        with np.load(parity.reference) as stored:
+            self.reference = [stored[str(i)] for i in range(len(parity.encodings))]
+        self.passes = passes  # one entry per pass, shared by the simulators of one plan
+
+    def judge(
+        self, switches: NDArray[np.int64], indices: Sequence[int], ideal: Mapping[str, float] | None = None
+    ) -> Judgement:
+        p, task = self.parity, self.parity.task
+        ref = [self.reference[i] for i in indices]
+        out = [self.session.run([task.output], self.feeds[i] | {SWITCHES: switches})[0][0] for i in indices]
+        self.passes.append(1)
+        groups = [p.samples[i].group for i in indices]
+        figures = task.parity(ParityInput(ref, out, groups, p.pooling or "mean", p.multi_label))
+        judged = verdicts(figures, task.gates, p.thresholds)
+        harm = max((_used(g, judged[g.metric], ideal) for g in task.gates), default=0.0) if ideal else 0.0
+        error = sum(float(((o - r) ** 2).sum()) for o, r in zip(out, ref, strict=True))
+        scale = sum(float((r**2).sum()) for r in ref) or 1.0
+        return Judgement(
+            {g.metric: float(figures[g.metric]) for g in task.gates},
+            all(bool(v["passed"]) for v in judged.values()),
+            harm,
+            error / scale,
+        )
+
+
+def _used(gate: Gate, verdict: Mapping[str, float | bool], ideal: Mapping[str, float]) -> float:
+    """The share of `gate`'s room between fp32's figure and its threshold that a figure uses."""
+    value, threshold, best = float(verdict["value"]), float(verdict["threshold"]), ideal[gate.metric]
+    room = max(best - threshold if gate.higher_is_better else threshold - best, 1e-12)
+    return (best - value if gate.higher_is_better else value - best) / room
+
+
+def plan(fp32: Path, parity: Parity, folder: Path) -> tuple[onnx.ModelProto, Plan]:
+    """Choose the smoothing and the MatMuls that stay fp32 for the graph at `fp32` (module docstring); returns
+    the smoothed fp32 graph and the plan. Raises Refused, with the figures, when no choice within MAX_FP32
+    passes."""
+    start = time.perf_counter()
+    weights = _weight_bytes(fp32)
+    available = fuse.available_bytes()
+    if available and weights * MEMORY_FACTOR > available:
+        raise Refused(
+            f"the simulation would need about {weights * MEMORY_FACTOR / 2**30:.1f} GiB ({MEMORY_FACTOR}x the "
+            f"graph's {weights / 2**30:.1f} GiB), more than the {available / 2**30:.1f} GiB available"
+        )
+    model = onnx.load(str(fp32))
+    names = [n.name for n in targets(model)]
+    if not names:
+        raise Refused("the graph has no MatMul with a constant 2-D weight to quantize")
+    lengths = [len(e.ids) for e in parity.encodings]
+    groups = [s.group for s in parity.samples]
+    subset = calibration(lengths, groups, parity.task.pairs, CALIBRATION_TOKENS)
+    ranking = calibration(lengths, groups, parity.task.pairs, max(1, RANKING_TOKENS // len(names)))
+    everything = list(range(len(lengths)))
+    folder.mkdir(parents=True, exist_ok=True)
+    passes: list[int] = []
+    sim = Simulator(copy.deepcopy(model), names, folder, parity, passes)
+    off, on = np.zeros(len(names), np.int64), np.ones(len(names), np.int64)
+    reference = sim.judge(off, subset)  # the fp32 graph: each gate's room is measured from its figures
+    if not reference.passed:
+        raise Refused(f"the fp32 graph itself misses the gates on the calibration samples ({_show(reference)})")
+    ideal = reference.figures
+    maxima = activation_maxima(model, [sim.feeds[i] for i in subset], folder)
+    alpha, judged = 0.0, sim.judge(on, subset, ideal)
+    for a in ALPHAS[1:] if maxima else ():  # one simulation at a time (each holds the graph about three times)
+        del sim
+        sim = Simulator(smooth(model, maxima, a), names, folder, parity, passes)
+        tried = sim.judge(on, subset, ideal)
+        if (tried.harm, tried.error) < (judged.harm, judged.error):
+            alpha, judged = a, tried
+    if maxima and alpha != ALPHAS[-1]:
+        del sim
+        sim = Simulator(smooth(model, maxima, alpha), names, folder, parity, passes)
+    cap = int(len(names) * MAX_FP32)
+    order: list[int] = []
+    harm: dict[str, float] = {}
+    switches = on.copy()
+    while True:
+        kept = len(names) - int(switches.sum())
+        whole = sim.judge(switches, everything) if judged.harm <= 1 - MARGIN else None
+        if whole is not None and whole.passed:
+            break
+        if kept == cap:
+            where = (
+                f"the calibration samples give {_show(judged)}, within {1 - MARGIN:.0%} of each gate's room "
+                f"from fp32's figures, but every sample gives {_show(whole)}"
+                if whole is not None
+                else f"the calibration samples still give {_show(judged)} (a choice must leave {MARGIN:.0%} of "
+                f"each gate's room from fp32's figures {_show(reference)} unused)"
+            )
+            raise Refused(
+                f"with {kept} of {len(names)} MatMuls in fp32 (the most allowed: "
+                f"{', '.join(names[i] for i in order[:kept]) or 'none'}) and smoothing alpha {alpha:g}, {where}"
+            )
+        if not order:  # the sensitivity pass: each MatMul alone in int8, on the ranking subset
+            base = sim.judge(off, ranking).figures
+            alone = []
+            for i in range(len(names)):
+                one = off.copy()
+                one[i] = 1
+                alone.append(sim.judge(one, ranking, base))
+            order = sorted(range(len(names)), key=lambda i: (-alone[i].harm, -alone[i].error))
+            harm = {names[i]: round(alone[i].harm, 4) for i in order}
+        switches[order[kept]] = 0
+        judged = sim.judge(switches, subset, ideal)
+    chosen = Plan(
+        alpha=alpha,
+        smoothed=len(smoothing_groups(model)) if alpha else 0,
+        matmuls=len(names),
+        fp32=[names[i] for i in order[:kept]],
+        harm=harm,
+        calibration=len(subset),
+        figures={m: round(v, 5) for m, v in judged.figures.items()},
+        passes=sum(passes),
+        seconds=round(time.perf_counter() - start, 1),
+    )
+    return smooth(model, maxima, alpha), chosen
+
+
+def _weight_bytes(path: Path) -> int:
+    """The bytes of the graph's initializers, inline or in external files (read from their shapes)."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return sum(
+        int(np.prod(t.dims)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        for t in graph.initializer
+        if t.data_type != TensorProto.STRING
+    )
+
+
+def _show(judged: Judgement) -> str:
+    """The gates' figures, for a message."""
+    return ", ".join(f"{m}={v:.4g}" for m, v in judged.figures.items())
+
+
+def build(fp32: Path, out: Path, parity: Parity) -> dict[str, Any]:
+    """Write the int8-mixed graph for `fp32` to `out` and return its plan (for the manifest)."""
+    folder = out.parent / f"{out.stem}.work"
+    try:
+        smoothed, chosen = plan(fp32, parity, folder)
+        source = folder / "smoothed.onnx"
+        onnx.save(smoothed, str(source), save_as_external_data=graphs.too_big(smoothed))
+        quantize_dynamic(
+            str(source),
+            str(out),
+            per_channel=True,
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul"],
+            nodes_to_quantize=[n for n in (t.name for t in targets(smoothed)) if n not in chosen.fp32],
+            use_external_data_format=graphs.too_big(smoothed),
+            extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT},
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return asdict(chosen)

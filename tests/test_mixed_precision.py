@@ -1,0 +1,249 @@
+"""int8-mixed (container/optimize/mixed.py) on tiny random models: smoothing keeps the function, the simulation
+quantizes as the quantizer does, the most harmful MatMuls stay fp32 until the gates pass, and a gate no
+quantized graph can meet refuses the variant with its figures.
+
+What is asserted holds on any CPU: the simulation runs this CPU's own int8 kernels (whose errors differ by
+ISA), so every threshold a test needs is set from figures the test measures here, or loose by construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from onnxruntime.quantization import QuantType, quantize_dynamic
+from tokenizers import Tokenizer
+
+from container.bundle import Manifest
+from container.optimize import export, fuse, masks, mixed, pipeline, source, textset, tokenizer, validate
+from container.runtime import OnnxModel
+from tasks.ops import pad_batch
+from tasks.registry import get_task
+from tests.conftest import ModelFactory
+from tests.tiny_models import make_model
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A tiny model's fp32 export with its samples and PyTorch reference."""
+
+    fp32: Path
+    parity: validate.Parity
+
+
+def _built(model: Path, task_name: str, folder: Path) -> Built:
+    task = get_task(task_name)
+    src = source.inspect_source(model, task)
+    fp32 = folder / "fp32.onnx"
+    inputs = export.export_onnx(src, task, fp32)
+    masks.additive_masks(fp32, fp32)
+    tok = Tokenizer.from_file(str(tokenizer.write_tokenizer(src, folder / "tokenizer.json")))
+    samples = textset.builtin_samples(tok, task.pairs)
+    encodings = validate.encode_samples(tok, samples)
+    ref = validate.reference_outputs(src, task, encodings, inputs, folder / "ref.npz")
+    return Built(fp32, validate.Parity(ref, encodings, samples, task, src.pooling, multi_label=src.multi_label))
+
+
+@pytest.fixture(scope="module")
+def embedder(tiny_model: ModelFactory, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    return _built(tiny_model("feature-extraction"), "feature-extraction", tmp_path_factory.mktemp("mixed-fe"))
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """A classifier int8 hurts: at 10x the usual initial weights each MatMul alone in int8 moves a score by
+    0.007 to 0.03 (fp32: 2e-6), every one of them by 0.067, past the 0.02 gate."""
+    folder = tmp_path_factory.mktemp("mixed-tc")
+    model = make_model(folder / "model", "text-classification", initializer_range=0.3)
+    return _built(model, "text-classification", folder)
+
+
+@pytest.fixture
+def plain(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No smoothing and no margin: the exclusion order and stopping point are then the plain rule."""
+    monkeypatch.setattr(mixed, "ALPHAS", (0.0,))
+    monkeypatch.setattr(mixed, "MARGIN", 0.0)
+    yield
+
+
+def _ops(graph: Path) -> dict[str, str]:
+    return {n.name: n.op_type for n in onnx.load(str(graph)).graph.node}
+
+
+def test_smoothing_keeps_the_function(embedder: Built, tmp_path: Path) -> None:
+    model = onnx.load(str(embedder.fp32))
+    names = [i.name for i in model.graph.input]
+    feeds = [pad_batch([e], names) for e in embedder.parity.encodings[:8]]
+    maxima = mixed.activation_maxima(model, feeds, tmp_path)
+    groups = mixed.smoothing_groups(model)
+    assert set(maxima) == set(groups) and len(groups) >= 4  # Q/K/V share one; then O, FFN in, FFN out per layer
+    smoothed = mixed.smooth(model, maxima, 0.7)
+    assert sum(n.op_type == "Mul" and n.name.endswith("/hare_smooth") for n in smoothed.graph.node) == len(groups)
+    onnx.save(smoothed, str(tmp_path / "smoothed.onnx"))
+    before = OnnxModel(embedder.fp32, output="last_hidden_state")
+    after = OnnxModel(tmp_path / "smoothed.onnx", output="last_hidden_state")
+    for feed in feeds:
+        assert np.allclose(before.run(feed), after.run(feed), atol=1e-4, rtol=1e-4)
+    first = mixed.targets(model)[0]
+    weight = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}[first.input[1]]
+    moved = {t.name: numpy_helper.to_array(t) for t in smoothed.graph.initializer}[first.input[1]]
+    assert not np.allclose(weight, moved)  # the factors went into the weights
+
+
+def test_the_simulation_uses_the_quantizers_int8_weights(embedder: Built, tmp_path: Path) -> None:
+    out = tmp_path / "int8.onnx"
+    quantize_dynamic(
+        str(embedder.fp32),
+        str(out),
+        per_channel=True,
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul"],
+        extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+    model = onnx.load(str(embedder.fp32))
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    stored = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    for node in mixed.targets(model):
+        w = node.input[1]
+        values, scales = mixed.quantized_weight(weights[w])
+        assert np.array_equal(values, stored[f"{w}_quantized"]) and not stored[f"{w}_zero_point"].any(), node.name
+        assert np.array_equal(scales, stored[f"{w}_scale"]), node.name
+
+
+def test_calibration_takes_the_shortest_samples_and_whole_queries() -> None:
+    lengths = [30, 3, 10, 100, 5]
+    assert mixed.calibration(lengths, [0] * 5, False, 20) == [1, 2, 4]
+    assert mixed.calibration(lengths, [0] * 5, False, 1) == [1]  # at least one, whatever the budget
+    # pairs: whole query groups, the cheapest first
+    assert mixed.calibration(lengths, [0, 0, 1, 1, 2], True, 10) == [4]
+    assert mixed.calibration(lengths, [0, 0, 1, 1, 2], True, 40) == [0, 1, 4]
+
+
+def test_a_loose_gate_quantizes_every_matmul(embedder: Built, tmp_path: Path) -> None:
+    out = tmp_path / "int8-mixed.onnx"
+    loose = dataclasses.replace(embedder.parity, thresholds={"cosine_p1": 0.5})  # int8 noise of any ISA is inside
+    plan = mixed.build(embedder.fp32, out, loose)
+    names = [n.name for n in mixed.targets(onnx.load(str(embedder.fp32)))]
+    assert plan["fp32"] == [] and plan["harm"] == {}  # no sensitivity pass was needed
+    assert plan["matmuls"] == len(names) and plan["alpha"] in mixed.ALPHAS
+    assert plan["figures"]["cosine_p1"] >= 0.5 and plan["calibration"] > 0
+    ops = _ops(out)
+    for name in names:
+        assert ops.get(f"{name}_quant") == "MatMulInteger" and name not in ops
+    assert not (tmp_path / "int8-mixed.work").exists()  # the simulation's files are gone
+
+
+# Top-1 agreement out of the way (tiny random classifiers score near-uniformly, so int8 noise may flip a label):
+# a room this wide makes its share of harm nil, so max_score_diff alone orders the MatMuls, at any threshold.
+NO_TOP1 = {"top1_agreement": -1e9}
+
+
+def _sensitivity(classifier: Built) -> tuple[mixed.Simulator, list[str], list[int]]:
+    """The classifier's simulation, its MatMuls, and their order by harm, as the stage ranks them."""
+    parity = dataclasses.replace(classifier.parity, thresholds=NO_TOP1)
+    model = onnx.load(str(classifier.fp32))
+    names = [n.name for n in mixed.targets(model)]
+    sim = mixed.Simulator(model, names, classifier.fp32.parent, parity, [])
+    lengths = [len(e.ids) for e in parity.encodings]
+    ranking = mixed.calibration(lengths, [0] * len(lengths), False, max(1, mixed.RANKING_TOKENS // len(names)))
+    off = np.zeros(len(names), np.int64)
+    base = sim.judge(off, ranking).figures
+    alone = [sim.judge(np.eye(len(names), dtype=np.int64)[i], ranking, base) for i in range(len(names))]
+    return sim, names, sorted(range(len(names)), key=lambda i: (-alone[i].harm, -alone[i].error))
+
+
+def test_the_most_harmful_matmuls_stay_fp32_until_the_gates_pass(
+    classifier: Built, tmp_path: Path, plain: None
+) -> None:
+    sim, names, order = _sensitivity(classifier)
+    everything = list(range(len(classifier.parity.encodings)))
+    switches = np.ones(len(names), np.int64)
+    figures = []  # max_score_diff with the k most harmful kept fp32, k = 0, 1, ...
+    for k in range(len(names) // 2 + 1):
+        figures.append(sim.judge(switches, everything).figures["max_score_diff"])
+        if k < len(names) // 2:
+            switches[order[k]] = 0
+    # The first k >= 1 that does better than every smaller one: a threshold there needs exactly k kept fp32.
+    keep = next(k for k in range(1, len(figures)) if figures[k] < min(figures[:k]))
+    parity = dataclasses.replace(classifier.parity, thresholds=NO_TOP1 | {"max_score_diff": figures[keep]})
+    out = tmp_path / "int8-mixed.onnx"
+    plan = mixed.build(classifier.fp32, out, parity)
+    expected = [names[i] for i in order[:keep]]
+    assert plan["fp32"] == expected
+    assert list(plan["harm"]) == [names[i] for i in order]  # the report ranks all of them, most harmful first
+    assert plan["figures"]["max_score_diff"] <= figures[keep]
+    ops = _ops(out)
+    for name in names:
+        if name in expected:  # kept: the exported float MatMul, untouched
+            assert ops.get(name) == "MatMul" and f"{name}_quant" not in ops
+        else:
+            assert ops.get(f"{name}_quant") == "MatMulInteger" and name not in ops
+
+
+def test_a_gate_no_int8_matmul_can_meet_refuses_the_variant_with_figures(classifier: Built, plain: None) -> None:
+    sim, names, _ = _sensitivity(classifier)
+    everything = list(range(len(classifier.parity.encodings)))
+    fp32 = sim.judge(np.zeros(len(names), np.int64), everything).figures["max_score_diff"]
+    one = [sim.judge(np.eye(len(names), dtype=np.int64)[i], everything) for i in range(len(names))]
+    best_int8 = min(j.figures["max_score_diff"] for j in one)
+    assert fp32 * 100 < best_int8  # any int8 MatMul moves the scores far more than fp32's rounding does
+    impossible = NO_TOP1 | {"max_score_diff": fp32 + (best_int8 - fp32) / 10}
+    never = classifier.fp32.parent / "never.onnx"
+    with pytest.raises(mixed.Refused) as refused:
+        mixed.build(classifier.fp32, never, dataclasses.replace(classifier.parity, thresholds=impossible))
+    message = str(refused.value)
+    cap = int(len(names) * mixed.MAX_FP32)
+    assert f"with {cap} of {len(names)} MatMuls in fp32" in message  # it kept up to the cap, then gave up
+    assert "max_score_diff=" in message  # with the figures
+    assert not never.exists()
+
+
+def test_the_pipeline_records_the_choice_and_reports_a_refusal(
+    tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def build(out: Path) -> Manifest:
+        options = pipeline.OptimizeOptions(
+            model_dir=tiny_model("feature-extraction"),
+            task=get_task("feature-extraction"),
+            out=out,
+            only=["fp32", "int8-mixed"],
+            tune_lengths=[8],
+            tune_batches=[1],
+            tune_seconds=0.01,
+            thresholds={"cosine_p1": 0.5},  # loose: no MatMul stays fp32, on any ISA
+        )
+        return pipeline.optimize(options)
+
+    report = next(v for v in build(tmp_path / "bundle").variants if v["name"] == "int8-mixed")
+    assert report["build"]["fp32"] == [] and report["build"]["matmuls"] > 0 and report["error"] is None
+    assert set(report["gates"]) == {"cosine_p1"}  # validated like every variant
+
+    def refuse(*_args: object) -> dict[str, object]:
+        raise mixed.Refused("with 6 of 12 MatMuls in fp32, cosine_p1=0.5")
+
+    original = pipeline.variants_for
+    monkeypatch.setattr(
+        pipeline,
+        "variants_for",
+        lambda *args, **kwargs: [
+            dataclasses.replace(v, calibrate=refuse) if v.name == "int8-mixed" else v
+            for v in original(*args, **kwargs)
+        ],
+    )
+    manifest = build(tmp_path / "refused")
+    report = next(v for v in manifest.variants if v["name"] == "int8-mixed")
+    assert report["error"] == "refused: with 6 of 12 MatMuls in fp32, cosine_p1=0.5" and not report["passed"]
+    assert manifest.variant == "fp32"  # the others go on and ship
+
+
+def test_a_graph_too_big_for_the_memory_is_refused_before_anything_runs(
+    embedder: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fuse, "available_bytes", lambda: 1000)
+    with pytest.raises(mixed.Refused, match=r"the simulation would need about .* GiB available"):
+        mixed.build(embedder.fp32, tmp_path / "int8-mixed.onnx", embedder.parity)
+    assert not list(tmp_path.iterdir())
