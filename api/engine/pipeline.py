@@ -22,6 +22,7 @@ from tasks.base import Answer, Array, Inputs, ModelInfo, Outputs, TaskSpec
 
 # Above this many characters a request is tokenized off the event loop (about 1 ms of tokenizer work).
 OFFLOAD_CHARS = 20_000
+WARM_LENGTHS = (8, 64, 512)  # tokens; capped at the model's maximum
 # Returns once the client has gone away (the HTTP face watches its connection; api/web/protocols/base.py).
 Gone = Callable[[], Awaitable[object]]
 
@@ -76,6 +77,25 @@ class Pipeline:
         inference = result.inference_seconds
         phases = (queued - start, max(answered - queued - inference, 0.0), inference, done - answered)
         return Served(answer, characters, encoded.tokens, sum(encoded.truncated), phases)
+
+    async def warm_up(self, streams: int, max_batch: int) -> None:
+        """Answer a few requests through the real path (tokenize, queue, model, post-process) at a few
+        lengths, alone (the wide session) and `streams` at once (every model thread, the narrow session), so
+        that the first real requests do not pay ONNX Runtime's first-run allocations. Their batches also give
+        admission its first token rate."""
+        params = self.task.parse_params({}, self.model)
+
+        async def ask(n: int, batch: int) -> None:
+            text = " ".join(["hello"] * n)
+            inputs = Inputs([text] * batch, single=False, query="hello" if self.task.pairs else None)
+            with self.batcher.admit(checked=False) as ticket:  # other workers' load must not fail this boot
+                await self.run(ticket, PredictRequest(inputs, True, None, params))
+
+        for n in sorted({min(n, self.model.max_length) for n in WARM_LENGTHS}):
+            await ask(n, 1)
+            await asyncio.gather(*(ask(n, 1) for _ in range(streams)))
+            if n == WARM_LENGTHS[0]:
+                await ask(n, min(8, max_batch))
 
     async def _wait(self, ticket: Ticket[Encoding], encoded: Encoded, gone: Gone | None) -> Result:
         future = ticket.submit(encoded.sequences)

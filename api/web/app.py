@@ -25,7 +25,7 @@ from api.engine.backend import Backend
 from api.engine.batching import Batcher
 from api.engine.cores import CorePool
 from api.engine.encoder import Encoder, vocab
-from api.engine.pipeline import Pipeline, PredictRequest
+from api.engine.pipeline import Pipeline
 from api.engine.policy import BatchPolicy
 from api.web import errors, openapi, routes
 from api.web.metrics import Metrics, MetricsMiddleware
@@ -35,13 +35,12 @@ from api.web.state import Resources
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
 from container.machine import int8_check, same_cpu, versions
 from container.runtime import bound_malloc
-from tasks.base import Inputs, ModelInfo
+from tasks.base import ModelInfo
 from tasks.errors import InputError
 from tasks.registry import TASKS
 
 log = logging.getLogger("hare")
 
-WARM_LENGTHS = (8, 64, 512)  # tokens; capped at the model's maximum
 EXPOSED_HEADERS = [
     "x-compute-time",
     "x-compute-type",
@@ -75,7 +74,10 @@ def create_app(settings: Settings) -> Starlette:
         res = await load(settings)
         app.state.hare = res
         try:
-            await warm_up(res)
+            s = res.settings
+            await res.pipeline.warm_up(min(s.streams, s.queue_size), s.max_batch_size)
+            # The longest sequences grew the arena past what most requests need: give that back before serving.
+            await asyncio.to_thread(res.backend.trim)
             res.ready = True
             log.info(
                 "ready: %s %s (%s, %s) pid %d, %d stream(s) of %s ORT thread(s) on %d shared cores, providers %s",
@@ -114,37 +116,7 @@ async def load(settings: Settings) -> Resources:
     manifest = read_manifest(settings.bundle)
     if manifest.task not in TASKS:
         raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
-    if not settings.max_batch_tokens and manifest.target == "cpu" and settings.on_bundle_target(manifest):
-        if manifest.max_batch_tokens is None:
-            log.info(
-                "%s has no measured batch budget (built before hare measured one): batching up to %d padded "
-                "tokens; `hare tune %s` measures this machine's, or set HARE_MAX_BATCH_TOKENS",
-                settings.bundle,
-                BATCH_TOKENS,
-                settings.bundle,
-            )
-        elif not same_cpu(measured_on := manifest.budget_machine or manifest.machine):
-            log.warning(
-                "%s's batch budget (%d padded tokens) was measured on another machine (%s, %s cores): "
-                "`hare tune %s` measures this one's, or set HARE_MAX_BATCH_TOKENS",
-                settings.bundle,
-                manifest.max_batch_tokens,
-                measured_on.get("cpu"),
-                measured_on.get("physical_cores"),
-                settings.bundle,
-            )
-    int8 = int8_check(manifest.machine)
-    if manifest.precision == "int8" and manifest.target == "cpu" and not int8["same"]:
-        log.warning(
-            "%s's int8 variant %s was checked against PyTorch and timed on the %s int8 path (%s); this CPU takes "
-            "the %s path, whose kernels round and add differently: its error and speed were not measured here. "
-            "`hare tune --check BUNDLE` runs its gates here; `hare optimize` on this machine checks and picks again",
-            settings.bundle,
-            manifest.variant,
-            int8["checked_on"],
-            manifest.machine.get("cpu"),
-            int8["serving_on"],
-        )
+    _check_machine(settings, manifest)
     settings = settings.for_bundle(manifest)
     task = TASKS[manifest.task]
     tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
@@ -213,26 +185,39 @@ async def load(settings: Settings) -> Resources:
     return res
 
 
-async def warm_up(res: Resources) -> None:
-    """Answer a few requests through the real pipeline (tokenize, queue, model, post-process) at a few
-    lengths, alone (the wide session) and as many at once as there are streams (every model thread, the
-    narrow session), so that the first real requests do not pay ONNX Runtime's first-run allocations. Their
-    batches also give admission its first token rate."""
-    params = res.task.parse_params({}, res.model)
-
-    async def ask(n: int, batch: int) -> None:
-        text = " ".join(["hello"] * n)
-        inputs = Inputs([text] * batch, single=False, query="hello" if res.task.pairs else None)
-        with res.batcher.admit(checked=False) as ticket:  # other workers' load must not fail this boot
-            await res.pipeline.run(ticket, PredictRequest(inputs, True, None, params))
-
-    for n in sorted({min(n, res.model.max_length) for n in WARM_LENGTHS}):
-        await ask(n, 1)
-        await asyncio.gather(*(ask(n, 1) for _ in range(min(res.settings.streams, res.settings.queue_size))))
-        if n == WARM_LENGTHS[0]:
-            await ask(n, min(8, res.settings.max_batch_size))
-    # The longest sequences grew the arena past what most requests need: give that back before serving.
-    await asyncio.to_thread(res.backend.trim)
+def _check_machine(settings: Settings, manifest: Manifest) -> None:
+    """Say so at start when the bundle's batch budget or its int8 figures were measured on another CPU."""
+    if not settings.max_batch_tokens and manifest.target == "cpu" and settings.on_bundle_target(manifest):
+        if manifest.max_batch_tokens is None:
+            log.info(
+                "%s has no measured batch budget (built before hare measured one): batching up to %d padded "
+                "tokens; `hare tune %s` measures this machine's, or set HARE_MAX_BATCH_TOKENS",
+                settings.bundle,
+                BATCH_TOKENS,
+                settings.bundle,
+            )
+        elif not same_cpu(measured_on := manifest.budget_machine or manifest.machine):
+            log.warning(
+                "%s's batch budget (%d padded tokens) was measured on another machine (%s, %s cores): "
+                "`hare tune %s` measures this one's, or set HARE_MAX_BATCH_TOKENS",
+                settings.bundle,
+                manifest.max_batch_tokens,
+                measured_on.get("cpu"),
+                measured_on.get("physical_cores"),
+                settings.bundle,
+            )
+    int8 = int8_check(manifest.machine)
+    if manifest.precision == "int8" and manifest.target == "cpu" and not int8["same"]:
+        log.warning(
+            "%s's int8 variant %s was checked against PyTorch and timed on the %s int8 path (%s); this CPU takes "
+            "the %s path, whose kernels round and add differently: its error and speed were not measured here. "
+            "`hare tune --check BUNDLE` runs its gates here; `hare optimize` on this machine checks and picks again",
+            settings.bundle,
+            manifest.variant,
+            int8["checked_on"],
+            manifest.machine.get("cpu"),
+            int8["serving_on"],
+        )
 
 
 def _labels(manifest: Manifest) -> tuple[str, ...]:
