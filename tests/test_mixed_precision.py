@@ -230,8 +230,7 @@ def test_the_pipeline_records_the_choice_and_reports_a_refusal(
         pipeline,
         "variants_for",
         lambda *args, **kwargs: [
-            dataclasses.replace(v, calibrate=refuse) if v.name == "int8-mixed" else v
-            for v in original(*args, **kwargs)
+            dataclasses.replace(v, calibrate=refuse) if v.name == "int8-mixed" else v for v in original(*args, **kwargs)
         ],
     )
     manifest = build(tmp_path / "refused")
