@@ -137,7 +137,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     peers = sub.add_parser(
         "peers",
         help="hare's bundle against sentence-transformers (torch, onnx, openvino, int8) and fastembed, in process",
-        description="See bench/peers.py for each candidate and how its threads are set.",
+        description="See bench/peers/__init__.py for each candidate and how its threads are set.",
     )
     peers.add_argument(
         "model_dir",
@@ -322,7 +322,8 @@ def _overload(args: argparse.Namespace) -> int:
 
 
 def _peers(args: argparse.Namespace) -> int:
-    from bench.peers import CANDIDATES, PeersOptions, run_peers
+    from bench.peers.options import CANDIDATES, PeersOptions
+    from bench.peers.runner import run_peers
     from bench.subjects import bundle_for_model
     from container.defaults import DEFAULT_TASK, default_model_dir
 
@@ -414,7 +415,7 @@ def _print_run(store: Store, run_id: int) -> None:
         f"bundle manifest sha256: {run.manifest_hash or '-'}" + (f"\nmessage: {run.message}" if run.message else "")
     )
     if run.kind == "peers":
-        from bench.peers import print_peers
+        from bench.peers.tables import print_peers
 
         print_peers(run.summary, run.settings)
         return
