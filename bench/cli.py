@@ -9,6 +9,7 @@ hare bench peers [MODEL_DIR] [--bundle BUNDLE]              (in process: hare's 
 hare bench model mpnet-base DIR                             (a random-weights folder of a real geometry)
 hare bench ceiling                                          (the load generator against a trivial server)
 hare bench list | show RUN | compare RUN RUN | export RUN --format csv | report RUN --format html
+hare bench report [--kind overload] [--since 2026-11-01] [--out docs/results.md]   (the dated results page)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
@@ -56,6 +58,15 @@ def _seqs(text: str) -> list[int | None]:
         elif item:
             raise argparse.ArgumentTypeError(f"sequence lengths are positive integers or `comet`, got {item!r}")
     return out
+
+
+def _since(text: str) -> datetime:
+    """`2026-11-01` or `2026-11-01T12:00` (UTC unless it names its zone)."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a date such as 2026-11-01, got {text!r}") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def _names(text: str) -> list[str]:
@@ -137,7 +148,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     peers = sub.add_parser(
         "peers",
         help="hare's bundle against sentence-transformers (torch, onnx, openvino, int8) and fastembed, in process",
-        description="See bench/peers.py for each candidate and how its threads are set.",
+        description="See bench/peers/__init__.py for each candidate and how its threads are set.",
     )
     peers.add_argument(
         "model_dir",
@@ -193,10 +204,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     exp.add_argument("--out", type=Path, help="file to write (default: stdout)")
     _common(exp)
 
-    rep = sub.add_parser("report", help="a Markdown or HTML report with plots")
-    rep.add_argument("run", type=int)
-    rep.add_argument("--format", choices=["md", "html"], default="html")
-    rep.add_argument("--out", type=Path, help="output file (default: bench-report-RUN.md|html)")
+    rep = sub.add_parser(
+        "report",
+        help="a run's Markdown or HTML report with plots; without RUN, the dated results page of every run",
+        description="With RUN: that run's report with plots (--format md|html). Without: the results page "
+        "(Markdown, bench/page.py), every done run grouped by kind, newest first, with its machine, versions, "
+        "settings and tables; the same store renders the same page.",
+    )
+    rep.add_argument("run", type=int, nargs="?", help="one run's report (default: the results page of every run)")
+    rep.add_argument("--format", choices=["md", "html"], default=None, help="with RUN: md or html (default html)")
+    rep.add_argument(
+        "--out", type=Path, help="output file (default: bench-report-RUN.html|md; the results page: stdout)"
+    )
+    rep.add_argument("--kind", help="the results page: runs of this kind only (run, headline, overload, peers...)")
+    rep.add_argument("--since", type=_since, help="the results page: runs from this date on (YYYY-MM-DD, UTC)")
+    rep.add_argument("--all", action="store_true", help="the results page: failed and cancelled runs too")
     _common(rep)
 
 
@@ -322,7 +344,8 @@ def _overload(args: argparse.Namespace) -> int:
 
 
 def _peers(args: argparse.Namespace) -> int:
-    from bench.peers import CANDIDATES, PeersOptions, run_peers
+    from bench.peers.options import CANDIDATES, PeersOptions
+    from bench.peers.runner import run_peers
     from bench.subjects import bundle_for_model
     from container.defaults import DEFAULT_TASK, default_model_dir
 
@@ -414,7 +437,7 @@ def _print_run(store: Store, run_id: int) -> None:
         f"bundle manifest sha256: {run.manifest_hash or '-'}" + (f"\nmessage: {run.message}" if run.message else "")
     )
     if run.kind == "peers":
-        from bench.peers import print_peers
+        from bench.peers.tables import print_peers
 
         print_peers(run.summary, run.settings)
         return
@@ -461,11 +484,31 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    if args.run is None:
+        return _results_page(args)
     from bench.report import write_report
 
+    if args.kind or args.since or args.all:
+        raise InputError("--kind, --since and --all choose the runs of the results page: leave out RUN")
     store = _store(args)
     _get_run(store, args.run)
-    out = args.out or Path(f"bench-report-{args.run}.{args.format}")
-    write_report(store, args.run, out, args.format)
+    fmt = args.format or "html"
+    out = args.out or Path(f"bench-report-{args.run}.{fmt}")
+    write_report(store, args.run, out, fmt)
     print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _results_page(args: argparse.Namespace) -> int:
+    from bench.page import render
+
+    if args.format == "html":
+        raise InputError("the results page is Markdown; --format html is for one run's report (give RUN)")
+    text = render(_store(args), kind=args.kind, since=args.since, every=args.all)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
     return 0

@@ -15,7 +15,7 @@ for the whole scenario, every phase stored as a point of one run (kind "overload
 
 Every phase also records the server's CPU (cores, from its processes' clocks); with the capacity phase's CPU
 per answer it gives the cost of one refusal. The figures are printed against the goals of issues 12 and 19,
-met or not.
+met or not; `hare bench report --kind overload` judges the stored runs again (stored_goals).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from bench.inputs import Bodies, TextMaker, load_tokenizer, make_bodies
 from bench.loadgen import CONNECT, TIMEOUT, LoadSpec, Samples, latency_summary, run_load
 from bench.runner import Planned, make_point
 from bench.servers import ServerProcess, group_rss_mb, hare_server, split_url
-from bench.store import Point, Store
+from bench.store import Point, Run, Store
 from bench.subjects import VERSIONED, manifest_hash
 from bench.tables import wide_console
 from container.bundle import TOKENIZER_FILE, model_bytes, read_manifest
@@ -174,8 +175,11 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
         if options.soak_s > 0:
             _soak(sc, server, pgid, users, rss)
     model_p50_end = _model_p50(options, sc, stop)
-    store.finish_run(sc.run_id, "cancelled" if stop.is_set() else "done", "")
     file_mb = model_bytes(options.bundle) / 2**20
+    # What the goals need beyond the points, so that a stored run's goals can be judged again (stored_goals).
+    summary = {"model_p50_ms": model_p50, "model_p50_end_ms": model_p50_end, "rss_mb": rss, "file_mb": file_mb}
+    store.update_run(sc.run_id, summary=summary)
+    store.finish_run(sc.run_id, "cancelled" if stop.is_set() else "done", "")
     here = describe()
     console.print(
         f"run {sc.run_id}: {options.bundle} at {options.seq_len} tokens, {sc.cores} cores of {here['cpu']} "
@@ -189,7 +193,7 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
     for name, p in sc.points.items():
         console.print(phase_line(name, p, cap.req_s, per_answer))
     console.print(f"  largest process RSS (MB): {', '.join(f'{k} {v:.0f}' for k, v in rss.items())}")
-    for goal in evaluate(sc.points, one.lat_p50, model_p50, cap.req_s, rss, file_mb):
+    for goal in evaluate(sc.points, one.lat_p50, model_p50, cap.req_s, rss, file_mb, sc.cores):
         console.print(goal)
     return sc.run_id
 
@@ -247,9 +251,17 @@ def phase_line(name: str, p: Point, capacity: float, per_answer: float) -> str:
 
 
 def evaluate(
-    points: dict[str, Point], one_p50: float, model_p50: float, capacity: float, rss: dict[str, float], file_mb: float
+    points: dict[str, Point],
+    one_p50: float,
+    model_p50: float | None,
+    capacity: float,
+    rss: dict[str, float],
+    file_mb: float | None,
+    cores: int | None = None,
 ) -> list[str]:
-    """One line per goal of issues 12 and 19: the figure, the target, met or not."""
+    """One line per goal of issues 12 and 19: the figure, the target, met or not. A goal whose figure is unknown
+    (model_p50 or file_mb None: a run stored before they were kept) is left out; `cores` defaults to this
+    machine's."""
 
     def line(goal: str, value: float, target: float, higher: bool, unit: str = "") -> str:
         met = value >= target if higher else value <= target
@@ -258,8 +270,10 @@ def evaluate(
             f"(goal {'≥' if higher else '≤'} {_figure(target)}{unit})"
         )
 
-    out = [line("one user p50 / one-thread model-only p50", one_p50 / model_p50, 0.7, False)]
-    cores = physical_cores()
+    out = []
+    if model_p50 is not None:
+        out.append(line("one user p50 / one-thread model-only p50", one_p50 / model_p50, 0.7, False))
+    cores = cores or physical_cores()
     for name, p in points.items():
         if name.startswith("tail-"):
             target = 1.5 if p.concurrency <= cores else 2.0
@@ -288,11 +302,28 @@ def evaluate(
     if "recovery" in points:
         out.append(line("10 s after the flood / capacity", points["recovery"].req_s / capacity, 0.9, True))
     for when, key in (("warm", "warm"), ("flood", "flood"), ("the soak", "soak_end")):
-        if key in rss:
+        if key in rss and file_mb is not None:
             out.append(line(f"largest process RSS after {when} - model file", rss[key] - file_mb, 200, False, " MB"))
     if "soak_start" in rss:
         out.append(line("RSS growth over the soak", rss["soak_end"] / rss["soak_start"] - 1, 0.05, False))
     return out
+
+
+def stored_goals(run: Run, points: Sequence[Point]) -> list[str]:
+    """The goal lines of a stored overload run, judged from its points and summary on the cores it ran on."""
+    phases = {str(p.extra.get("scenario", "")): p for p in points}
+    if "capacity" not in phases:  # cut short before the capacity every later goal is measured against
+        return []
+    one = phases.get("one-user")
+    return evaluate(
+        phases,
+        one.lat_p50 if one else math.nan,
+        run.summary.get("model_p50_ms"),
+        phases["capacity"].req_s,
+        run.summary.get("rss_mb", {}),
+        run.summary.get("file_mb"),
+        run.machine.get("physical_cores"),
+    )
 
 
 def _figure(value: float) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.store import Point, Ratio, Run, Store
-from bench.tables import POINT_COLUMNS, RATIO_COLUMNS, fmt, point_row, ratio_row
+from bench.tables import POINT_COLUMNS, RATIO_COLUMNS, fmt, md_table, point_row, ratio_row
 from tasks.errors import InputError
 
 COLORS = {"hare": "#d9480f", "vanilla": "#495057", "comet": "#1c7ed6", "model-only": "#2b8a3e"}
@@ -218,12 +218,6 @@ def _goal_rows(goals: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[st
     return head, rows
 
 
-def _md_table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _html_table(head: list[str], rows: list[list[str]]) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
@@ -270,7 +264,7 @@ def write_report(store: Store, run_id: int, out: Path, fmt: str) -> Path:
         assets.mkdir(exist_ok=True)
         parts = [f"# {title}", "", *(f"- **{k}**: {v}" for k, v in _header(run)), "", notes, ""]
         for name, (head, rows) in sections:
-            parts += [f"## {name}", "", _md_table(head, rows), ""]
+            parts += [f"## {name}", "", md_table(head, rows), ""]
         if figures:
             parts += ["## Plots", ""]
         for i, (caption, png) in enumerate(figures, 1):

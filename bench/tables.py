@@ -1,5 +1,6 @@
 """Rich tables for the terminal: runs, a run's points, hare/baseline ratios, and two runs compared. The rows
-of points and ratios are made here once (point_row, ratio_row) and read by the reports too (bench/report.py)."""
+of points and ratios are made here once (point_row, ratio_row) and read by the reports too (bench/report.py);
+`markdown` turns any of these tables into Markdown for the results page (bench/page.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from bench.store import Comparison, Point, Ratio, Run
 
@@ -83,11 +85,15 @@ def runs_table(runs: Sequence[Run]) -> Table:
 
 
 def points_table(points: Sequence[Point], title: str = "") -> Table:
+    """The points in POINT_COLUMNS, after a phase column when they are a scenario's phases (`hare bench overload`)."""
     table = Table(title=title, caption=POINTS_CAPTION)
+    phases = any("scenario" in p.extra for p in points)
+    if phases:
+        table.add_column("phase")
     for col in POINT_COLUMNS:
         table.add_column(col, justify="left" if col in ("target", "load") else "right")
     for p in points:
-        table.add_row(*point_row(p))
+        table.add_row(*([str(p.extra.get("scenario", ""))] if phases else []), *point_row(p))
     return table
 
 
@@ -123,3 +129,34 @@ def compare_table(rows: Sequence[Comparison], a: int, b: int) -> Table:
             fmt(c.b.lat_p99 if c.b else None, 2),
         )
     return table
+
+
+def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table; a `|` in a cell is escaped, a line break folded."""
+
+    def cell(text: str) -> str:
+        return " ".join(text.split("\n")).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(map(cell, head)) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def markdown(table: Table) -> str:
+    """One of these tables as Markdown, the rows as the terminal shows them (rich markup dropped): its title
+    in bold above, its caption in italics below."""
+    head = [_plain(c.header) for c in table.columns]
+    rows = [list(r) for r in zip(*([_plain(x) for x in c.cells] for c in table.columns), strict=True)]
+    parts = [f"**{_plain(table.title)}**", ""] if table.title else []
+    parts.append(md_table(head, rows))
+    if table.caption:
+        parts += ["", f"*{_plain(table.caption)}*"]
+    return "\n".join(parts)
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, Text):
+        return value.plain
+    if isinstance(value, str):
+        return Text.from_markup(value).plain
+    return str(value)

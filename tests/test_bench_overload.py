@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.overload import OverloadOptions, evaluate, run_overload
+from bench.overload import OverloadOptions, evaluate, run_overload, stored_goals
 from bench.store import Store
 from container.machine import physical_cores
 from tests.conftest import ModelFactory
@@ -31,6 +31,10 @@ def test_every_phase_is_stored_and_every_goal_printed(
     points = {p.extra["scenario"]: p for p in store.points(run_id)}
     assert all(p.extra["server_cores"] >= 0 for p in points.values())  # the server's CPU, from its clocks
     assert "µs CPU each" in printed and "unanswered" in printed
+    # The results page judges the stored run again (bench/page.py): the same lines, every goal included.
+    stored = stored_goals(store.run(run_id), store.points(run_id))
+    assert len(stored) == len([line for line in printed.splitlines() if line.startswith(("met ", "MISS"))])
+    assert all(line in printed for line in stored)
 
 
 def test_the_soak_is_held_to_the_memory_goal_and_figures_read_without_exponents() -> None:

@@ -11,9 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from bench import peers
 from bench.inputs import load_tokenizer
-from bench.peers import GOAL_P1, PeersOptions, Row, fidelity_texts, goal, int8_config_for, run_peers
+from bench.peers.candidates import base
+from bench.peers.candidates.base import int8_config_for
+from bench.peers.options import PeersOptions
+from bench.peers.results import GOAL_P1, Row, goal
+from bench.peers.runner import run_peers
+from bench.peers.texts import fidelity_texts
 from bench.store import Store
 from tests.conftest import ModelFactory, quick_bundle
 from tests.tiny_models import make_sentence_transformer
@@ -53,7 +57,7 @@ def test_hare_and_torch_run_and_absent_peers_are_skipped_with_a_reason(
 ) -> None:
     folder, bundle = st_model
     # A peer whose package is surely absent, whatever this environment holds.
-    monkeypatch.setitem(peers.NEEDS, "fastembed", ("fastembed_not_installed_here",))
+    monkeypatch.setitem(base.NEEDS, "fastembed", ("fastembed_not_installed_here",))
     options = tiny(folder, bundle, tmp_path / "work", ("hare", "torch", "onnx", "fastembed"))
     store = Store(tmp_path / "bench.db")
     run_id, rows = run_peers(options, store, say=lambda _: None)
