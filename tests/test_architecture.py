@@ -50,14 +50,19 @@ def test_the_page_shows_every_room() -> None:
 
 
 def test_the_build_path_names_the_pipelines_stages_in_order() -> None:
-    source = ROOT / "container" / "optimize" / "pipeline.py"
-    (stages,) = [
+    tree = ast.parse((ROOT / "container" / "optimize" / "pipeline.py").read_text())
+    (hints,) = [
         node.value
-        for node in ast.parse(source.read_text()).body
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "STAGES" for t in node.targets)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "HINTS" for t in node.targets)
     ]
-    assert isinstance(stages, ast.Tuple)
-    names = [ast.literal_eval(call.args[0]) for call in stages.elts if isinstance(call, ast.Call)]
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "stage"
+    ]
+    names = [ast.literal_eval(call.args[0]) for call in sorted(calls, key=lambda call: call.lineno)]
+    assert names == list(ast.literal_eval(hints))  # every stage run has its hint, in the order they run
     build = PAGE.read_text().split("## One build", 1)[1]
     drawn = [re.split(r"\s{2,}", line.strip())[0] for line in build.splitlines() if line.startswith("   ")]
     assert [name for name in drawn if name in names] == names

@@ -23,7 +23,7 @@ from onnx import helper, numpy_helper
 from tokenizers import Tokenizer
 
 from container.bundle import Manifest, read_manifest
-from container.optimize import autotune, pipeline
+from container.optimize import autotune, variants
 from container.optimize.cli import pick_line, variant_table
 from container.runtime import OnnxModel
 from hare.cli import main
@@ -235,13 +235,13 @@ def test_the_decision_after_the_rounds(
     assert decided.rounds == len(history)
 
 
-def _optimize(model: Path, out: Path, variants: list[pipeline.Variant], monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(pipeline, "variants_for", lambda *_args, **_kwargs: variants)
+def _optimize(model: Path, out: Path, candidates: list[variants.Variant], monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(variants, "variants_for", lambda *_args, **_kwargs: candidates)
     args = ["--task", "feature-extraction", "--out", out, "--tune-lengths", "8", "--tune-batches", "1"]
     return main(["optimize", str(model), *map(str, args), "--tune-seconds", str(SECONDS)])
 
 
-FP32 = pipeline.Variant("fp32", "fp32", None, lambda _p, _o: None)
+FP32 = variants.Variant("fp32", "fp32", None, lambda _p, _o: None)
 
 
 def test_optimize_records_a_tie_and_ships_the_more_accurate_variant(
@@ -250,8 +250,8 @@ def test_optimize_records_a_tie_and_ships_the_more_accurate_variant(
     # The fp32 graph again, called int8 and listed first: the same work as fp32, so a tie (within a margin
     # wider than two copies' placement in memory can part them), which fp32 takes.
     monkeypatch.setattr(autotune, "MARGIN", 0.5)
-    copy = pipeline.Variant("int8-copy", "int8", "fp32", lambda p, o: shutil.copyfile(p, o))
-    slower = pipeline.Variant(SLOWER, "fp32", "fp32", _slower)
+    copy = variants.Variant("int8-copy", "int8", "fp32", lambda p, o: shutil.copyfile(p, o))
+    slower = variants.Variant(SLOWER, "fp32", "fp32", _slower)
     out = tmp_path / "bundle"
     assert _optimize(tiny_model("feature-extraction"), out, [FP32, copy, slower], monkeypatch) == 0
     manifest = read_manifest(out)
@@ -267,7 +267,7 @@ def test_optimize_records_a_tie_and_ships_the_more_accurate_variant(
 def test_optimize_records_a_clear_pick_with_its_margin(
     tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    slower = pipeline.Variant(SLOWER, "fp32", "fp32", _slower)
+    slower = variants.Variant(SLOWER, "fp32", "fp32", _slower)
     out = tmp_path / "bundle"
     assert _optimize(tiny_model("feature-extraction"), out, [FP32, slower], monkeypatch) == 0
     manifest = read_manifest(out)

@@ -19,7 +19,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from tokenizers import Tokenizer
 
 from container.bundle import Manifest
-from container.optimize import export, fuse, masks, mixed, pipeline, source, textset, tokenizer, validate
+from container.optimize import export, fuse, masks, mixed, pipeline, source, textset, tokenizer, validate, variants
 from container.runtime import OnnxModel
 from tasks.ops import pad_batch
 from tasks.registry import get_task
@@ -225,9 +225,9 @@ def test_the_pipeline_records_the_choice_and_reports_a_refusal(
     def refuse(*_args: object) -> dict[str, object]:
         raise mixed.Refused("with 6 of 12 MatMuls in fp32, cosine_p1=0.5")
 
-    original = pipeline.variants_for
+    original = variants.variants_for
     monkeypatch.setattr(
-        pipeline,
+        variants,
         "variants_for",
         lambda *args, **kwargs: [
             dataclasses.replace(v, calibrate=refuse) if v.name == "int8-mixed" else v for v in original(*args, **kwargs)

@@ -14,7 +14,7 @@ import pytest
 from onnx import numpy_helper
 
 from container.bundle import read_manifest
-from container.optimize import autotune, pipeline
+from container.optimize import autotune, variants
 from container.runtime import InferenceFailed, OnnxModel
 from hare.cli import main
 from tests.conftest import ModelFactory
@@ -34,7 +34,7 @@ def test_bundle_has_manifest_with_every_variant(tiny_model: ModelFactory, tmp_pa
     assert manifest.labels == {0: "negative", 1: "neutral", 2: "positive"}
     assert manifest.inputs == ["input_ids", "attention_mask", "token_type_ids"]
     names = [v["name"] for v in manifest.variants]
-    assert names == [v.name for v in pipeline.variants_for("cpu", "bert")]
+    assert names == [v.name for v in variants.variants_for("cpu", "bert")]
     chosen = [v for v in manifest.variants if v["chosen"]]
     assert [v["name"] for v in chosen] == [manifest.variant]
     passed = [v for v in manifest.variants if v["passed"]]
@@ -138,13 +138,13 @@ def _broken(parent: Path, out: Path) -> None:
 def test_a_variant_that_fails_the_gate_is_never_chosen(
     tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = pipeline.variants_for
+    original = variants.variants_for
     monkeypatch.setattr(
-        pipeline,
+        variants,
         "variants_for",
         lambda target, family="bert", attention=(0, 0): [
             *original(target, family, attention)[:2],
-            pipeline.Variant("broken", "int8", "fp32", _broken),
+            variants.Variant("broken", "int8", "fp32", _broken),
         ],
     )
     out = tmp_path / "bundle"

@@ -373,3 +373,34 @@ def test_a_shipped_graph_keeps_its_big_weights_page_aligned_in_the_data_file(
     feeds = {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64), "token_type_ids": np.zeros_like(ids)}
     expected = OnnxModel(inline).run(feeds)
     assert np.allclose(OnnxModel(tmp_path / "model.onnx").run(feeds), expected, atol=1e-6)
+
+
+def test_a_build_makes_the_chosen_variants_and_their_parents_only() -> None:
+    from container.optimize.variants import Variant, plan, variants_for
+
+    def names(variants: tuple[Variant, ...]) -> list[str]:
+        return [v.name for v in variants]
+
+    fused = plan(variants_for("cpu"), ["fused-int8"])
+    assert names(fused.chosen) == ["fused-int8"]
+    assert names(fused.to_build) == ["fused-fp32", "fused-int8"] and not fused.to_calibrate
+    assert names(plan(variants_for("cpu"), ["fp32", "int8-mixed"]).to_calibrate) == ["int8-mixed"]
+    assert names(plan(variants_for("gpu")).chosen) == ["fp32", "fused-fp32", "fused-fp16"]
+
+
+def test_a_failed_build_costs_that_variant_and_its_children_only(tmp_path: Path) -> None:
+    """The fuse + quantize stage alone, on stand-in builds: it returns why each failed variant did."""
+    import shutil
+
+    from container.optimize.stages import build_variants
+    from container.optimize.variants import Variant
+
+    def unfit(_parent: Path, _out: Path) -> None:
+        raise RuntimeError("the pattern does not match")
+
+    (tmp_path / "fp32.onnx").write_bytes(b"graph")
+    copy = shutil.copyfile
+    made = [Variant("a", "fp32", "fp32", unfit), Variant("b", "int8", "a", copy), Variant("c", "int8", "fp32", copy)]
+    failed = build_variants(made, tmp_path)
+    assert failed == {"a": "RuntimeError: the pattern does not match", "b": "its parent a failed to build"}
+    assert (tmp_path / "c.onnx").read_bytes() == b"graph" and not (tmp_path / "b.onnx").exists()

@@ -1,1 +1,1 @@
-"""`hare optimize`: each stage is a function from one file to another; `pipeline.py` composes them."""
+"""`hare optimize`: each stage a function (`stages.py`) from files to files; `pipeline.py` composes them."""

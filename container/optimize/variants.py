@@ -1,0 +1,84 @@
+"""The candidate graphs `hare optimize` may ship, per target, and which of them a build makes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from container.optimize import fuse, mixed, quantize, validate
+
+# ONNX Runtime's transformer optimizer has one encoder model_type: "bert". Its fusions match subgraph patterns,
+# so they also fuse the BERT-shaped parts of other encoders (LayerNorm, Gelu, SkipLayerNorm; Attention where
+# the attention is BERT's); the fused-operator counts in the manifest say what was found.
+FUSION_MODEL_TYPE = "bert"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A candidate graph: built from `parent` (None: the export) by `build(parent_file, out_file)`, or, for a
+    calibrated one, after the reference by `calibrate(parent_file, out_file, parity)`, which returns what it
+    chose (for the manifest) and raises mixed.Refused, with the figures, when no graph of its kind can pass."""
+
+    name: str
+    precision: str
+    parent: str | None
+    build: Callable[[Path, Path], object] | None = None
+    calibrate: Callable[[Path, Path, validate.Parity], dict[str, Any]] | None = None
+
+
+def variants_for(target: str, family: str = FUSION_MODEL_TYPE, attention: tuple[int, int] = (0, 0)) -> list[Variant]:
+    """The candidates worth trying per target; the export itself is always the fp32 baseline. Every family
+    gets every candidate: a fusion that does not match a family's graph fuses less (or fails its build), and
+    the gates decide what ships."""
+    fp32 = Variant("fp32", "fp32", None)
+    if target == "gpu":
+        return [
+            fp32,
+            Variant("fused-fp32", "fp32", "fp32", lambda p, o: fuse.fuse(p, o, family, True, attention)),
+            Variant("fused-fp16", "fp16", "fused-fp32", fuse.to_fp16),
+        ]
+    return [
+        fp32,
+        Variant("fused-fp32", "fp32", "fp32", lambda p, o: fuse.fuse(p, o, family, False, attention)),
+        Variant("int8", "int8", "fp32", quantize.quantize_int8),
+        Variant("int8-per-channel", "int8", "fp32", lambda p, o: quantize.quantize_int8(p, o, per_channel=True)),
+        Variant("fused-int8", "int8", "fused-fp32", quantize.quantize_int8),
+        Variant(
+            "fused-int8-per-channel",
+            "int8",
+            "fused-fp32",
+            lambda p, o: quantize.quantize_int8(p, o, per_channel=True),
+        ),
+        Variant("int8-block32", "int8", "fp32", quantize.quantize_blockwise),
+        Variant("int8-block128", "int8", "fp32", lambda p, o: quantize.quantize_blockwise(p, o, block=128)),
+        Variant("fused-int8-block32", "int8", "fused-fp32", quantize.quantize_blockwise),
+        Variant("int8-mixed", "int8", "fp32", calibrate=mixed.build),
+    ]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one build makes of the candidates. chosen: the variants validated (all, or those --variants
+    names); to_build: the fused and quantized ones they need, themselves or as parents (the export is its own
+    stage); to_calibrate: the needed ones built after the reference (int8-mixed)."""
+
+    chosen: tuple[Variant, ...]
+    to_build: tuple[Variant, ...]
+    to_calibrate: tuple[Variant, ...]
+
+
+def plan(candidates: Sequence[Variant], only: Sequence[str] | None = None) -> Plan:
+    """The build of `candidates` limited to `only` (None: every one) and the parents those need."""
+    chosen = tuple(v for v in candidates if not only or v.name in only)
+    parents = {v.name: v.parent for v in candidates}
+    needed = set()
+    for v in chosen:
+        name: str | None = v.name
+        while name is not None:
+            needed.add(name)
+            name = parents[name]
+    made = [v for v in candidates if v.name in needed and v.parent is not None]
+    calibrated = tuple(v for v in made if v.calibrate is not None)
+    return Plan(chosen, tuple(v for v in made if v.calibrate is None), calibrated)
