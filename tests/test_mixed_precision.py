@@ -45,7 +45,10 @@ def _built(model: Path, task_name: str, folder: Path) -> Built:
     samples = textset.builtin_samples(tok, task.pairs)
     encodings = validate.encode_samples(tok, samples)
     ref = validate.reference_outputs(src, task, encodings, inputs, folder / "ref.npz")
-    return Built(fp32, validate.Parity(ref, encodings, samples, task, src.pooling, multi_label=src.multi_label))
+    parity = validate.Parity(
+        ref, encodings, samples, task, src.pooling, multi_label=src.multi_label, pad_id=src.pad_id or 0
+    )
+    return Built(fp32, parity)
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ def test_every_stage_keeps_parity(
     encodings = validate.encode_samples(tok, samples)
     # validate.reference_outputs's (computed once per model and task: the model's bundles reuse it)
     ref = torch_work.reference(src, task, encodings, inputs, tmp_path / "ref.npz")
-    parity = validate.Parity(ref, encodings, samples, task, src.pooling)
+    parity = validate.Parity(ref, encodings, samples, task, src.pooling, pad_id=src.pad_id or 0)
 
     for graph in (fp32, fused):
         report = validate.validate(graph, graph.stem, "fp32", parity)
@@ -101,6 +101,65 @@ def test_blockwise_int8_keeps_parity(
     block = quantize.quantize_blockwise(fp32, tmp_path / "block.onnx")
     report = validate.validate(block, "int8-block32", "int8", validate.Parity(ref, encodings, samples, task, "mean"))
     assert report.metrics["max_abs_diff"] <= INT8_TOL and report.passed, report.metrics
+
+
+def test_a_graph_exact_alone_and_wrong_in_a_batch_is_refused(
+    tiny_model: ModelFactory, tiny_export: ExportFactory, torch_work: TorchWork, tmp_path: Path
+) -> None:
+    """The server batches sequences of near lengths, so a candidate is judged alone and in such batches: one
+    whose answers change with the batch (as a dynamic int8 graph's do: one activation scale per batch) fails
+    its gate even though each sample alone is the model's."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    task = get_task("feature-extraction")
+    src = source.inspect_source(tiny_model("feature-extraction"), task)
+    fp32, inputs = tiny_export("feature-extraction", "bert")
+    model = onnx.load(str(fp32))
+    out = model.graph.output[0].name
+    for node in model.graph.node:  # the model's output becomes "exact", then exact + 0.5 x (batch size - 1)
+        node.output[:] = ["exact" if o == out else o for o in node.output]
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([0], np.int64), "first"),
+            numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        ]
+    )
+    model.graph.node.extend(
+        [
+            helper.make_node("Shape", ["exact"], ["shape"]),
+            helper.make_node("Gather", ["shape", "first"], ["rows"]),
+            helper.make_node("Cast", ["rows"], ["rows_f"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("Sub", ["rows_f", "one"], ["more"]),
+            helper.make_node("Mul", ["more", "half"], ["shift"]),
+            helper.make_node("Add", ["exact", "shift"], [out]),
+        ]
+    )
+    model.graph.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), "one"))
+    batchy = tmp_path / "batchy.onnx"
+    onnx.save(model, str(batchy))
+    tok = Tokenizer.from_file(str(tokenizer.write_tokenizer(src, tmp_path / "tokenizer.json")))
+    samples = textset.builtin_samples(tok, task.pairs)
+    encodings = validate.encode_samples(tok, samples)
+    ref = torch_work.reference(src, task, encodings, inputs, tmp_path / "ref.npz")
+    parity = validate.Parity(ref, encodings, samples, task, src.pooling)
+    with np.load(ref) as stored:
+        alone = validate.candidate_outputs(OnnxModel(batchy, output=task.output), encodings)
+        assert max(float(np.abs(stored[str(i)] - a).max()) for i, a in enumerate(alone)) < 1e-4  # alone: exact
+    assert any(len(b) > 1 for b in validate.served_batches([len(e.ids) for e in encodings]))
+    report = validate.validate(batchy, "batchy", "int8", parity)
+    assert not report.passed and report.gates["cosine_p1"]["passed"] is False, report.gates
+    assert validate.validate(fp32, "fp32", "fp32", parity).passed  # the same samples, batched the same way
+
+
+def test_served_batches_group_near_lengths_within_the_limits() -> None:
+    lengths = [5, 50, 6, 7, 300, 25, 30, 310, 6]
+    batches = validate.served_batches(lengths)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))  # every sample, once
+    assert batches[:3] == [[0, 2, 8, 3], [5, 6], [1]]  # shortest first, within 16 tokens of a batch's first
+    assert [4] in batches and [7] in batches  # 2 x 310 padded tokens is over SERVED_TOKENS
+    many = validate.served_batches([8] * 40)
+    assert [len(b) for b in many] == [16, 16, 8]  # at most SERVED_BATCH a batch
 
 
 def test_selected_attention_masks_become_additive_with_the_same_outputs(tmp_path: Path) -> None:

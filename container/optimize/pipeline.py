@@ -92,7 +92,8 @@ def _compose(
         with stage("reference (PyTorch)") as step:
             parity = stages.reference(src, opts, tokenizer, exported.inputs, folder / "reference.npz", step)
         with stage("mixed int8", len(plan.to_calibrate)) as step:
-            calibrated = stages.calibrate(plan.to_calibrate, folder, parity, unbuilt, step)
+            fit = partial(stages.calibration_reference, src, opts, tokenizer, exported.inputs, folder / "fit.npz")
+            calibrated = stages.calibrate(plan.to_calibrate, folder, fit, unbuilt, step)
         with stage("validate", len(plan.chosen)) as step:
             failed = unbuilt | calibrated.failed
             reports = stages.validate_all(plan.chosen, folder, parity, failed, calibrated.builds, step)

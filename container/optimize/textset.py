@@ -1,4 +1,6 @@
-"""The validation set: varied English texts from 1 to 512 tokens (pairs for ranking), or the user's file."""
+"""The validation set: varied English texts from 1 to 512 tokens (pairs for ranking), or the user's file; and
+a calibration set of other texts from the same sentences, for the stages that fit a graph to samples
+(int8-mixed), so that the validation set stays a check on texts the fit never saw."""
 
 from __future__ import annotations
 
@@ -54,6 +56,10 @@ RANKING = {
     "opinions about a new phone": [8, 14, 31, 2, 21],
 }
 LENGTHS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 510, 600]
+# The calibration set's prose lengths: none of LENGTHS, and each starts at another sentence than its
+# validation neighbours; sentence pairs are two sentences STRIDE apart (validation prose runs consecutively).
+CALIBRATION_LENGTHS = [3, 6, 10, 20, 40, 80, 160, 288]
+STRIDE = 11
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,28 @@ def builtin_samples(tokenizer: Tokenizer, pairs: bool) -> list[Sample]:
         ]
     prose = [_text_of_length(tokenizer, n, start=k) for k, n in enumerate(LENGTHS)]
     return [Sample(s) for s in SENTENCES] + [Sample(t) for t in prose]
+
+
+def calibration_samples(tokenizer: Tokenizer, pairs: bool) -> list[Sample]:
+    """Texts (or query/document pairs) of the same sentences that builtin_samples never gives: each sentence's
+    first words, two sentences STRIDE apart, and prose at CALIBRATION_LENGTHS; for ranking, each query
+    against documents outside its validation group."""
+    tokenizer = Tokenizer.from_str(tokenizer.to_str())
+    tokenizer.no_truncation()
+    n = len(SENTENCES)
+    if pairs:
+        samples = []
+        for g, (query, docs) in enumerate(RANKING.items()):
+            others = [i for i in range(n) if i not in docs]
+            picked = [others[(g * 7 + k * 5) % len(others)] for k in range(4)]
+            samples += [Sample(query, SENTENCES[i], g) for i in picked]
+            samples.append(Sample(query, _text_of_length(tokenizer, 60 + 20 * g, start=picked[0] + 3), g))
+        return samples
+    heads = [" ".join(s.split()[: 3 + i % 3]) for i, s in enumerate(SENTENCES)]
+    heads = [h for h, s in zip(heads, SENTENCES, strict=True) if h != s]  # "Ok" is validated already
+    joined = [f"{SENTENCES[i]} {SENTENCES[(i + STRIDE) % n]}" for i in range(n)]
+    prose = [_text_of_length(tokenizer, t, start=k + 7) for k, t in enumerate(CALIBRATION_LENGTHS)]
+    return [Sample(t) for t in heads + joined + prose]
 
 
 def file_samples(path: Path, pairs: bool) -> list[Sample]:
