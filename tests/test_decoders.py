@@ -1,6 +1,7 @@
 """Decoder models as their users run them: a Qwen3-Reranker-style causal LM scoring pairs as its model card
 does, decoder embedders' prompts chosen per request, graphs that answer the same under left and right
-padding, and the folders `hare optimize` must refuse (with the stage, the cause and what to do).
+padding, Qwen3.5's linear-attention layers at any length and padding, and the folders `hare optimize` must
+refuse (with the stage, the cause and what to do).
 
 Every family and task is checked against transformers / sentence-transformers in test_families.py; this file
 covers what only decoders have.
@@ -9,6 +10,7 @@ covers what only decoders have.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from container.runtime import OnnxModel
 from hare.cli import main
 from tests.api_helpers import assert_ranked, serve
 from tests.conftest import ModelFactory
-from tests.tiny_models import make_lm_reranker, make_model
+from tests.tiny_models import HEADS, LM_POSITIONS, make_lm_reranker, make_model
 
 pytestmark = pytest.mark.anyio
 TOL = 1e-4
@@ -142,21 +144,28 @@ def test_a_decoder_graph_answers_the_same_under_left_and_right_padding(fp32_bund
     pad = read_manifest(bundle).pad_id
     rows = [[11, 12, 13, 14, 15, 16], [21, 22, 23]]
     alone = [session.run(_feeds([r]))[0] for r in rows]
-    width = max(map(len, rows))
     for left in (True, False):
-        padded = [([pad] * (width - len(r)) + r) if left else (r + [pad] * (width - len(r))) for r in rows]
-        masks = [
-            ([0] * (width - len(r)) + [1] * len(r)) if left else ([1] * len(r) + [0] * (width - len(r))) for r in rows
-        ]
-        states = session.run({"input_ids": np.array(padded), "attention_mask": np.array(masks)})
+        feeds = _padded(rows, pad, left)
+        states = session.run(feeds)
         for i in range(len(rows)):
-            real = states[i][np.array(masks[i]) == 1]
+            real = states[i][feeds["attention_mask"][i] == 1]
             assert np.abs(real - alone[i]).max() < TOL, ("left" if left else "right", i)
 
 
 def _feeds(rows: list[list[int]]) -> dict[str, Any]:
     ids = np.array(rows, dtype=np.int64)
     return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+def _padded(rows: list[list[int]], pad: int, left: bool) -> dict[str, Any]:
+    """`rows` as one batch padded with `pad` to the longest, on the left or on the right."""
+    width = max(map(len, rows))
+    ids = np.full((len(rows), width), pad, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for i, row in enumerate(rows):
+        at = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[i, at], mask[i, at] = row, 1
+    return {"input_ids": ids, "attention_mask": mask}
 
 
 async def test_decoder_embedder_prompts_are_chosen_per_request(
@@ -223,14 +232,81 @@ def test_a_causal_lm_that_cannot_answer_yes_or_no_is_refused_as_a_reranker(
     assert not out.exists()
 
 
-def test_a_decoder_with_recurrent_layers_is_refused_at_export(
+def _long_qwen3_5(folder: Path, task: str) -> Path:
+    """A tiny Qwen3.5 read at up to LM_POSITIONS tokens (its gated delta rule then spans up to 8 chunks of 64,
+    and the export's scan takes 3 steps), with
+    - slow decay (transformers draws a head's from 0.01 to 16 a token, mostly too fast for one chunk's keys to
+      count two chunks later), so the scan's work shows;
+    - a linear-attention layer after the attention layer, and a pad token whose embedding is not 0 (as in a
+      trained model, whose pad is its EOS), so the padding reaches a linear-attention layer as states that
+      only the mask zeroes."""
+    import torch
+    import transformers
+
+    layers = ["linear_attention", "full_attention", "linear_attention"]
+    make_model(
+        folder, task, "qwen3_5_text", max_position_embeddings=LM_POSITIONS, layer_types=layers, num_hidden_layers=3
+    )
+    model = getattr(transformers, HEADS[task][0]).from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith("linear_attn.A_log"):
+                weight.fill_(math.log(1e-3))
+        embeddings = model.get_input_embeddings().weight
+        embeddings[model.config.pad_token_id] = embeddings[model.config.eos_token_id + 1]
+    model.save_pretrained(str(folder), safe_serialization=True)
+    for name, key in (("tokenizer_config.json", "model_max_length"), ("sentence_bert_config.json", "max_seq_length")):
+        if (folder / name).is_file():
+            config = json.loads((folder / name).read_text())
+            (folder / name).write_text(json.dumps(config | {key: LM_POSITIONS}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("task", "output"), [("feature-extraction", "last_hidden_state"), ("text-classification", "logits")]
+)
+def test_qwen3_5_answers_as_transformers_at_any_length_and_padding(tmp_path: Path, task: str, output: str) -> None:
+    """Qwen3.5's linear-attention layers, exported without their loop over the sequence's chunks
+    (container/optimize/delta_rule.py): the bundle passes the gates, then answers as transformers at lengths
+    other than the traced example's 8 (within one chunk, at three) and in left- and right-padded batches."""
+    import torch
+    import transformers
+
+    folder = _long_qwen3_5(tmp_path / "model", task)
+    out = tmp_path / "bundle"
+    assert main(["optimize", str(folder), "--task", task, "--out", str(out), "--variants", "fp32", *QUICK]) == 0
+    manifest = read_manifest(out)
+    assert (manifest.variant, manifest.max_length) == ("fp32", LM_POSITIONS)
+
+    model = getattr(transformers, HEADS[task][0]).from_pretrained(str(folder)).eval()
+    session = OnnxModel(out / MODEL_FILE)
+    ids = np.random.default_rng(0).integers(5, 300, size=200)
+    rows = [ids[:3].tolist(), ids[:37].tolist(), ids[60:190].tolist()]
+    alone = []
+    for row in rows:
+        with torch.no_grad():
+            expected = getattr(model(input_ids=torch.tensor([row])), output)[0].numpy()
+        assert np.abs(session.run(_feeds([row]))[0] - expected).max() < TOL, len(row)
+        alone.append(expected)
+    for left in (True, False):
+        feeds = _padded(rows, manifest.pad_id, left)
+        answers = session.run(feeds)
+        for i, row in enumerate(rows):
+            # A padded row's states at its real tokens (the classifier's logits at its last one) are its own.
+            got = answers[i][feeds["attention_mask"][i] == 1] if output == "last_hidden_state" else answers[i]
+            assert np.abs(got - alone[i]).max() < TOL, ("left" if left else "right", len(row))
+
+
+def test_a_decoder_with_other_recurrent_layers_is_refused_at_export(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Qwen3.5's linear-attention layers loop over the sequence's chunks, which tracing would fix at the
-    example's length: refused at once, naming the stage, the layers and what to use instead."""
-    folder = make_model(tmp_path / "model", "feature-extraction", "qwen3_5_text")
+    """MiniMax's linear attention (lightning attention, no gated delta rule) loops over the sequence's blocks,
+    which tracing would fix at the example's length: refused at once, naming the stage, the layers and what
+    to use instead."""
+    folder = make_model(tmp_path / "model", "feature-extraction", "minimax")
     out = tmp_path / "bundle"
     assert main(["optimize", str(folder), "--task", "feature-extraction", "--out", str(out), *QUICK]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "stage export" in err and "linear_attention layers" in err and "Qwen3" in err
+    assert "stage export" in err and "linear_attention layers" in err and "gated delta rule" in err
+    assert "Qwen3" in err
     assert not out.exists()

@@ -181,13 +181,7 @@ FAMILIES: dict[str, Family] = {
             ),
             tasks=("feature-extraction",),
         ),
-    )
-}
-# Families transformers knows that hare refuses, each at the stage that names why (docs/optimizer.md lists them).
-REFUSED: dict[str, Family] = {
-    f.model_type: f
-    for f in (
-        # Qwen3.5: gated-delta-rule (linear attention) layers between the attention layers.
+        # Qwen3.5 (text): gated-delta-rule (linear attention) layers between gated full-attention layers.
         Family(
             "qwen3_5_text",
             "bpe",
@@ -200,6 +194,21 @@ REFUSED: dict[str, Family] = {
                 linear_num_value_heads=4,
                 layer_types=["linear_attention", "full_attention"],
             ),
+            tasks=("text-classification", "feature-extraction", "text-ranking"),
+        ),
+    )
+}
+# Families transformers knows that hare refuses, each at the stage that names why (docs/optimizer.md lists them).
+REFUSED: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        # MiniMax: lightning attention (a linear attention that is no gated delta rule) between attention layers.
+        Family(
+            "minimax",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(num_local_experts=4, num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"]),
             tasks=("text-classification", "feature-extraction", "text-ranking"),
         ),
     )

@@ -5,7 +5,10 @@ and positions counted from that mask.
 transformers builds a decoder's masks with `masking_utils.create_causal_mask`, whose vmap the TorchScript
 exporter cannot trace ("unordered_map::at"). `DecoderGraph` hands the model finished 4D masks instead, which
 transformers takes as they are. Positions are `cumsum(mask) - 1`, so a left-padded and a right-padded row
-give their real tokens the same positions, hence the same states, as the row alone.
+give their real tokens the same positions, hence the same states, as the row alone. Gated-delta-rule layers
+(Qwen3.5's linear attention) take the 2D mask (they zero the padding's states, as transformers'
+`create_recurrent_attention_mask` has them do) and run delta_rule.gated_delta_rule, which has no loop over the
+sequence for the exporter to fix at the example's length.
 
 Imported by the optimizer only (it needs torch).
 """
@@ -16,6 +19,8 @@ import sys
 from typing import Any
 
 import torch
+
+from container.optimize import delta_rule
 
 
 def is_decoder(model: Any) -> bool:
@@ -29,7 +34,9 @@ def is_decoder(model: Any) -> bool:
 def attention_masks(attention_mask: torch.Tensor, config: Any) -> torch.Tensor | dict[str, torch.Tensor]:
     """The additive 4D masks [batch, 1, query, key] transformers would build: causal (or bidirectional where
     the config says so, EmbeddingGemma), each layer type's window, and the padding. Models that mix full and
-    sliding-window layers (config.layer_types) take one mask per layer type."""
+    sliding-window layers (config.layer_types) take one mask per layer type, and their linear-attention
+    layers the 2D padding mask. A multimodal config's text part says which (Qwen3.5's own checkpoints)."""
+    config = config.get_text_config()
     n = attention_mask.shape[1]
     q = torch.arange(n, device=attention_mask.device)[:, None]
     k = torch.arange(n, device=attention_mask.device)[None, :]
@@ -50,6 +57,8 @@ def attention_masks(attention_mask: torch.Tensor, config: Any) -> torch.Tensor |
         masks = {"full_attention": additive(full)}
         if near is not None:
             masks["sliding_attention"] = additive(near)
+        if "linear_attention" in config.layer_types:
+            masks["linear_attention"] = attention_mask.to(torch.float32)
         return masks
     # Mistral-style configs: one window for every layer when sliding_window is set.
     return additive(near if near is not None else full)
@@ -58,10 +67,12 @@ def attention_masks(attention_mask: torch.Tensor, config: Any) -> torch.Tensor |
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
-def unmasked_layer_types(config: Any) -> list[str]:
-    """The layer types of `config` (a multimodal config's text part) that attention_masks builds no mask for."""
-    types = getattr(config.get_text_config(), "layer_types", None) or []
-    return sorted(set(types) - set(MASKED_LAYER_TYPES))
+def unhandled_layer_types(model: Any) -> list[str]:
+    """The layer types of `model` (a multimodal config's text part) that DecoderGraph cannot export: any but
+    attention with a mask from attention_masks, and linear attention where it is the gated delta rule."""
+    types = getattr(model.config.get_text_config(), "layer_types", None) or []
+    handled = {*MASKED_LAYER_TYPES, *(["linear_attention"] if delta_rule.reference_modules(model) else [])}
+    return sorted(set(types) - handled)
 
 
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -89,20 +100,23 @@ class EncoderGraph(torch.nn.Module):  # type: ignore[misc]
 
 class DecoderGraph(torch.nn.Module):  # type: ignore[misc]
     """`model` (a base decoder or one with a sequence-classification head) fed as the exported graph runs
-    it: input_ids and attention_mask in, the task's output out."""
+    it: input_ids and attention_mask in, the task's output out, for sequences of up to `max_length` tokens
+    (what the gated delta rule's scan is sized for)."""
 
-    def __init__(self, model: Any, output: str) -> None:
+    def __init__(self, model: Any, output: str, max_length: int) -> None:
         super().__init__()
         self.model = model
         self.output = output
+        self.max_length = max_length
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_masks(attention_mask, self.model.config),
-            position_ids=positions(attention_mask),
-            use_cache=False,
-        )
+        with delta_rule.loop_free(self.model, self.max_length):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_masks(attention_mask, self.model.config),
+                position_ids=positions(attention_mask),
+                use_cache=False,
+            )
         return out[self.output]
 
 
@@ -118,9 +132,9 @@ class YesNoScorer(torch.nn.Module):  # type: ignore[misc]
     the last token, so its sigmoid is the model card's softmax probability of "yes". Only the two rows of the
     LM head are kept: nothing vocabulary-sized is computed at serve time."""
 
-    def __init__(self, lm: Any, no_id: int, yes_id: int) -> None:
+    def __init__(self, lm: Any, no_id: int, yes_id: int, max_length: int) -> None:
         super().__init__()
-        self.body = DecoderGraph(lm.base_model, "last_hidden_state")
+        self.body = DecoderGraph(lm.base_model, "last_hidden_state", max_length)
         head = lm.get_output_embeddings()
         self.rows = torch.nn.Parameter(head.weight[[no_id, yes_id]].detach().clone(), requires_grad=False)
         bias = getattr(head, "bias", None)

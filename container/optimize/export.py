@@ -53,15 +53,27 @@ def load_torch_model(source: SourceModel, task: TaskSpec):  # type: ignore[no-un
 
 def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no-untyped-def]
     """What is exported: an encoder behind EncoderGraph (its inputs by name, the task's output); a decoder
-    behind DecoderGraph (masks and positions from the 2D mask, no cache); a causal LM read as a reranker as
-    its yes/no scorer; a sparse model's graph (load_torch_model's) as it is."""
+    behind DecoderGraph (masks and positions from the 2D mask, no cache, the gated delta rule without its
+    loop); a causal LM read as a reranker as its yes/no scorer; a sparse model's graph (load_torch_model's)
+    as it is. A decoder with a layer type DecoderGraph cannot export is refused."""
     from container.optimize import decoder
 
     if source.sparse is not None:
         return model
 
+    if source.scorer or decoder.is_decoder(model):
+        unhandled = decoder.unhandled_layer_types(model)
+        if unhandled:
+            raise UnsupportedModel(
+                f"stage export: {source.model_type} has {', '.join(unhandled)} layers; hare exports decoders "
+                "without a cache, with masks for full and sliding-window attention and the gated delta rule "
+                "(Qwen3.5's linear attention) rewritten without its loop over the sequence. Another recurrent "
+                "or linear layer (Mamba, lightning attention...) runs a loop that the TorchScript exporter fixes "
+                "at the example's length, so the graph would answer wrongly for any other length. Use a family "
+                "whose layers are attention or gated delta rule, e.g. Qwen3 or Qwen3.5"
+            )
     if source.scorer:
-        return decoder.YesNoScorer(model, *source.scorer)
+        return decoder.YesNoScorer(model, *source.scorer, source.max_length)
     if decoder.is_decoder(model):
         if source.pad_id is None:
             raise UnsupportedModel(
@@ -70,16 +82,7 @@ def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no
                 "classification heads, to find each row's last token as transformers does. Set pad_token in "
                 "tokenizer_config.json and pad_token_id in config.json (decoders usually pad with their EOS)"
             )
-        unmasked = decoder.unmasked_layer_types(model.config)
-        if unmasked:
-            raise UnsupportedModel(
-                f"stage export: {source.model_type} has {', '.join(unmasked)} layers; hare exports decoders "
-                "without a cache, and a recurrent layer (Qwen3.5's gated delta rule) runs a loop over the "
-                "sequence's chunks that the TorchScript exporter fixes at the example's length, so the graph "
-                "would answer wrongly for any other length. Use a family whose layers are all attention "
-                "(full or sliding window), e.g. Qwen3"
-            )
-        return decoder.DecoderGraph(model, task.output)
+        return decoder.DecoderGraph(model, task.output, source.max_length)
     return decoder.EncoderGraph(model, task.output)
 
 
