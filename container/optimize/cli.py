@@ -183,7 +183,8 @@ def variant_table(manifest: Manifest) -> Table:
 
 
 def build_lines(manifest: Manifest) -> list[str]:
-    """What each calibrated variant's build chose (int8-mixed: the smoothing and the MatMuls kept fp32)."""
+    """What each calibrated variant's build chose (int8-mixed: the smoothing, the activation scales and the
+    MatMuls kept fp32)."""
     lines = []
     for v in manifest.variants:
         chose = v.get("build") or {}
@@ -191,6 +192,7 @@ def build_lines(manifest: Manifest) -> list[str]:
             continue
         kept, alpha = chose["fp32"], chose["alpha"]
         smoothing = f"smoothing alpha {alpha:g} on {chose['smoothed']} activations" if alpha else "no smoothing"
+        smoothing += f", one activation scale per {chose.get('scales', 'tensor')}"  # older bundles: per tensor
         how = f"chosen on {chose['calibration']} samples, {chose['passes']} simulated passes, {chose['seconds']:.1f} s"
         named = f" ({', '.join(kept)})" if kept else ""
         lines.append(f"{v['name']}: {smoothing}; {len(kept)} of {chose['matmuls']} MatMuls kept fp32{named}; {how}")

@@ -5,30 +5,42 @@ Dynamic int8 gives a MatMul's activations one scale per call. Trained BERT-style
 values on one token ([CLS]) in a few fixed channels: all-MiniLM-L6-v2 has 28 in channel 99 of every
 attention-output LayerNorm where its other tokens stay under 10, and 24 in one channel of layer 0's GELU
 output, so that one scale leaves the other tokens a handful of levels (cosine p1 0.977 against PyTorch, the
-gate is 0.99). Two remedies, both chosen against the reference on a calibration subset of the samples:
+gate is 0.99). Decoders carry massive activations (a few residual channels 50-100x the median on every
+token and up to 100,000x on the first and delimiter tokens; tests/outliers.py injects them). Three remedies,
+cheapest first, each chosen against the reference on a calibration subset of the samples:
 
 1. Smoothing (SmoothQuant, Xiao et al. 2022). The input channel j of the constant-weight MatMuls that read
    one activation is divided by s_j = max|x_j|^alpha / max|w_j|^(1 - alpha) (one Mul before them) and row j
    of their weights multiplied by it: the same function in fp32, with the outliers moved into the weights,
-   which are quantized per output channel. alpha is the one of ALPHAS (0: no smoothing) whose fully
-   quantized graph does best on the gates.
-2. Mixed precision. Each MatMul's harm is measured alone (only it quantized: how much of each gate's room
+   which are quantized per output channel. alpha is one of ALPHAS (0: no smoothing).
+2. Per-token activation scales (as SmoothQuant and LLM.int8 quantize activations): max|x_row| / 127 for each
+   token, u8 around 128, written here (the dynamic quantizer has no such mode). A token whose activations
+   are massive (a decoder's delimiter at layer 0's down_proj input: 2,000x the median unit) then costs its
+   own row its levels, not every token's, and a text's result no longer depends on the texts batched with
+   it. It costs a few percent over the per-call kernel, which ONNX Runtime fuses into one operator (58.3 ms
+   against 54.9 at 128 tokens on the Qwen3 geometry of docs/optimizer.md), so it is chosen only when the
+   cheaper graph misses: the per-call scales' best alpha is kept if its fully quantized graph meets the gates
+   with MARGIN of their room to spare on the subset and passes on every sample; otherwise the per-token
+   scales' best alpha, if it does; otherwise the better of the two goes on to 3.
+3. Mixed precision. Each MatMul's harm is measured alone (only it quantized: how much of each gate's room
    between the fp32 graph and the threshold it takes); the most harmful stay fp32, one more at a time, until
    every gate passes with MARGIN of its room to spare on the subset and passes on every sample. More than
    MAX_FP32 of them in fp32 (or none quantizable) refuses the variant, with the figures.
 
 Every choice is one pass of a simulation graph over the subset, not a quantizer run: the fp32 graph with each
-MatMul behind an `If` that switches it to the operators the dynamic quantizer writes for it
-(DynamicQuantizeLinear, MatMulInteger on the int8 weight values and per-channel scales it would store, the
-scales' Mul), so the CPU's own int8 kernel runs each choice: CPUs without VNNI add u8 x s8 pairs in 16-bit
-registers that can saturate (ONNX Runtime's quantization docs), and the choice is made with that error.
-Measured on all-MiniLM-L6-v2 on an AVX-512 VNNI CPU: the built graph's figures equal the simulation's to
-5 digits. The built graph is then validated like every variant.
+MatMul behind an `If` that switches it to either int8 arithmetic as the build writes it (per call: the
+dynamic quantizer's DynamicQuantizeLinear, MatMulInteger on the int8 weight values and per-channel scales it
+would store, the scales' Mul; per token: the same MatMulInteger behind hare's own row scales), so the CPU's
+own int8 kernel runs each choice: CPUs without VNNI add u8 x s8 pairs in 16-bit registers that can saturate
+(ONNX Runtime's quantization docs), and the choice is made with that error. Measured on all-MiniLM-L6-v2 on
+an AVX-512 VNNI CPU: the built graph's figures equal the simulation's to 5 digits. The built graph is then
+validated like every variant.
 
-The cost is linear in the MatMuls: one pass per alpha over the subset (CALIBRATION_TOKENS tokens), one per
-MatMul over a subset of at most RANKING_TOKENS / MatMuls tokens (only when some must stay fp32), and one per
-MatMul kept fp32; then one quantizer run. The choice is fitted to (part of) the samples the gate then checks,
-which MARGIN hedges; a --validation-file of the served texts checks the shipped graph on unseen ones.
+The cost is linear in the MatMuls: one pass per alpha and kind of scales over the subset (CALIBRATION_TOKENS
+tokens), one or two over every sample, one per MatMul over a subset of at most RANKING_TOKENS / MatMuls
+tokens (only when some must stay fp32), and one per MatMul kept fp32; then one quantizer run (or hare's
+per-token rewrite). The choice is fitted to (part of) the samples the gate then checks, which MARGIN hedges;
+a --validation-file of the served texts checks the shipped graph on unseen ones.
 """
 
 from __future__ import annotations
@@ -49,7 +61,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from container.optimize import fuse, graphs
-from container.optimize.validate import Parity, verdicts
+from container.optimize.int8 import SWITCHES, TENSOR, TOKEN, per_token, simulation
+from container.optimize.validate import Parity, served_outputs, twice, verdicts
 from container.runtime import PROVIDERS, session_options
 from tasks.base import Gate, ParityInput
 from tasks.ops import pad_batch
@@ -69,7 +82,9 @@ MAX_FP32 = 0.5
 # multiple is past the memory available is refused before anything runs: the kernel's OOM killer would end
 # the whole build, not this variant.
 MEMORY_FACTOR = 10
-SWITCHES = "hare_int8_switches"
+# Activation scales, cheapest first: one per call (the quantizer's, fused by ONNX Runtime into one kernel), one
+# per token (a row's own max |x|: a token with massive activations costs only its own row its levels).
+SCALES = ("tensor", "token")
 # Bounds on a smoothing factor, against channels that are (nearly) silent in the calibration samples.
 SCALE_RANGE = (1e-3, 1e3)
 
@@ -82,7 +97,8 @@ class Refused(Exception):
 class Plan:
     """What the stage chose, as the manifest records it (the variant's `build`).
 
-    alpha: the smoothing strength (0: none); smoothed: activations scaled. matmuls: MatMuls with a constant
+    alpha: the smoothing strength (0: none); scales: the int8 activations' scales, one per call ("tensor") or
+    per token ("token"); smoothed: activations scaled. matmuls: MatMuls with a constant
     2-D weight (the candidates); fp32: those kept in fp32, most harmful first. harm: each MatMul's share of the
     tightest gate's room when it alone is int8, most harmful first (empty when none had to stay fp32).
     calibration: samples in the calibration subset; figures: the gates' figures of the chosen graph there.
@@ -90,6 +106,7 @@ class Plan:
     """
 
     alpha: float
+    scales: str
     smoothed: int
     matmuls: int
     fp32: list[str]
@@ -129,15 +146,6 @@ def calibration(lengths: Sequence[int], groups: Sequence[int], pairs: bool, budg
         chosen += unit
         tokens += cost
     return sorted(chosen)
-
-
-def quantized_weight(weight: NDArray[np.float32]) -> tuple[NDArray[np.int8], NDArray[np.float32]]:
-    """`weight` [K, N] as per-channel dynamic int8 stores it: symmetric int8 values in [-127, 127] and one scale
-    per output column (max |w| / 127, computed in float64 and stored in float32, as the quantizer does)."""
-    absmax = np.abs(weight).max(axis=0).astype(np.float64)
-    scale = (2 * absmax / 254).astype(np.float32)
-    scale[scale == 0] = 1.0
-    return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale
 
 
 def _consumers(model: onnx.ModelProto) -> dict[str, int]:
@@ -211,56 +219,6 @@ def smooth(model: onnx.ModelProto, maxima: Mapping[str, NDArray[np.float32]], al
     return out
 
 
-def simulation(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
-    """`model` (consumed) with the MatMuls `names` switchable to their int8 arithmetic by the int64 input
-    SWITCHES (one entry per name, in order; nonzero: int8)."""
-    inits = {t.name: t for t in model.graph.initializer}
-    index = {name: i for i, name in enumerate(names)}
-    nodes: list[onnx.NodeProto] = []
-    for node in model.graph.node:
-        if node.name not in index:
-            nodes.append(node)
-            continue
-        i, p = index[node.name], f"hare_sim{index[node.name]}"
-        x, w, y = node.input[0], node.input[1], node.output[0]
-        q, scale = quantized_weight(numpy_helper.to_array(inits[w]))
-        model.graph.initializer.extend(
-            [
-                numpy_helper.from_array(q, f"{p}_w"),
-                numpy_helper.from_array(scale, f"{p}_ws"),
-                numpy_helper.from_array(np.zeros(q.shape[1], np.int8), f"{p}_wz"),
-                numpy_helper.from_array(np.array(i, np.int64), f"{p}_i"),
-            ]
-        )
-        int8 = helper.make_graph(  # the quantizer's own operators, so the CPU's int8 kernel runs them
-            [
-                helper.make_node("DynamicQuantizeLinear", [x], [f"{p}_q", f"{p}_s", f"{p}_z"]),
-                helper.make_node("MatMulInteger", [f"{p}_q", f"{p}_w", f"{p}_z", f"{p}_wz"], [f"{p}_acc"]),
-                helper.make_node("Cast", [f"{p}_acc"], [f"{p}_f"], to=TensorProto.FLOAT),
-                helper.make_node("Mul", [f"{p}_s", f"{p}_ws"], [f"{p}_scale"]),
-                helper.make_node("Mul", [f"{p}_f", f"{p}_scale"], [f"{p}_y8"]),
-            ],
-            f"{p}_int8",
-            [],
-            [helper.make_tensor_value_info(f"{p}_y8", TensorProto.FLOAT, None)],
-        )
-        fp32 = helper.make_graph(
-            [helper.make_node("MatMul", [x, w], [f"{p}_y32"])],
-            f"{p}_fp32",
-            [],
-            [helper.make_tensor_value_info(f"{p}_y32", TensorProto.FLOAT, None)],
-        )
-        nodes += [
-            helper.make_node("Gather", [SWITCHES, f"{p}_i"], [f"{p}_g"], axis=0),
-            helper.make_node("Cast", [f"{p}_g"], [f"{p}_on"], to=TensorProto.BOOL),
-            helper.make_node("If", [f"{p}_on"], [y], name=node.name, then_branch=int8, else_branch=fp32),
-        ]
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    model.graph.input.append(helper.make_tensor_value_info(SWITCHES, TensorProto.INT64, [len(names)]))
-    return model
-
-
 def _session(model: onnx.ModelProto, folder: Path) -> ort.InferenceSession:
     """A CPU session over `model`: from memory, or through a file in `folder` past protobuf's inline limit."""
     options = session_options(0)
@@ -303,10 +261,15 @@ class Simulator:
         self, switches: NDArray[np.int64], indices: Sequence[int], ideal: Mapping[str, float] | None = None
     ) -> Judgement:
         p, task = self.parity, self.parity.task
-        ref = [self.reference[i] for i in indices]
-        out = [self.session.run([task.output], self.feeds[i] | {SWITCHES: switches})[0][0] for i in indices]
+
+        def run(feeds: dict[str, NDArray[np.int64]]) -> NDArray[np.float32]:
+            return np.asarray(self.session.run([task.output], feeds | {SWITCHES: switches})[0], np.float32)
+
+        # As validate judges the built graph: each sample alone and in the batches the server forms (one
+        # activation scale per call is shared by a batch; per-token scales are not).
+        out = served_outputs(run, [self.feeds[i] for i in indices], p.pad_id)
+        ref, groups = twice([self.reference[i] for i in indices], [p.samples[i].group for i in indices])
         self.passes.append(1)
-        groups = [p.samples[i].group for i in indices]
         figures = task.parity(ParityInput(ref, out, groups, p.pooling or "mean", p.multi_label))
         judged = verdicts(figures, task.gates, p.thresholds)
         harm = max((_used(g, judged[g.metric], ideal) for g in task.gates), default=0.0) if ideal else 0.0
@@ -350,30 +313,55 @@ def plan(fp32: Path, parity: Parity, folder: Path) -> tuple[onnx.ModelProto, Pla
     everything = list(range(len(lengths)))
     folder.mkdir(parents=True, exist_ok=True)
     passes: list[int] = []
-    sim = Simulator(copy.deepcopy(model), names, folder, parity, passes)
-    off, on = np.zeros(len(names), np.int64), np.ones(len(names), np.int64)
-    reference = sim.judge(off, subset)  # the fp32 graph: each gate's room is measured from its figures
+    held: dict[float, Simulator] = {}
+    maxima: dict[str, NDArray[np.float32]] = {}
+
+    def simulator(alpha: float) -> Simulator:
+        """The simulation of the graph smoothed at `alpha`: one at a time, as each holds the graph about
+        three times (the one held is dropped before the next is built)."""
+        if alpha not in held:
+            held.clear()
+            held[alpha] = Simulator(smooth(model, maxima, alpha), names, folder, parity, passes)
+        return held[alpha]
+
+    off = np.zeros(len(names), np.int64)
+    reference = simulator(0.0).judge(off, subset)  # the fp32 graph: each gate's room is measured from it
     if not reference.passed:
         raise Refused(f"the fp32 graph itself misses the gates on the calibration samples ({_show(reference)})")
     ideal = reference.figures
-    maxima = activation_maxima(model, [sim.feeds[i] for i in subset], folder)
-    alpha, judged = 0.0, sim.judge(on, subset, ideal)
-    for a in ALPHAS[1:] if maxima else ():  # one simulation at a time (each holds the graph about three times)
-        del sim
-        sim = Simulator(smooth(model, maxima, a), names, folder, parity, passes)
-        tried = sim.judge(on, subset, ideal)
-        if (tried.harm, tried.error) < (judged.harm, judged.error):
-            alpha, judged = a, tried
-    if maxima and alpha != ALPHAS[-1]:
-        del sim
-        sim = Simulator(smooth(model, maxima, alpha), names, folder, parity, passes)
+    maxima |= activation_maxima(model, [simulator(0.0).feeds[i] for i in subset], folder)
+    alphas = ALPHAS if maxima else (0.0,)
+    code = {"tensor": TENSOR, "token": TOKEN}
+    tried = {  # every alpha's all-int8 graph with each kind of activation scales, on the calibration subset
+        (kind, a): simulator(a).judge(np.full(len(names), code[kind]), subset, ideal) for a in alphas for kind in SCALES
+    }
+
+    def best(kinds: Sequence[str]) -> tuple[str, float]:
+        return min(((k, a) for k in kinds for a in alphas), key=lambda c: (tried[c].harm, tried[c].error))
+
+    # The cheapest activation scales whose best alpha meets the gates with the margin and on every sample;
+    # failing that, the best choice of all, and MatMuls kept fp32 from there.
+    wholes: dict[tuple[str, float], Judgement] = {}
+    choice = None
+    for kind in SCALES:
+        key = best([kind])
+        if tried[key].harm <= 1 - MARGIN:
+            wholes[key] = simulator(key[1]).judge(np.full(len(names), code[kind]), everything)
+            if wholes[key].passed:
+                choice = key
+                break
+    scales, alpha = choice or best(SCALES)
+    whole = wholes.get((scales, alpha))
+    sim = simulator(alpha)
+    judged = tried[scales, alpha]
     cap = int(len(names) * MAX_FP32)
     order: list[int] = []
     harm: dict[str, float] = {}
-    switches = on.copy()
+    switches = np.full(len(names), code[scales])
     while True:
-        kept = len(names) - int(switches.sum())
-        whole = sim.judge(switches, everything) if judged.harm <= 1 - MARGIN else None
+        kept = int((switches == 0).sum())
+        if whole is None and judged.harm <= 1 - MARGIN:
+            whole = sim.judge(switches, everything)
         if whole is not None and whole.passed:
             break
         if kept == cap:
@@ -386,21 +374,23 @@ def plan(fp32: Path, parity: Parity, folder: Path) -> tuple[onnx.ModelProto, Pla
             )
             raise Refused(
                 f"with {kept} of {len(names)} MatMuls in fp32 (the most allowed: "
-                f"{', '.join(names[i] for i in order[:kept]) or 'none'}) and smoothing alpha {alpha:g}, {where}"
+                f"{', '.join(names[i] for i in order[:kept]) or 'none'}), smoothing alpha {alpha:g} and one "
+                f"activation scale per {scales}, {where}"
             )
         if not order:  # the sensitivity pass: each MatMul alone in int8, on the ranking subset
             base = sim.judge(off, ranking).figures
             alone = []
             for i in range(len(names)):
                 one = off.copy()
-                one[i] = 1
+                one[i] = code[scales]
                 alone.append(sim.judge(one, ranking, base))
             order = sorted(range(len(names)), key=lambda i: (-alone[i].harm, -alone[i].error))
             harm = {names[i]: round(alone[i].harm, 4) for i in order}
         switches[order[kept]] = 0
-        judged = sim.judge(switches, subset, ideal)
+        judged, whole = sim.judge(switches, subset, ideal), None
     chosen = Plan(
         alpha=alpha,
+        scales=scales,
         smoothed=len(smoothing_groups(model)) if alpha else 0,
         matmuls=len(names),
         fp32=[names[i] for i in order[:kept]],
@@ -429,22 +419,28 @@ def _show(judged: Judgement) -> str:
 
 
 def build(fp32: Path, out: Path, parity: Parity) -> dict[str, Any]:
-    """Write the int8-mixed graph for `fp32` to `out` and return its plan (for the manifest)."""
+    """Write the int8-mixed graph for `fp32` to `out` and return its plan (for the manifest): per-token scales
+    written here, per-call ones by ONNX Runtime's dynamic quantizer (whose operators it fuses)."""
     folder = out.parent / f"{out.stem}.work"
     try:
         smoothed, chosen = plan(fp32, parity, folder)
-        source = folder / "smoothed.onnx"
-        onnx.save(smoothed, str(source), save_as_external_data=graphs.too_big(smoothed))
-        quantize_dynamic(
-            str(source),
-            str(out),
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul"],
-            nodes_to_quantize=[n for n in (t.name for t in targets(smoothed)) if n not in chosen.fp32],
-            use_external_data_format=graphs.too_big(smoothed),
-            extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT},
-        )
+        int8 = [n for n in (t.name for t in targets(smoothed)) if n not in chosen.fp32]
+        big = graphs.too_big(smoothed)
+        if chosen.scales == "token":
+            onnx.save(per_token(smoothed, int8), str(out), save_as_external_data=big, location=f"{out.name}.data")
+        else:
+            source = folder / "smoothed.onnx"
+            onnx.save(smoothed, str(source), save_as_external_data=big)
+            quantize_dynamic(
+                str(source),
+                str(out),
+                per_channel=True,
+                weight_type=QuantType.QInt8,
+                op_types_to_quantize=["MatMul"],
+                nodes_to_quantize=int8,
+                use_external_data_format=big,
+                extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT},
+            )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return asdict(chosen)

@@ -9,9 +9,9 @@ Blockwise (MatMulNBits, accuracy level 4): int8 weights with one scale per block
 channels, and activations quantized per block at run time, so an outlier only costs its own block.
 Slower than dynamic, faster than fp32, and close to fp32 in accuracy.
 
-A third way, per-channel dynamic int8 that keeps the gates (smoothing the outliers into the weights, and
-the MatMuls that still break a gate kept fp32), is chosen on the validation samples after the reference:
-`int8-mixed`, container/optimize/mixed.py.
+A third way, per-channel dynamic int8 that keeps the gates (smoothing the outliers into the weights, one
+activation scale per token where one per call is not enough, and the MatMuls that still break a gate kept
+fp32), is chosen on the validation samples after the reference: `int8-mixed`, container/optimize/mixed.py.
 """
 
 from __future__ import annotations
