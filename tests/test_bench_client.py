@@ -12,13 +12,39 @@ from collections.abc import Iterator
 import pytest
 import uvloop
 
-from bench.client import Connection, build_request
+from bench.client import STAMP, TIMESTAMPNS, Connection, build_request
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-compute-time: 0.001\r\n\r\nok"
 
 
+@pytest.fixture(scope="module")
+def stamping() -> Iterator[None]:
+    """Kernel receive stamps switched on before a test relies on them. Linux turns them on for the whole
+    machine when the first socket asks, but from a kernel worker: until it runs, segments arrive unstamped
+    and are stamped when read. Beside `stress-ng --cpu 2` that worker ran 0.3 s late and the one answer a
+    test timed was stamped at its read. A socket that asks stays open (the stamps stay on) while a datagram
+    to itself, read 20 ms after it was sent, comes back stamped at its sending."""
+    if TIMESTAMPNS is None:
+        yield
+        return
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.setsockopt(socket.SOL_SOCKET, TIMESTAMPNS, 1)
+    probe.bind(("127.0.0.1", 0))
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        probe.sendto(b".", probe.getsockname())
+        time.sleep(0.02)
+        _, ancillary, _, _ = probe.recvmsg(16, 256)
+        read = time.time()
+        stamps = [STAMP.unpack_from(data) for level, kind, data in ancillary if kind == TIMESTAMPNS]
+        if stamps and read - (stamps[0][0] + stamps[0][1] * 1e-9) > 0.015:
+            break
+    yield
+    probe.close()
+
+
 @pytest.fixture()
-def server() -> Iterator[tuple[int, list[float]]]:
+def server(stamping: None) -> Iterator[tuple[int, list[float]]]:
     """A one-connection server: reads a request, waits the delay given in the list, answers, and appends when
     it answered (time.time()) to the same list."""
     listener = socket.socket()
