@@ -92,10 +92,6 @@ def reference_outputs(
     return out
 
 
-def candidate_outputs(model: OnnxModel, encodings: Sequence[Encoding]) -> list[NDArray[np.float32]]:
-    return [model.run(pad_batch([enc], model.input_names))[0] for enc in encodings]
-
-
 # The server batches waiting sequences of near lengths (api/engine/lengthqueue.py), and a dynamic int8 graph
 # quantizes a whole batch's activations with one scale: all-MiniLM-L6-v2's int8-mixed gave cosine p1 0.9952
 # alone and 0.9895 in such batches of the same texts. So every candidate is judged both ways: each sample
