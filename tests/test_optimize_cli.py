@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
@@ -101,6 +102,21 @@ def test_the_budget_climb_stops_once_two_budgets_in_a_row_fall_well_below_the_be
     assert not autotune.past_peak({128: 100, 256: 140, 512: 120})  # one step down may be noise
     assert autotune.past_peak({128: 100, 256: 140, 512: 120, 1024: 110})
     assert not autotune.past_peak({128: 100, 256: 140, 512: 120, 1024: 130})  # within 10% of the best
+
+
+def test_the_budget_rounds_revisit_only_budgets_near_the_best_until_the_pick_holds_twice() -> None:
+    rates = {128: 6700.0, 256: 6900.0, 512: 6850.0, 1024: 6500.0, 2048: 6100.0, 4096: 5600.0, 8192: 5400.0}
+    assert autotune.contenders(rates) == [128, 256, 512, 1024]  # 2048 and up are past the peak
+    assert not autotune.settled([256, 256])  # MIN_ROUNDS first: two rounds can agree by chance
+    assert autotune.settled([128, 256, 256]) and not autotune.settled([256, 256, 128])
+
+
+def test_a_budget_rate_is_every_streams_tokens_per_a_low_percentile_of_its_call_times() -> None:
+    feeds = {128: {"input_ids": np.zeros((1, 128))}, 512: {"input_ids": np.zeros((4, 128))}}
+    # Per-call milliseconds of each stream's own CPU time: the 10th percentile stands for the budget, and
+    # two streams ran at once, so the rate is twice one stream's.
+    samples = {128: [10.0] * 9 + [500.0], 512: [40.0, 41.0, 80.0, 400.0]}
+    assert autotune.rates_of(samples, feeds, 2) == {128: 25600.0, 512: pytest.approx(2 * 512 / 40.3e-3, rel=1e-3)}
 
 
 def test_bundle_loads_without_torch_or_transformers(tiny_bundle: ModelFactory) -> None:

@@ -27,10 +27,11 @@ cores: a CI runner, an engineer's laptop, a two-core VM):
   (the caller's order: fp32 before int8, then the task's gate metric): a few percent the noise could give
   either way buys no accuracy. The decision is recorded in the manifest (`pick`).
 
-The chosen variant's batch budget is measured too: its token rate at each batch size with every core running
-a model call, as under overload. A larger batch is often no faster per token on a CPU (DistilBERT-base int8 on
-two Xeon cores: 13,700 tokens/s at 256 padded tokens per call, 9,200-9,600 at 8,192, once its activations
-outgrow the cache), and the server's default budget is then a loss of throughput exactly when it is needed.
+The chosen variant's batch budget is measured too, in rounds and by each stream's CPU time in the same way:
+its token rate at each batch size with every core running a model call, as under overload. A larger batch is
+often no faster per token on a CPU (DistilBERT-base int8 on two Xeon cores: 13,700 tokens/s at 256 padded
+tokens per call, 9,200-9,600 at 8,192, once its activations outgrow the cache), and the server's default
+budget is then a loss of throughput exactly when it is needed.
 """
 
 from __future__ import annotations
@@ -223,45 +224,83 @@ def token_rates(
     budgets: Sequence[int] = BUDGETS,
     length: int = 128,
     min_seconds: float = 0.2,
+    step: Callable[[str], None] | None = None,
 ) -> dict[int, float]:
     """Tokens a second at each batch budget, smallest first, until the rate is past its peak: batches of
     `length`-token sequences filling it, run by `streams` one-thread sessions at once, as the throughput
-    profile's model threads run under overload."""
+    profile's model threads run under overload.
+
+    Measured like the variants (module docstring), so that a build beside other work picks the budget a
+    quiet one does: every stream times its calls by its own thread's CPU time, and a budget's rate is
+    `streams` x its padded tokens / the PERCENTILE of those per-call times. The first round climbs until
+    the rate is past its peak; later rounds revisit the budgets near the best (`contenders`), in turn,
+    each adding a slice to every one's samples, until the chosen budget (`batch_budget`) is the same after
+    two rounds in a row (MIN_ROUNDS at least, MAX_ROUNDS at most). By the wall clock, each budget met the
+    load of its own moment: a MiniLM build picked 128 quiet and anything from 256 to 4,096 beside two busy
+    processes."""
+    _, now = clock(1, target)
     models = [OnnxModel(variant, target=target, threads=1) for _ in range(streams)]
-    rates: dict[int, float] = {}
     names = models[0].input_names
     length = _feeds(tokenizer, length, 1, names)["input_ids"].shape[1]  # shorter where the model's maximum is
+    feeds: dict[int, dict[str, np.ndarray]] = {}
+    samples: dict[int, list[float]] = {}
+    share = min_seconds / MIN_ROUNDS
     with ThreadPoolExecutor(streams) as pool:
-        for budget in budgets:
-            feeds = _feeds(tokenizer, length, max(1, budget // length), names)
-            many = [feeds] * streams
+
+        def measure(budget: int) -> None:
+            taken = pool.map(_slice, models, [feeds[budget]] * streams, [now] * streams, [share] * streams)
+            samples.setdefault(budget, []).extend(t for stream in taken for t in stream)
+
+        for budget in budgets:  # the first round climbs
+            feeds[budget] = _feeds(tokenizer, length, max(1, budget // length), names)
             try:
-                list(pool.map(_calls, models, many, [0.0] * streams))  # first runs allocate this size's buffers
-                start = time.perf_counter()
-                calls = sum(pool.map(_calls, models, many, [start + min_seconds] * streams))
+                list(pool.map(OnnxModel.run, models, [feeds[budget]] * streams))  # first runs allocate buffers
+                measure(budget)
             except (InferenceFailed, MemoryError):
-                if not rates:
+                if not samples:
                     raise
+                del feeds[budget]
                 break  # a batch this machine cannot hold (a large model, little memory) is no budget
-            rates[budget] = round(calls * feeds["input_ids"].size / (time.perf_counter() - start), 1)
-            if past_peak(rates):
+            if past_peak(rates_of(samples, feeds, streams)):
                 break
-    return rates
+        chosen = [batch_budget(rates_of(samples, feeds, streams))]
+        while len(chosen) < MAX_ROUNDS and not settled(chosen):
+            rates = rates_of(samples, feeds, streams)
+            for budget in contenders(rates):
+                measure(budget)
+            chosen.append(batch_budget(rates_of(samples, feeds, streams)))
+            if step:
+                step(f"round {len(chosen)}: {chosen[-1]} tokens")
+    return rates_of(samples, feeds, streams)
+
+
+def rates_of(
+    samples: Mapping[int, Sequence[float]], feeds: Mapping[int, Mapping[str, np.ndarray]], streams: int
+) -> dict[int, float]:
+    """Tokens a second by budget: `streams` calls of the budget's padded tokens each per PERCENTILE of the
+    per-call milliseconds."""
+    return {
+        budget: round(streams * feeds[budget]["input_ids"].size / float(np.percentile(s, PERCENTILE)) * 1e3, 1)
+        for budget, s in samples.items()
+    }
+
+
+def contenders(rates: Mapping[int, float]) -> list[int]:
+    """The budgets a later round revisits: those within PAST_PEAK of the best rate (the climb's figures for the
+    others stand; on DistilBERT-base an 8,192-token call takes seconds, and it is never the pick)."""
+    best = max(rates.values())
+    return [budget for budget, rate in rates.items() if rate >= PAST_PEAK * best]
+
+
+def settled(chosen: Sequence[int]) -> bool:
+    """The budget chosen after each round so far: MIN_ROUNDS run and the last two agree."""
+    return len(chosen) >= MIN_ROUNDS and chosen[-1] == chosen[-2]
 
 
 def past_peak(rates: dict[int, float]) -> bool:
     """The last two budgets measured both ran under PAST_PEAK of the best rate so far."""
     best = max(rates.values())
     return len(rates) > 2 and all(rate < PAST_PEAK * best for rate in list(rates.values())[-2:])
-
-
-def _calls(model: OnnxModel, feeds: dict[str, np.ndarray], deadline: float) -> int:
-    """Run until `deadline`, at least once, and count the calls."""
-    calls = 0
-    while calls < 1 or time.perf_counter() < deadline:
-        model.run(feeds)
-        calls += 1
-    return calls
 
 
 def batch_budget(rates: dict[int, float], within: float = 0.95) -> int:

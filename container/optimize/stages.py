@@ -263,11 +263,9 @@ def budget(
 ) -> dict[int, float]:
     """Tokens a second by batch budget for the graph at `model`, with `streams` model calls at once (CPU; a GPU
     wants its batches large, so {} there): container/optimize/autotune.py."""
-    rates = {}
-    if opts.target == "cpu":
-        rates = autotune.token_rates(model, loaded, streams, opts.target, min_seconds=opts.tune_seconds)
-    step()
-    return rates
+    if opts.target != "cpu":
+        return {}
+    return autotune.token_rates(model, loaded, streams, opts.target, min_seconds=opts.tune_seconds, step=step)
 
 
 def write_bundle(
