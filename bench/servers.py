@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 
@@ -80,19 +81,32 @@ def group_rss_mb(pgid: int) -> dict[int, float]:
 class ServerProcess:
     """A server command started in its own process group, with its output in a log file."""
 
-    def __init__(self, name: str, command: Sequence[str], port: int, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        command: Sequence[str],
+        port: int,
+        env: Mapping[str, str] | None = None,
+        cpus: set[int] | None = None,
+    ) -> None:
         self.name = name
         self.command = list(command)
         self.port = port
         self.url = f"http://{HOST}:{port}"
         self.env = {**os.environ, **(env or {})}
+        self.cpus = cpus  # the CPUs it may run on (None: this process's); a server sizes itself to them
         self.log = Path(tempfile.mkstemp(prefix=f"hare-bench-{name}-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ServerProcess:
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=None if self.cpus is None else partial(os.sched_setaffinity, 0, self.cpus),
             )
         return self
 
@@ -178,16 +192,21 @@ def wait_ready_once(url: str) -> bool:
 
 
 def hare_server(
-    bundle: Path, workers: int | None = None, threads: int | None = None, extra: Sequence[str] = ()
+    bundle: Path,
+    workers: int | None = None,
+    threads: int | None = None,
+    extra: Sequence[str] = (),
+    cpus: set[int] | None = None,
 ) -> ServerProcess:
-    """`hare serve BUNDLE` on a free loopback port (workers/threads None: the server's own defaults)."""
+    """`hare serve BUNDLE` on a free loopback port (workers/threads None: the server's own defaults; cpus: the
+    CPUs it runs on, None: this process's)."""
     port = free_port()
     command = [sys.executable, "-m", "hare.cli", "serve", str(bundle), "--host", HOST, "--port", str(port)]
     if workers:
         command += ["--workers", str(workers)]
     if threads:
         command += ["--threads", str(threads)]
-    return ServerProcess("hare", [*command, *extra], port)
+    return ServerProcess("hare", [*command, *extra], port, cpus=cpus)
 
 
 def baseline_server(model_dir: Path, task: str, mode: str, workers: int) -> ServerProcess:

@@ -6,19 +6,27 @@ was measured."""
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from bench.inputs import load_tokenizer
 from bench.peers.candidates import base
 from bench.peers.candidates.base import int8_config_for
+from bench.peers.candidates.hare import HareEncoder, server_calls
 from bench.peers.options import PeersOptions
 from bench.peers.results import GOAL_P1, Row, goal
 from bench.peers.runner import run_peers
 from bench.peers.texts import fidelity_texts
+from bench.servers import ServerProcess
 from bench.store import Store
+from container.bundle import MANIFEST_FILE
 from tests.conftest import ModelFactory, quick_bundle
 from tests.tiny_models import make_sentence_transformer
 
@@ -127,3 +135,55 @@ def test_the_goal_counts_only_peers_close_enough_to_torch() -> None:
     nobody = goal([hare, far], [1])
     assert all(g["best_peer"] is None and g["met"] is None for g in nobody)
     assert math.isnan(Row.from_dict(Row("x", "y").to_dict()).cosine_p1)
+
+
+def test_hare_runs_a_batch_as_the_server_does_in_budget_sized_calls_and_answers_in_order(
+    st_model: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, built = st_model
+    bundle = tmp_path / "bundle"
+    shutil.copytree(built, bundle)
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
+    (bundle / MANIFEST_FILE).write_text(json.dumps(manifest | {"max_batch_tokens": 24}))
+    texts = ["a short one", "a much longer text with many more words in it than the others", "mid sized text"]
+    texts = texts * 4
+    lengths = [len(HareEncoder(built, 1).tok.encode(t).ids) for t in texts]
+    calls = server_calls(lengths, 32, 24)
+    # Every text once, each call within the budget (one sequence always fits), nearest lengths together.
+    assert sorted(i for call in calls for i in call) == list(range(len(texts))) and len(calls) > 1
+    assert all(len(c) == 1 or max(lengths[i] for i in c) * len(c) <= 24 for c in calls)
+    encoder, shapes = HareEncoder(bundle, 2), []
+    run = encoder.narrow.run
+
+    def counted(feeds: Mapping[str, NDArray[np.int64]], shrink: bool = False) -> NDArray[np.float32]:
+        shapes.append(feeds["input_ids"].shape)
+        return run(feeds, shrink)
+
+    encoder.narrow.run = counted  # type: ignore[method-assign]
+    split = encoder(texts)
+    assert len(shapes) == len(calls) and all(rows == 1 or rows * width <= 24 for rows, width in shapes)
+    alone = np.concatenate([HareEncoder(built, 1)([t]) for t in texts])
+    np.testing.assert_allclose(split, alone, atol=1e-5)  # in the texts' order, whatever the calls were
+
+
+def test_hare_serve_over_http_answers_as_hare_in_process_and_is_stopped_after_the_run(
+    st_model: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, bundle = st_model
+    options = tiny(folder, bundle, tmp_path / "work", ("hare", "hare-http", "torch"))
+    servers: list[ServerProcess] = []
+    start = ServerProcess.start
+
+    def kept(self: ServerProcess) -> ServerProcess:
+        servers.append(self)
+        return start(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ServerProcess, "start", kept)
+        _, rows = run_peers(options, Store(tmp_path / "bench.db"), say=lambda _: None)
+    http = {r.key: r for r in rows}["hare-http"]
+    assert not http.skipped and http.p50_ms[1] > 0 and http.sentences_s[1] > 0
+    assert http.cosine_p1 > 0.999  # the server's vectors (base64 float32) are the bundle's
+    assert len(servers) == 1 and servers[0].proc is not None and servers[0].proc.poll() is not None
+    # A row of hare's own is not a peer: the goal compares hare against the others only.
+    assert all(g["best_peer"] != "hare-http" for g in goal(rows, [1]))

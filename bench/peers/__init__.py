@@ -5,7 +5,11 @@ Candidates (a candidate whose packages are missing, or fail to import or export,
 says why; with the dev dependencies only, hare and sentence-transformers' torch run):
 
     hare            hare's bundle with hare's own code: its tokenizer.json, container/runtime.py's OnnxModel
-                    (hare's session options), tasks/ops.py's pad_batch, pooling and normalizing
+                    (hare's session options), tasks/ops.py's pad_batch, pooling and normalizing, scheduled as
+                    a server worker on that many cores runs it: one text on every core; a batch in calls of
+                    the bundle's batch budget on one-thread sessions, one per core at once
+    hare-http       `hare serve` of the bundle on that many of this process's CPUs, one POST /predict per call
+                    (base64 vectors): end to end, the client's own work included in its cores
     torch           sentence-transformers on PyTorch, fp32: the reference every cosine is taken against
     onnx            sentence-transformers backend="onnx" (Optimum's export), fp32
     onnx-int8       the same after export_dynamic_quantized_onnx_model (dynamic, per-channel int8 weights) with
@@ -17,10 +21,10 @@ says why; with the dev dependencies only, hare and sentence-transformers' torch 
     fastembed       fastembed's TextEmbedding, fp32, on Optimum's ONNX export (what fastembed downloads for
                     this model is such an export; offline it is pointed at ours with specific_model_path)
 
-Threads, for each: torch.set_num_threads (torch); SessionOptions.intra_op_num_threads (hare, onnx, onnx-int8;
-each library's other session options as it sets them); INFERENCE_NUM_THREADS in ov_config (openvino,
-openvino-int8; Optimum Intel's PERFORMANCE_HINT LATENCY kept); TextEmbedding(threads=) (fastembed). Every
-ONNX Runtime and OpenVINO candidate loads one model per thread count.
+Threads, for each: torch.set_num_threads (torch); SessionOptions.intra_op_num_threads (hare's lone text,
+onnx, onnx-int8; each library's other session options as it sets them); INFERENCE_NUM_THREADS in ov_config
+(openvino, openvino-int8; Optimum Intel's PERFORMANCE_HINT LATENCY kept); TextEmbedding(threads=) (fastembed);
+the server's CPUs (hare-http). Every ONNX Runtime and OpenVINO candidate loads one model per thread count.
 
 Speed: texts of exactly `seq_len` tokens (special tokens included, bench/inputs.py), encoded in calls of
 1 and of `batch` texts, each library's own encode call timed (tokenizing, inference, pooling, normalizing).

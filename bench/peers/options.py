@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-CANDIDATES = ("hare", "torch", "onnx", "onnx-int8", "openvino", "openvino-int8", "fastembed")
+CANDIDATES = ("hare", "hare-http", "torch", "onnx", "onnx-int8", "openvino", "openvino-int8", "fastembed")
 LABELS = {
     "hare": "hare's bundle, hare's own runtime code",
+    "hare-http": "hare serve over HTTP (end to end)",
     "torch": "sentence-transformers torch fp32 (reference)",
     "onnx": "sentence-transformers onnx fp32",
     "onnx-int8": "sentence-transformers onnx int8 (dynamic, per channel)",

@@ -85,6 +85,8 @@ def run_peers(
         store.finish_run(run_id, "failed", reason(exc))
         raise
     finally:
+        for encoder in encoders.values():
+            encoder.close()
         encoders.clear()
     table = [rows[k] for k in options.candidates]
     load_end = os.getloadavg()

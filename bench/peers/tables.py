@@ -14,7 +14,7 @@ from bench.tables import fmt, wide_console
 
 
 def peers_table(rows: Sequence[Row], threads: Sequence[int], batch: int, seq_len: int) -> Table:
-    table = Table(title=f"hare against its peers: {seq_len}-token texts, in process")
+    table = Table(title=f"hare against its peers: {seq_len}-token texts, in process (hare-http: over loopback)")
     table.add_column("candidate")
     for t in threads:
         table.add_column(f"{t} thread{'s' if t > 1 else ''} p50 ms", justify="right")
@@ -55,7 +55,9 @@ def cpu_table(rows: Sequence[Row], threads: Sequence[int], batch: int) -> Table:
             key = f"b{b}t{t}"
             cells.append(f"{fmt(r.cpu_ms.get(key), 1)} ({fmt(r.cores.get(key), 2)})")
         table.add_row(r.key, *cells)
-    table.caption = "in brackets: the process's CPU time over the slots' wall time, in cores"
+    table.caption = (
+        "in brackets: the process's CPU time over the slots' wall time, in cores (hare-http: the client's alone)"
+    )
     return table
 
 

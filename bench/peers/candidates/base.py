@@ -21,6 +21,7 @@ Vectors = NDArray[np.float32]
 # The packages each candidate needs beyond hare's dev dependencies, as bench/peers-requirements.txt brings them.
 NEEDS = {
     "hare": (),
+    "hare-http": (),
     "torch": ("sentence_transformers", "torch"),
     "onnx": ("sentence_transformers", "optimum.onnxruntime"),
     "onnx-int8": ("sentence_transformers", "optimum.onnxruntime"),
@@ -37,10 +38,12 @@ class Skip(Exception):
 
 @dataclass
 class Encoder:
-    """One loaded candidate at one thread count: `encode` texts to vectors; `enter` before each slot."""
+    """One loaded candidate at one thread count: `encode` texts to vectors; `enter` before each slot; `close`
+    when the run is over (a server to stop)."""
 
     encode: Callable[[list[str]], Vectors]
     enter: Callable[[], None] = lambda: None
+    close: Callable[[], None] = lambda: None
 
 
 def missing(key: str) -> str:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
+from api.config import BATCH_TOKENS, Settings
 from bench.peers.candidates.base import Encoder, Skip, Vectors
 from bench.peers.candidates.workspace import Workspace
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_dense, read_manifest
@@ -16,13 +19,22 @@ from tasks.ops import normalize_vector, pad_batch, pool_tokens
 
 class HareEncoder:
     """hare's bundle with hare's own code: the bundle's tokenizer as the server loads it, OnnxModel with hare's
-    session options, pad_batch, pooling, Dense modules and normalizing as the manifest says."""
+    session options, pad_batch, pooling, Dense modules and normalizing as the manifest says.
+
+    Scheduled as a server worker on `threads` cores schedules it (api/engine/batching.py): one text is a lone
+    request, run with every core; several are split into model calls of at most the bundle's batch budget
+    (`max_batch_tokens`, padded tokens) and the server's default of sequences per call, nearest lengths
+    together, and those calls run on one-thread sessions, `threads` at once (the worker's model streams)."""
 
     def __init__(self, bundle: Path, threads: int) -> None:
         manifest = read_manifest(bundle)
         if manifest.task != "feature-extraction":
             raise Skip(f"{bundle} serves {manifest.task}; the peers compare embedding models")
-        self.model = OnnxModel(bundle / MODEL_FILE, manifest.target, threads, manifest.output)
+        self.wide = OnnxModel(bundle / MODEL_FILE, manifest.target, threads, manifest.output)
+        self.narrow = self.wide if threads == 1 else OnnxModel(bundle / MODEL_FILE, manifest.target, 1, manifest.output)
+        self.streams = ThreadPoolExecutor(threads)
+        self.max_tokens = manifest.max_batch_tokens or BATCH_TOKENS
+        self.max_items = Settings().max_batch_size  # the default, as HARE_MAX_BATCH_SIZE is unset
         self.tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))  # truncating at max_length, as served
         self.tok.no_padding()
         self.pooling = manifest.pooling or "mean"
@@ -33,7 +45,17 @@ class HareEncoder:
 
     def __call__(self, texts: list[str]) -> Vectors:
         encodings = self.tok.encode_batch([self.prompt + t for t in texts] if self.prompt else texts)
-        states = self.model.run(pad_batch(encodings, self.model.input_names, self.pad_id))
+        if len(encodings) == 1:
+            return self._embed(self.wide, encodings)
+        calls = server_calls([len(e.ids) for e in encodings], self.max_items, self.max_tokens)
+        done = list(self.streams.map(lambda call: self._embed(self.narrow, [encodings[i] for i in call]), calls))
+        vectors = np.empty((len(encodings), done[0].shape[1]), np.float32)
+        for call, rows in zip(calls, done, strict=True):
+            vectors[call] = rows  # back in the order of the texts
+        return vectors
+
+    def _embed(self, model: OnnxModel, encodings: Sequence[Encoding]) -> Vectors:
+        states = model.run(pad_batch(list(encodings), model.input_names, self.pad_id))
         vectors = []
         for row, encoding in zip(states, encodings, strict=True):  # as the server: padding trimmed, then pooled
             vector = pool_tokens(row[: len(encoding.ids)], self.pooling)
@@ -41,6 +63,19 @@ class HareEncoder:
                 vector = layer(vector)
             vectors.append(normalize_vector(vector) if self.normalize else vector)
         return np.stack(vectors)
+
+
+def server_calls(lengths: Sequence[int], max_items: int, max_tokens: int) -> list[list[int]]:
+    """The indices of each model call the server makes of these sequences: by length, as many as fit in
+    `max_items` sequences and `max_tokens` padded tokens (the longest times the count; one always fits)."""
+    calls: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        call = calls[-1] if calls else []
+        if call and len(call) < max_items and lengths[i] * (len(call) + 1) <= max_tokens:
+            call.append(i)
+        else:
+            calls.append([i])
+    return calls
 
 
 def load_hare(space: Workspace, threads: int) -> Encoder:
