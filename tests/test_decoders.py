@@ -25,7 +25,7 @@ from container.runtime import OnnxModel
 from hare.cli import main
 from tests.api_helpers import assert_ranked, serve
 from tests.conftest import ModelFactory
-from tests.tiny_models import HEADS, LM_POSITIONS, make_lm_reranker, make_model
+from tests.tiny_models import HEADS, LM_POSITIONS, REFUSED, make_lm_reranker, make_model
 
 pytestmark = pytest.mark.anyio
 TOL = 1e-4
@@ -137,9 +137,11 @@ def test_an_lm_reranker_bundle_computes_nothing_vocabulary_sized(lm_reranker: Pa
     assert read_manifest(lm_bundle).pair_template["format"] == QWEN3_RERANKER["format"]
 
 
-def test_a_decoder_graph_answers_the_same_under_left_and_right_padding(fp32_bundle: ModelFactory) -> None:
-    """Positions come from the mask, so a row's real tokens get the same states wherever the padding is."""
-    bundle = fp32_bundle("feature-extraction", "qwen3")
+@pytest.mark.parametrize("arch", ["qwen3", "lfm2"])
+def test_a_decoder_graph_answers_the_same_under_left_and_right_padding(fp32_bundle: ModelFactory, arch: str) -> None:
+    """Positions come from the mask, so a row's real tokens get the same states wherever the padding is; LFM2's
+    short convolutions after its attention layer see the padding's states, which the 2D mask zeroes."""
+    bundle = fp32_bundle("feature-extraction", arch)
     session = OnnxModel(bundle / MODEL_FILE)
     pad = read_manifest(bundle).pad_id
     rows = [[11, 12, 13, 14, 15, 16], [21, 22, 23]]
@@ -297,16 +299,73 @@ def test_qwen3_5_answers_as_transformers_at_any_length_and_padding(tmp_path: Pat
             assert np.abs(got - alone[i]).max() < TOL, ("left" if left else "right", len(row))
 
 
-def test_a_decoder_with_other_recurrent_layers_is_refused_at_export(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+# What the refusal calls each refused family's layers, with the class it found (container/optimize/decoder.py).
+REFUSED_LAYERS = {
+    "minimax": "lightning attention (MiniMax's linear attention) layers (MiniMaxLightningAttention)",
+    "jamba": "Mamba (state-space) layers (JambaMambaMixer)",
+    "zamba": "Mamba (state-space) layers (ZambaMambaMixer)",
+    "zamba2": "Mamba (state-space) layers (Zamba2MambaMixer)",
+    "bamba": "Mamba (state-space) layers (BambaMixer)",
+    "nemotron_h": "Mamba (state-space) layers (NemotronHMamba2Mixer)",
+    "granitemoehybrid": "Mamba (state-space) layers (GraniteMoeHybridMambaLayer)",
+    "falcon_h1": "Mamba (state-space) layers (FalconH1Mixer)",
+    "mamba": "Mamba (state-space) layers (MambaMixer)",
+    "mamba2": "Mamba (state-space) layers (Mamba2Mixer)",
+    "falcon_mamba": "Mamba (state-space) layers (FalconMambaMixer)",
+    "recurrent_gemma": "RG-LRU (Griffin's recurrence) layers (RecurrentGemmaRglru)",
+    "rwkv": "RWKV time mixing layers (RwkvSelfAttention)",
+    "xlstm": "mLSTM (xLSTM) layers (xLSTMLayer)",
+    "kimi_linear": "Kimi delta attention layers (KimiLinearDeltaAttention)",
+    "bailing_hybrid": "Kimi delta attention layers (BailingHybridDeltaAttention)",
+}
+REFUSED_PAIRS = [
+    (arch, task)
+    for arch, family in REFUSED.items()
+    for task in ("feature-extraction", "text-classification")
+    if task in family.tasks and arch != "t5gemma2"  # refused as an encoder-decoder (below)
+]
+
+
+@pytest.mark.parametrize(("arch", "task"), REFUSED_PAIRS)
+def test_a_model_with_recurrent_layers_is_refused_before_its_weights_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, arch: str, task: str
 ) -> None:
-    """MiniMax's linear attention (lightning attention, no gated delta rule) loops over the sequence's blocks,
-    which tracing would fix at the example's length: refused at once, naming the stage, the layers and what
-    to use instead."""
-    folder = make_model(tmp_path / "model", "feature-extraction", "minimax")
+    """Mamba-style hybrids, pure state-space and recurrent models, MiniMax's lightning attention, Kimi's delta
+    attention: each carries a state along the sequence in a Python loop that tracing would fix at the
+    example's length. Refused from the model's skeleton, before its weights are read (minutes for a real
+    checkpoint), naming the stage, the layers found and what to use instead."""
+    from container.optimize import export
+
+    loads: list[str] = []
+    real_load = export.load_torch_model
+
+    def load(*args: Any) -> Any:
+        loads.append(arch)
+        return real_load(*args)
+
+    monkeypatch.setattr(export, "load_torch_model", load)
+    folder = make_model(tmp_path / "model", task, arch)
     out = tmp_path / "bundle"
-    assert main(["optimize", str(folder), "--task", "feature-extraction", "--out", str(out), *QUICK]) == 2
+    assert main(["optimize", str(folder), "--task", task, "--out", str(out), *QUICK]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "stage export" in err and "linear_attention layers" in err and "gated delta rule" in err
-    assert "Qwen3" in err
+    assert f"stage export: {arch} has {REFUSED_LAYERS[arch]}" in err, err
+    assert "fixes at the example's length" in err and "Use a family built of those, e.g. Qwen3, Qwen3.5 or LFM2" in err
+    assert loads == [] and not out.exists()
+
+
+@pytest.mark.parametrize("task", ["feature-extraction", "text-classification"])
+def test_an_encoder_decoder_is_refused_before_its_weights_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, task: str
+) -> None:
+    """T5Gemma 2's heads read its decoder's states over its encoder's: no one-stack graph computes that, so
+    the build stops at once, from config.json, naming the stage, the cause and what to use."""
+    from container.optimize import export
+
+    monkeypatch.setattr(export, "skeleton", lambda *_: pytest.fail("the refusal should need config.json only"))
+    folder = make_model(tmp_path / "model", task, "t5gemma2")
+    out = tmp_path / "bundle"
+    assert main(["optimize", str(folder), "--task", task, "--out", str(out), *QUICK]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "stage export: t5gemma2 is an encoder-decoder" in err and "heads read the decoder's states" in err
+    assert "Use an encoder or a decoder-only family" in err
     assert not out.exists()

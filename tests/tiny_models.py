@@ -196,8 +196,47 @@ FAMILIES: dict[str, Family] = {
             ),
             tasks=("text-classification", "feature-extraction", "text-ranking"),
         ),
+        # ModernVBERT: ModernBERT's text model behind a SigLIP vision tower; text without images is ModernBERT's.
+        Family(
+            "modernvbert",
+            "bpe",
+            "bert",
+            dict(
+                text_config=SIZE | dict(global_attn_every_n_layers=2, local_attention=16, reference_compile=False),
+                vision_config=dict(
+                    model_type="siglip_vision_model",
+                    hidden_size=16,
+                    intermediate_size=32,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    image_size=32,
+                    patch_size=16,
+                ),
+            ),
+            # Ranking has no reference: sentence-transformers' CrossEncoder feeds pairs through the folder's
+            # processor (Idefics3's), which takes no pairs.
+            tasks=("text-classification", "token-classification", "feature-extraction"),
+        ),
+        # LFM2: gated short convolutions (a causal Conv1d of 3 taps) before and after an attention layer, as in
+        # LiquidAI's checkpoints (which interleave 10 and 6); transformers has only its base model and LM.
+        Family(
+            "lfm2",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(
+                num_hidden_layers=3,
+                layer_types=["conv", "full_attention", "conv"],
+                conv_bias=True,
+                block_auto_adjust_ff_dim=False,
+            ),
+            tasks=("feature-extraction",),
+        ),
     )
 }
+# What a state-space (Mamba-2) mixer needs to be tiny: 4 heads of 16 (twice the hidden size), 8 states, chunks of 16.
+MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_chunk_size=16)
+DECODER_TASKS = ("text-classification", "feature-extraction", "text-ranking")
 # Families transformers knows that hare refuses, each at the stage that names why (docs/optimizer.md lists them).
 REFUSED: dict[str, Family] = {
     f.model_type: f
@@ -209,7 +248,135 @@ REFUSED: dict[str, Family] = {
             "decoder",
             DECODER
             | dict(num_local_experts=4, num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"]),
-            tasks=("text-classification", "feature-extraction", "text-ranking"),
+            tasks=DECODER_TASKS,
+        ),
+        # T5Gemma 2: an encoder-decoder (Gemma 3 layers; the encoder also takes images through SigLIP).
+        Family(
+            "t5gemma2",
+            "bpe",
+            "decoder",
+            dict(
+                encoder=dict(
+                    text_config=DECODER | dict(sliding_window=WINDOW),
+                    vision_config=dict(
+                        hidden_size=16,
+                        intermediate_size=32,
+                        num_hidden_layers=1,
+                        num_attention_heads=2,
+                        image_size=32,
+                        patch_size=16,
+                    ),
+                    mm_tokens_per_image=4,
+                ),
+                decoder=DECODER | dict(sliding_window=WINDOW),
+            ),
+        ),
+        # Mamba-style hybrids and pure state-space or recurrent models, each with the knobs that make it tiny
+        # (whether its config lists layer types or not: RWKV and xLSTM do not). tasks: their transformers heads.
+        Family(
+            "jamba",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(attn_layer_period=2, attn_layer_offset=1, num_experts=2, expert_layer_period=2, mamba_d_state=8),
+            tasks=DECODER_TASKS,
+        ),
+        Family(
+            "zamba",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(num_hidden_layers=4, layers_block_type=["mamba", "hybrid"] * 2, mamba_d_state=8, n_mamba_heads=2),
+            tasks=DECODER_TASKS,
+        ),
+        Family(
+            "zamba2",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(
+                layers_block_type=["mamba", "hybrid"],
+                hybrid_layer_ids=[1],
+                mamba_headdim=16,
+                n_mamba_heads=4,
+                mamba_d_state=8,
+                mamba_ngroups=1,
+                chunk_size=16,
+            ),
+            tasks=DECODER_TASKS,
+        ),
+        Family(
+            "bamba", "bpe", "decoder", DECODER | MAMBA2 | dict(attn_layer_indices=[1]), tasks=("feature-extraction",)
+        ),
+        Family(
+            "nemotron_h",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(hybrid_override_pattern="M*", mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, chunk_size=16),
+            tasks=("feature-extraction",),
+        ),
+        Family(
+            "granitemoehybrid",
+            "bpe",
+            "decoder",
+            DECODER | MAMBA2 | dict(layer_types=["mamba", "attention"], num_local_experts=2, num_experts_per_tok=1),
+            tasks=("feature-extraction",),
+        ),
+        Family("falcon_h1", "bpe", "decoder", DECODER | MAMBA2 | dict(mamba_d_ssm=64), tasks=("feature-extraction",)),
+        Family("mamba", "bpe", "decoder", DECODER | dict(state_size=8), tasks=("feature-extraction",)),
+        Family(
+            "mamba2",
+            "bpe",
+            "decoder",
+            DECODER | dict(num_heads=4, head_dim=16, state_size=8, n_groups=1, chunk_size=16),
+            tasks=("feature-extraction",),
+        ),
+        Family("falcon_mamba", "bpe", "decoder", DECODER | dict(state_size=8), tasks=("feature-extraction",)),
+        Family(
+            "recurrent_gemma",
+            "bpe",
+            "decoder",
+            DECODER | dict(lru_width=32, block_types=["recurrent", "attention"], attention_window_size=WINDOW),
+            tasks=("feature-extraction",),
+        ),
+        Family("rwkv", "bpe", "decoder", DECODER | dict(attention_hidden_size=32), tasks=("feature-extraction",)),
+        Family(
+            "xlstm",
+            "bpe",
+            "decoder",
+            DECODER | dict(embedding_dim=32, num_blocks=2, qk_dim_factor=0.5, v_dim_factor=1.0, chunk_size=8),
+            tasks=("feature-extraction",),
+        ),
+        Family(
+            "kimi_linear",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(
+                kv_lora_rank=16,
+                qk_rope_head_dim=4,
+                qk_nope_head_dim=4,
+                v_head_dim=8,
+                moe_intermediate_size=16,
+                num_experts=2,
+                num_experts_per_tok=1,
+                linear_attn_config={
+                    "kda_layers": [1],
+                    "full_attn_layers": [2],
+                    "num_heads": 4,
+                    "head_dim": 8,
+                    "short_conv_kernel_size": 4,
+                },
+            ),
+            tasks=("feature-extraction",),
+        ),
+        Family(
+            "bailing_hybrid",
+            "bpe",
+            "decoder",
+            DECODER | dict(layer_types=["linear_attention", "full_attention"]),
+            tasks=("feature-extraction",),
         ),
     )
 }
@@ -371,7 +538,7 @@ def _save_tokenizer(family: Family, folder: Path, answers: bool = True) -> dict[
 def _config(family: Family, ids: dict[str, int], extra: dict[str, Any]) -> Any:
     import transformers
 
-    special_ids = dict(
+    special_ids: dict[str, Any] = dict(
         vocab_size=ids["vocab_size"],
         pad_token_id=ids["pad_token"],
         bos_token_id=ids.get("bos_token", ids.get("cls_token", ids["pad_token"])),
@@ -381,6 +548,14 @@ def _config(family: Family, ids: dict[str, int], extra: dict[str, Any]) -> Any:
         special_ids |= dict(cls_token_id=ids["cls_token"], sep_token_id=ids["sep_token"])
     if family.model_type == "gemma4_text":  # its per-layer embeddings default to Gemma's 262k vocabulary
         special_ids |= dict(vocab_size_per_layer_input=ids["vocab_size"])
+    if family.model_type == "modernvbert":  # the text model (ModernBERT) reads its own ids and vocabulary
+        text = special_ids | dict(cls_token_id=ids["cls_token"], sep_token_id=ids["sep_token"], model_type="modernbert")
+        special_ids["text_config"] = dict(family.config["text_config"]) | text
+        special_ids["image_token_id"] = ids["image_token"]
+    if family.model_type == "t5gemma2":  # an encoder (text and vision) and a decoder, each with its own ids
+        encoder = family.config["encoder"]
+        special_ids["encoder"] = encoder | {"text_config": encoder["text_config"] | special_ids}
+        special_ids["decoder"] = family.config["decoder"] | special_ids
     # The caller's keys win over the family's (a bigger geometry for measurements, another label set).
     merged = {"max_position_embeddings": MAX_POSITIONS, **family.config, **special_ids, **extra}
     return transformers.AutoConfig.for_model(family.model_type, **merged)
@@ -402,6 +577,8 @@ def make_model(folder: Path, task: str, arch: str = "bert", seed: int = 0, **con
     family = FAMILIES.get(arch) or REFUSED[arch]
     folder.mkdir(parents=True, exist_ok=True)
     ids = _save_tokenizer(family, folder)
+    if family.model_type == "modernvbert":
+        ids |= _save_image_processor(folder)
     auto, labels = HEADS[task]
     extra: dict[str, Any] = {}
     if labels:
@@ -417,6 +594,17 @@ def make_model(folder: Path, task: str, arch: str = "bert", seed: int = 0, **con
     if task == "feature-extraction":
         _sentence_transformers_files(folder, decoder=family.specials == "decoder")
     return folder
+
+
+def _save_image_processor(folder: Path) -> dict[str, int]:
+    """ModernVBERT's processor (Idefics3's), as its checkpoints ship one: sentence-transformers loads a
+    multimodal model through it. It adds its image tokens to the tokenizer; returns the new ids."""
+    from transformers import AutoTokenizer, Idefics3ImageProcessor, Idefics3Processor
+
+    images = Idefics3ImageProcessor(size={"longest_edge": 32}, max_image_size={"longest_edge": 32})
+    processor = Idefics3Processor(images, AutoTokenizer.from_pretrained(str(folder)), image_seq_len=4)
+    processor.save_pretrained(str(folder))
+    return {"vocab_size": len(processor.tokenizer), "image_token": processor.image_token_id}
 
 
 def make_lm_reranker(folder: Path, arch: str = "qwen3", seed: int = 0, answers: bool = True) -> Path:

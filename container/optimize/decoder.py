@@ -8,13 +8,16 @@ transformers takes as they are. Positions are `cumsum(mask) - 1`, so a left-padd
 give their real tokens the same positions, hence the same states, as the row alone. Gated-delta-rule layers
 (Qwen3.5's linear attention) take the 2D mask (they zero the padding's states, as transformers'
 `create_recurrent_attention_mask` has them do) and run delta_rule.gated_delta_rule, which has no loop over the
-sequence for the exporter to fix at the example's length.
+sequence for the exporter to fix at the example's length. LFM2's short convolutions take the same 2D mask and
+are one Conv1d. Other layers that carry a state along the sequence (Mamba, RWKV...) are found by
+recurrent_layers and refused.
 
 Imported by the optimizer only (it needs torch).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -57,21 +60,52 @@ def attention_masks(attention_mask: torch.Tensor, config: Any) -> torch.Tensor |
         masks = {"full_attention": additive(full)}
         if near is not None:
             masks["sliding_attention"] = additive(near)
-        if "linear_attention" in config.layer_types:
-            masks["linear_attention"] = attention_mask.to(torch.float32)
+        for kind in PADDING_MASKED_LAYER_TYPES:  # the layers transformers hands its 2D padding mask
+            if kind in config.layer_types:
+                masks[kind] = attention_mask.to(torch.float32)
         return masks
     # Mistral-style configs: one window for every layer when sliding_window is set.
     return additive(near if near is not None else full)
 
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
+# Layer types that take the 2D padding mask (transformers' create_recurrent_attention_mask): linear attention
+# (exported where it is the gated delta rule) and LFM2's short convolutions, which zero the padding's states
+# before their causal convolution, itself one Conv1d with no loop.
+PADDING_MASKED_LAYER_TYPES = ("linear_attention", "conv")
+
+# Layers that carry a state along the sequence, which transformers' PyTorch code computes with a Python loop
+# over the tokens or chunks (or, for Mamba-2's chunked scan, chunks padded to a count worked out in Python):
+# tracing fixes either at the example's length. Matched by class name, since transformers 5 calls most of
+# them "linear_attention" in layer_types (and RWKV and xLSTM list no layer types); the state-space mixers
+# also by their decay parameter A_log, so that a "Mixer" that is no state space is not caught.
+RECURRENT_LAYERS = (
+    (re.compile(r"Mamba|Mixer$"), "A_log", "Mamba (state-space)"),
+    (re.compile(r"LightningAttention$"), None, "lightning attention (MiniMax's linear attention)"),
+    (re.compile(r"DeltaAttention$"), None, "Kimi delta attention"),
+    (re.compile(r"Rglru$"), None, "RG-LRU (Griffin's recurrence)"),
+    (re.compile(r"^Rwkv\w*SelfAttention$"), None, "RWKV time mixing"),
+    (re.compile(r"^xLSTMLayer$"), None, "mLSTM (xLSTM)"),
+)
+
+
+def recurrent_layers(model: Any) -> dict[str, list[str]]:
+    """Each recurrent layer kind in `model` (a module skeleton is enough), with the classes that are it."""
+    found: dict[str, set[str]] = {}
+    for module in model.modules():
+        name = type(module).__name__
+        for pattern, parameter, kind in RECURRENT_LAYERS:
+            if pattern.search(name) and (parameter is None or hasattr(module, parameter)):
+                found.setdefault(kind, set()).add(name)
+    return {kind: sorted(names) for kind, names in found.items()}
 
 
 def unhandled_layer_types(model: Any) -> list[str]:
     """The layer types of `model` (a multimodal config's text part) that DecoderGraph cannot export: any but
-    attention with a mask from attention_masks, and linear attention where it is the gated delta rule."""
+    attention with a mask from attention_masks, short convolutions, and linear attention where it is the
+    gated delta rule."""
     types = getattr(model.config.get_text_config(), "layer_types", None) or []
-    handled = {*MASKED_LAYER_TYPES, *(["linear_attention"] if delta_rule.reference_modules(model) else [])}
+    handled = {*MASKED_LAYER_TYPES, "conv", *(["linear_attention"] if delta_rule.reference_modules(model) else [])}
     return sorted(set(types) - handled)
 
 

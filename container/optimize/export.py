@@ -55,23 +55,13 @@ def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no
     """What is exported: an encoder behind EncoderGraph (its inputs by name, the task's output); a decoder
     behind DecoderGraph (masks and positions from the 2D mask, no cache, the gated delta rule without its
     loop); a causal LM read as a reranker as its yes/no scorer; a sparse model's graph (load_torch_model's)
-    as it is. A decoder with a layer type DecoderGraph cannot export is refused."""
+    as it is. A model with layers no graph here exports is refused (refuse_unexportable_layers)."""
     from container.optimize import decoder
 
     if source.sparse is not None:
         return model
 
-    if source.scorer or decoder.is_decoder(model):
-        unhandled = decoder.unhandled_layer_types(model)
-        if unhandled:
-            raise UnsupportedModel(
-                f"stage export: {source.model_type} has {', '.join(unhandled)} layers; hare exports decoders "
-                "without a cache, with masks for full and sliding-window attention and the gated delta rule "
-                "(Qwen3.5's linear attention) rewritten without its loop over the sequence. Another recurrent "
-                "or linear layer (Mamba, lightning attention...) runs a loop that the TorchScript exporter fixes "
-                "at the example's length, so the graph would answer wrongly for any other length. Use a family "
-                "whose layers are attention or gated delta rule, e.g. Qwen3 or Qwen3.5"
-            )
+    refuse_unexportable_layers(model, source)
     if source.scorer:
         return decoder.YesNoScorer(model, *source.scorer, source.max_length)
     if decoder.is_decoder(model):
@@ -84,6 +74,63 @@ def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no
             )
         return decoder.DecoderGraph(model, task.output, source.max_length)
     return decoder.EncoderGraph(model, task.output)
+
+
+def skeleton(source: SourceModel):  # type: ignore[no-untyped-def]
+    """The base model's modules built from config.json on the meta device (no weights read, no memory), so
+    its layers can be checked in a second before a checkpoint of many gigabytes is loaded; None where
+    transformers cannot build one that way (the full load then says why, or the check runs on it)."""
+    import torch
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(source.path), trust_remote_code=source.trust_remote_code)
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return transformers.AutoModel.from_config(config, trust_remote_code=source.trust_remote_code)
+    except Exception:  # an early answer, not the only one: graph_module checks the loaded model too
+        return None
+
+
+def refuse_unexportable_layers(model, source: SourceModel) -> None:  # type: ignore[no-untyped-def]
+    """Refuse, naming the stage, the layers and what to use, a model whose layers carry a state along the
+    sequence (Mamba, lightning attention, RWKV...; decoder.recurrent_layers) or, in a decoder, a layer type
+    DecoderGraph has no mask for: their graph would be fixed at the example's length and answer wrongly at
+    any other."""
+    from container.optimize import decoder
+
+    recurrent = decoder.recurrent_layers(model)
+    if recurrent:
+        found = "; ".join(f"{kind} layers ({', '.join(names)})" for kind, names in recurrent.items())
+        cause = (
+            "transformers computes their state along the sequence with a loop over its tokens or chunks written "
+            "in Python"
+        )
+    elif (source.scorer or decoder.is_decoder(model)) and (unhandled := decoder.unhandled_layer_types(model)):
+        found = f"{', '.join(unhandled)} layers"
+        cause = "hare builds no mask for them, and a recurrent or linear layer runs a loop over the sequence"
+    else:
+        return
+    raise UnsupportedModel(
+        f"stage export: {source.model_type} has {found}; {cause}, which the TorchScript exporter fixes at the "
+        "example's length, so the graph would answer wrongly for any other length. hare exports attention "
+        "(full and sliding-window), the gated delta rule (Qwen3.5's linear attention, rewritten without its "
+        "loop) and short convolutions (LFM2). Use a family built of those, e.g. Qwen3, Qwen3.5 or LFM2"
+    )
+
+
+def refuse_encoder_decoder(source: SourceModel) -> None:
+    """Refuse an encoder-decoder (T5Gemma 2, T5, BART...) from its config.json alone: its classification heads
+    read the decoder's states (the input shifted right, attending to the encoder's) and its base model wants
+    decoder inputs, while hare's graphs are one stack fed input_ids and attention_mask."""
+    if source.config.get("is_encoder_decoder"):
+        raise UnsupportedModel(
+            f"stage export: {source.model_type} is an encoder-decoder (config.json: is_encoder_decoder); its "
+            "heads read the decoder's states (the decoder fed the input shifted right, attending to the "
+            "encoder's) and its base model takes decoder inputs, while hare exports one stack of layers fed "
+            "input_ids and attention_mask. Use an encoder or a decoder-only family (for Gemma, gemma3_text: "
+            "EmbeddingGemma, or gemma2)"
+        )
 
 
 def reference_row(model, source: SourceModel, task: TaskSpec, feeds: dict[str, Any]) -> Any:  # type: ignore[no-untyped-def]
@@ -101,6 +148,9 @@ def export_onnx(source: SourceModel, task: TaskSpec, out: Path) -> list[str]:
     """Export `source` for `task` to `out`; returns the graph's input names."""
     import torch
 
+    refuse_encoder_decoder(source)
+    if source.sparse is None and (layers := skeleton(source)) is not None:
+        refuse_unexportable_layers(layers, source)  # before the weights load: a refusal in seconds
     model = load_torch_model(source, task)
     inputs = graph_inputs(source, list(inspect.signature(model.forward).parameters))
     graph = graph_module(model, source, task)
