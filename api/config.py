@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from container.bundle import Manifest
+from container.bundle import BATCH_TOKENS, MAX_BATCH_SIZE, Manifest
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
 from tasks.errors import InputError
@@ -27,7 +27,6 @@ PROFILES = ("throughput", "latency")
 # 2 x 1 ran at half speed whenever both clients landed on one worker.
 MIN_STREAMS = 2
 # Padded tokens per model call for a bundle whose budget was not measured (a GPU bundle, an older bundle).
-BATCH_TOKENS = 8192
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _UNSET = object()
 
@@ -171,7 +170,7 @@ class Settings:
     target: str | None = _setting(
         "HARE_TARGET", _optional, "cpu or gpu execution provider (empty: the bundle's target)", None
     )
-    max_batch_size: int = _setting("HARE_MAX_BATCH_SIZE", _int(1), "sequences per model call at most", 32)
+    max_batch_size: int = _setting("HARE_MAX_BATCH_SIZE", _int(1), "sequences per model call at most", MAX_BATCH_SIZE)
     max_batch_tokens: int = _setting(
         "HARE_MAX_BATCH_TOKENS",
         _int(0),

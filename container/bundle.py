@@ -26,6 +26,11 @@ DENSE_FILE = "dense.npz"
 # The validation set and PyTorch's answers to it, so that `hare tune --check` re-runs the gate on another CPU.
 PARITY_FILE = "parity.npz"
 FORMAT_VERSION = 1
+# How a server batches a bundle unless told otherwise (api/config.py's HARE_MAX_BATCH_SIZE and
+# HARE_MAX_BATCH_TOKENS defaults), here so that the optimizer's gate and the bench batch as it does: sequences
+# per model call at most, and padded tokens per call where the bundle carries no measured budget.
+MAX_BATCH_SIZE = 32
+BATCH_TOKENS = 8192
 
 
 @dataclass

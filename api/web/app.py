@@ -20,7 +20,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tokenizers import Encoding, Tokenizer
 
-from api.config import BATCH_TOKENS, Settings
+from api.config import Settings
 from api.engine.backend import Backend
 from api.engine.batching import Batcher
 from api.engine.cores import CorePool
@@ -32,7 +32,7 @@ from api.web.metrics import Metrics, MetricsMiddleware
 from api.web.public import RateLimiter
 from api.web.schemas import COMMON, Limits
 from api.web.state import Resources
-from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
+from container.bundle import BATCH_TOKENS, MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
 from container.machine import int8_check, same_cpu, versions
 from container.runtime import bound_malloc
 from tasks.base import ModelInfo

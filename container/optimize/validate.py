@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 from tokenizers import Encoding, Tokenizer
 
+from container.bundle import MAX_BATCH_SIZE
 from container.optimize.source import SourceModel
 from container.optimize.textset import Sample
 from container.runtime import OnnxModel
@@ -96,9 +97,9 @@ def reference_outputs(
 # quantizes a whole batch's activations with one scale: all-MiniLM-L6-v2's int8-mixed gave cosine p1 0.9952
 # alone and 0.9895 in such batches of the same texts. So every candidate is judged both ways: each sample
 # alone, and each in a batch of up to SERVED_BATCH samples whose lengths lie within SERVED_SPREAD tokens and
-# whose padded tokens stay within SERVED_TOKENS (batch budgets measured on CPUs run 128-2048). 32 is the
-# server's HARE_MAX_BATCH_SIZE default (api/config.py): the most sequences it puts in one call.
-SERVED_BATCH = 32
+# whose padded tokens stay within SERVED_TOKENS (batch budgets measured on CPUs run 128-2048). SERVED_BATCH is
+# the server's HARE_MAX_BATCH_SIZE default: the most sequences it puts in one call.
+SERVED_BATCH = MAX_BATCH_SIZE
 SERVED_SPREAD = 16
 SERVED_TOKENS = 512
 

@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from api.config import BATCH_TOKENS, Settings
 from bench.peers.candidates.base import Encoder, Skip, Vectors
 from bench.peers.candidates.workspace import Workspace
-from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_dense, read_manifest
+from container.bundle import BATCH_TOKENS, MAX_BATCH_SIZE, MODEL_FILE, TOKENIZER_FILE, read_dense, read_manifest
 from container.runtime import OnnxModel
 from tasks.ops import normalize_vector, pad_batch, pool_tokens
 
@@ -34,7 +33,6 @@ class HareEncoder:
         self.narrow = self.wide if threads == 1 else OnnxModel(bundle / MODEL_FILE, manifest.target, 1, manifest.output)
         self.streams = ThreadPoolExecutor(threads)
         self.max_tokens = manifest.max_batch_tokens or BATCH_TOKENS
-        self.max_items = Settings().max_batch_size  # the default, as HARE_MAX_BATCH_SIZE is unset
         self.tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))  # truncating at max_length, as served
         self.tok.no_padding()
         self.pooling = manifest.pooling or "mean"
@@ -47,7 +45,7 @@ class HareEncoder:
         encodings = self.tok.encode_batch([self.prompt + t for t in texts] if self.prompt else texts)
         if len(encodings) == 1:
             return self._embed(self.wide, encodings)
-        calls = server_calls([len(e.ids) for e in encodings], self.max_items, self.max_tokens)
+        calls = server_calls([len(e.ids) for e in encodings], MAX_BATCH_SIZE, self.max_tokens)
         done = list(self.streams.map(lambda call: self._embed(self.narrow, [encodings[i] for i in call]), calls))
         vectors = np.empty((len(encodings), done[0].shape[1]), np.float32)
         for call, rows in zip(calls, done, strict=True):
