@@ -116,7 +116,7 @@ def test_the_page_names_every_run_its_machine_and_figures_newest_first(
     assert "- MISS  flood goodput / capacity: 0.3 (goal ≥ 0.8)" in text
     assert "- met   largest process RSS after warm - model file: 50 MB (goal ≤ 200 MB)" in text
     # Peers: the candidates' table from the run's summary, and its goal.
-    assert "**hare against its peers: 16-token texts, in process**" in text
+    assert "**hare against its peers: 16-token texts, in process (hare-http: over loopback)**" in text
     assert (
         "| hare's bundle | 3.0 | 500.0 | 0.9999 |" in text
         and "| batch 1 p50 ms | 1 | 3.0 | torch | 9.0 | yes |" in text
