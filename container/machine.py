@@ -137,3 +137,14 @@ def versions(packages: Sequence[str]) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
+
+
+def available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (0 where there is none: no cap)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

@@ -23,7 +23,6 @@ from tokenizers import Tokenizer
 from container.bundle import Manifest
 from container.optimize import (
     export,
-    fuse,
     int8,
     masks,
     mixed,
@@ -333,7 +332,7 @@ def test_the_pipeline_records_the_choice_and_reports_a_refusal(
 def test_a_graph_too_big_for_the_memory_is_refused_before_anything_runs(
     embedder: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fuse, "available_bytes", lambda: 1000)
+    monkeypatch.setattr(mixed, "available_bytes", lambda: 1000)
     with pytest.raises(mixed.Refused, match=r"the simulation would need about .* GiB available"):
         mixed.build(embedder.fp32, tmp_path / "int8-mixed.onnx", embedder.parity)
     assert not list(tmp_path.iterdir())

@@ -98,6 +98,20 @@ def test_a_batch_too_big_for_the_machine_ends_the_climb_and_the_bundle_still_shi
     assert list(manifest.token_rates) == ["128", "256", "512"] and manifest.max_batch_tokens in (128, 256, 512)
 
 
+def test_the_budget_climb_stops_before_a_budget_that_would_not_fit_in_memory(
+    tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    peaks = iter(range(0, 100 * 2**30, 2**30))  # every budget takes 1 GiB more...
+    monkeypatch.setattr(autotune, "resident_bytes", lambda: next(peaks))
+    monkeypatch.setattr(autotune, "available_bytes", lambda: 2 * 2**30)  # ...and 2 GiB are left: 2 more won't fit
+    out = tmp_path / "bundle"
+    args = ("--task", "feature-extraction", "--out", out, "--variants", "fp32", *QUICK)
+    assert run(tiny_model("feature-extraction"), *args) == 0
+    manifest = read_manifest(out)
+    assert list(manifest.token_rates) == ["128"] and manifest.max_batch_tokens == 128
+    assert autotune.fits_next(2**30, 0)  # available memory unknown: no limit
+
+
 def test_the_budget_climb_stops_once_two_budgets_in_a_row_fall_well_below_the_best() -> None:
     assert not autotune.past_peak({128: 100, 256: 140, 512: 120})  # one step down may be noise
     assert autotune.past_peak({128: 100, 256: 140, 512: 120, 1024: 110})

@@ -36,6 +36,7 @@ budget is then a loss of throughput exactly when it is needed.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +47,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from container.machine import describe
+from container.machine import available_bytes, describe
 from container.optimize.textset import SENTENCES
 from container.runtime import InferenceFailed, OnnxModel
 from tasks.ops import pad_batch
@@ -214,6 +215,8 @@ BUDGETS = (128, 256, 512, 1024, 2048, 4096, 8192)
 # The climb stops after two budgets in a row below this share of the best rate so far: past its peak a CPU's
 # rate does not come back, and on a large model one call of 8,192 tokens takes minutes.
 PAST_PEAK = 0.9
+# The share of the available memory the next budget's growth may take.
+MEMORY_SHARE = 0.8
 
 
 def token_rates(
@@ -253,6 +256,7 @@ def token_rates(
 
         for budget in budgets:  # the first round climbs
             feeds[budget] = _feeds(tokenizer, length, max(1, budget // length), names)
+            before = resident_bytes()
             try:
                 list(pool.map(OnnxModel.run, models, [feeds[budget]] * streams))  # first runs allocate buffers
                 measure(budget)
@@ -261,7 +265,9 @@ def token_rates(
                     raise
                 del feeds[budget]
                 break  # a batch this machine cannot hold (a large model, little memory) is no budget
-            if past_peak(rates_of(samples, feeds, streams)):
+            if past_peak(rates_of(samples, feeds, streams)) or not fits_next(
+                resident_bytes() - before, available_bytes()
+            ):
                 break
         chosen = [batch_budget(rates_of(samples, feeds, streams))]
         while len(chosen) < MAX_ROUNDS and not settled(chosen):
@@ -283,6 +289,25 @@ def rates_of(
         budget: round(streams * feeds[budget]["input_ids"].size / float(np.percentile(s, PERCENTILE)) * 1e3, 1)
         for budget, s in samples.items()
     }
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (0 where /proc is not there: no limit then). Not the lifetime peak,
+    which an earlier stage (the PyTorch reference) may hold above anything the budgets need; ONNX Runtime's
+    arena keeps a budget's buffers after its calls, so this counts them."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def fits_next(grew: int, available: int) -> bool:
+    """Whether the next budget (twice the tokens) should fit in memory, given that this one took `grew` bytes
+    more: its activations grow about twice as much. The climb stops otherwise, since a build the
+    kernel kills for memory loses all its work, and ONNX Runtime's allocation errors, which end the climb
+    too, come only while the machine can still give it memory (Mistral 4's gathered experts: about 13 GB
+    more a doubling on two streams). `available` 0: unknown, no limit."""
+    return available == 0 or 2 * grew < MEMORY_SHARE * available
 
 
 def contenders(rates: Mapping[int, float]) -> list[int]:

@@ -15,6 +15,7 @@ from typing import Any
 from onnxruntime.transformers.fusion_options import FusionOptions
 from onnxruntime.transformers.optimizer import optimize_model
 
+from container.machine import available_bytes
 from container.optimize import graphs
 
 # Share of the memory available when fusion starts that its process may take. ORT's Python fusions can take
@@ -80,17 +81,6 @@ def _main(argv: list[str]) -> int:
         print("out of memory", file=sys.stderr)
         return 1
     print(json.dumps(counts))
-    return 0
-
-
-def available_bytes() -> int:
-    """MemAvailable from /proc/meminfo (0 where there is none: no cap)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
     return 0
 
 

@@ -60,7 +60,8 @@ from numpy.typing import NDArray
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from container.optimize import fuse, graphs
+from container.machine import available_bytes
+from container.optimize import graphs
 from container.optimize.int8 import SWITCHES, TENSOR, TOKEN, per_token, simulation
 from container.optimize.validate import Parity, served_outputs, twice, verdicts
 from container.runtime import PROVIDERS, session_options
@@ -296,7 +297,7 @@ def plan(fp32: Path, parity: Parity, folder: Path) -> tuple[onnx.ModelProto, Pla
     passes."""
     start = time.perf_counter()
     weights = _weight_bytes(fp32)
-    available = fuse.available_bytes()
+    available = available_bytes()
     if available and weights * MEMORY_FACTOR > available:
         raise Refused(
             f"the simulation would need about {weights * MEMORY_FACTOR / 2**30:.1f} GiB ({MEMORY_FACTOR}x the "
