@@ -77,4 +77,5 @@ def server_calls(lengths: Sequence[int], max_items: int, max_tokens: int) -> lis
 
 
 def load_hare(space: Workspace, threads: int) -> Encoder:
-    return Encoder(HareEncoder(space.options.bundle, threads))
+    encoder = HareEncoder(space.options.bundle, threads)
+    return Encoder(encoder, close=encoder.streams.shutdown)
