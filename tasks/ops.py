@@ -121,6 +121,28 @@ def pad_batch(
     return {name: feeds[name] for name in input_names}
 
 
+def length_batches(
+    lengths: Sequence[int], max_items: int, max_tokens: int, spread: int | None = None
+) -> list[list[int]]:
+    """Sequence indices grouped into model calls as the server's length queue forms them
+    (api/engine/lengthqueue.py): shortest first, each call up to `max_items` sequences and `max_tokens` padded
+    tokens (its longest times its count; one sequence always fits), and, with `spread`, lengths within that
+    many tokens of the call's shortest."""
+    calls: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
+        last = calls[-1] if calls else []
+        if (
+            last
+            and len(last) < max_items
+            and (spread is None or lengths[i] - lengths[last[0]] <= spread)
+            and (len(last) + 1) * lengths[i] <= max_tokens
+        ):
+            last.append(i)
+        else:
+            calls.append([i])
+    return calls
+
+
 def spearman(a: NDArray[np.floating], b: NDArray[np.floating]) -> float:
     """Spearman rank correlation with average ranks for ties (1.0 when both are constant)."""
     ra, rb = _rank(a), _rank(b)

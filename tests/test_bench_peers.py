@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from bench.inputs import load_tokenizer
 from bench.peers.candidates import base
 from bench.peers.candidates.base import int8_config_for
-from bench.peers.candidates.hare import HareEncoder, server_calls
+from bench.peers.candidates.hare import HareEncoder
 from bench.peers.options import PeersOptions
 from bench.peers.results import GOAL_P1, Row, goal
 from bench.peers.runner import run_peers
@@ -27,6 +27,7 @@ from bench.peers.texts import fidelity_texts
 from bench.servers import ServerProcess
 from bench.store import Store
 from container.bundle import MANIFEST_FILE
+from tasks.ops import length_batches
 from tests.conftest import ModelFactory, quick_bundle
 from tests.tiny_models import make_sentence_transformer
 
@@ -148,7 +149,7 @@ def test_hare_runs_a_batch_as_the_server_does_in_budget_sized_calls_and_answers_
     texts = ["a short one", "a much longer text with many more words in it than the others", "mid sized text"]
     texts = texts * 4
     lengths = [len(HareEncoder(built, 1).tok.encode(t).ids) for t in texts]
-    calls = server_calls(lengths, 32, 24)
+    calls = length_batches(lengths, 32, 24)
     # Every text once, each call within the budget (one sequence always fits), nearest lengths together.
     assert sorted(i for call in calls for i in call) == list(range(len(texts))) and len(calls) > 1
     assert all(len(c) == 1 or max(lengths[i] for i in c) * len(c) <= 24 for c in calls)

@@ -20,7 +20,7 @@ from container.optimize.source import SourceModel
 from container.optimize.textset import Sample
 from container.runtime import OnnxModel
 from tasks.base import Gate, ParityInput, TaskSpec
-from tasks.ops import pad_batch
+from tasks.ops import length_batches, pad_batch
 
 # Every task's fp32 variants, beside the task's own gates: an fp32 graph must be the model, not close to it.
 # The bound is per unit of the outputs' largest magnitude (at least 1): float32 rounds relative to a value's
@@ -107,19 +107,7 @@ SERVED_TOKENS = 512
 def served_batches(lengths: Sequence[int]) -> list[list[int]]:
     """Sample indices grouped as the server's queue groups sequences: shortest first, each batch up to
     SERVED_BATCH of lengths within SERVED_SPREAD tokens of its shortest, and SERVED_TOKENS padded tokens."""
-    batches: list[list[int]] = []
-    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
-        last = batches[-1] if batches else []
-        if (
-            last
-            and len(last) < SERVED_BATCH
-            and lengths[i] - lengths[last[0]] <= SERVED_SPREAD
-            and (len(last) + 1) * lengths[i] <= SERVED_TOKENS
-        ):
-            last.append(i)
-        else:
-            batches.append([i])
-    return batches
+    return length_batches(lengths, SERVED_BATCH, SERVED_TOKENS, SERVED_SPREAD)
 
 
 Run = Callable[[dict[str, NDArray[np.int64]]], NDArray[np.float32]]

@@ -13,7 +13,7 @@ from bench.peers.candidates.base import Encoder, Skip, Vectors
 from bench.peers.candidates.workspace import Workspace
 from container.bundle import BATCH_TOKENS, MAX_BATCH_SIZE, MODEL_FILE, TOKENIZER_FILE, read_dense, read_manifest
 from container.runtime import OnnxModel
-from tasks.ops import normalize_vector, pad_batch, pool_tokens
+from tasks.ops import length_batches, normalize_vector, pad_batch, pool_tokens
 
 
 class HareEncoder:
@@ -45,7 +45,7 @@ class HareEncoder:
         encodings = self.tok.encode_batch([self.prompt + t for t in texts] if self.prompt else texts)
         if len(encodings) == 1:
             return self._embed(self.wide, encodings)
-        calls = server_calls([len(e.ids) for e in encodings], MAX_BATCH_SIZE, self.max_tokens)
+        calls = length_batches([len(e.ids) for e in encodings], MAX_BATCH_SIZE, self.max_tokens)
         done = list(self.streams.map(lambda call: self._embed(self.narrow, [encodings[i] for i in call]), calls))
         vectors = np.empty((len(encodings), done[0].shape[1]), np.float32)
         for call, rows in zip(calls, done, strict=True):
@@ -61,19 +61,6 @@ class HareEncoder:
                 vector = layer(vector)
             vectors.append(normalize_vector(vector) if self.normalize else vector)
         return np.stack(vectors)
-
-
-def server_calls(lengths: Sequence[int], max_items: int, max_tokens: int) -> list[list[int]]:
-    """The indices of each model call the server makes of these sequences: by length, as many as fit in
-    `max_items` sequences and `max_tokens` padded tokens (the longest times the count; one always fits)."""
-    calls: list[list[int]] = []
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        call = calls[-1] if calls else []
-        if call and len(call) < max_items and lengths[i] * (len(call) + 1) <= max_tokens:
-            call.append(i)
-        else:
-            calls.append([i])
-    return calls
 
 
 def load_hare(space: Workspace, threads: int) -> Encoder:
