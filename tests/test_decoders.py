@@ -322,7 +322,7 @@ REFUSED_PAIRS = [
     (arch, task)
     for arch, family in REFUSED.items()
     for task in ("feature-extraction", "text-classification")
-    if task in family.tasks and arch != "t5gemma2"  # refused as an encoder-decoder (below)
+    if task in family.tasks
 ]
 
 
@@ -353,19 +353,20 @@ def test_a_model_with_recurrent_layers_is_refused_before_its_weights_load(
     assert loads == [] and not out.exists()
 
 
-@pytest.mark.parametrize("task", ["feature-extraction", "text-classification"])
-def test_an_encoder_decoder_is_refused_before_its_weights_load(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, task: str
+@pytest.mark.parametrize("arch", ["t5", "t5gemma2"])
+def test_an_encoder_decoders_head_is_refused_before_its_weights_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, arch: str
 ) -> None:
-    """T5Gemma 2's heads read its decoder's states over its encoder's: no one-stack graph computes that, so
-    the build stops at once, from config.json, naming the stage, the cause and what to use."""
+    """T5's and T5Gemma 2's classification heads read the decoder's states over the encoder's: no one-stack
+    graph computes that, so the build stops at once, from config.json, naming the stage, the cause and what
+    to use (their embeddings, the encoder's, are served: test_families)."""
     from container.optimize import export
 
     monkeypatch.setattr(export, "skeleton", lambda *_: pytest.fail("the refusal should need config.json only"))
-    folder = make_model(tmp_path / "model", task, "t5gemma2")
+    folder = make_model(tmp_path / "model", "text-classification", arch)
     out = tmp_path / "bundle"
-    assert main(["optimize", str(folder), "--task", task, "--out", str(out), *QUICK]) == 2
+    assert main(["optimize", str(folder), "--task", "text-classification", "--out", str(out), *QUICK]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "stage export: t5gemma2 is an encoder-decoder" in err and "heads read the decoder's states" in err
-    assert "Use an encoder or a decoder-only family" in err
+    assert f"stage export: {arch} is an encoder-decoder" in err and "head reads the decoder's states" in err
+    assert "hare serves its encoder for embeddings (--task feature-extraction" in err
     assert not out.exists()

@@ -150,3 +150,18 @@ def test_an_unknown_module_is_refused(st_folder: Path, tmp_path: Path) -> None:
     (folder / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(UnsupportedModel, match="'LayerNorm'"):
         source.inspect_source(folder, get_task("feature-extraction"))
+
+
+async def test_a_sentence_t5_folder_serves_its_encoders_vectors(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    """sentence-t5 and GTR: sentence-transformers saves T5's encoder alone (config.json then says
+    is_encoder_decoder false), mean pooling, a Dense projection and Normalize. hare builds it as the encoder,
+    not as transformers' whole T5, whose decoder would want inputs the graph does not have."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = make_sentence_transformer(tmp_path / "model", tiny_model("feature-extraction", "t5"), dense=(16,))
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["T5EncoderModel"]
+    async with serve(quick_bundle(folder, "feature-extraction", tmp_path / "bundle")) as client:
+        got = await predict(client, TEXTS)
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
+    assert got.shape == expected.shape == (3, 16)
+    assert np.abs(got - expected).max() < TOL

@@ -38,6 +38,8 @@ SIZE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermed
 DECODER = SIZE | dict(num_key_value_heads=2, head_dim=8)
 # Sliding-window layers narrower than the test inputs, so the window's mask is exercised.
 WINDOW = 8
+# Encoder-decoders: only their encoder is served, for embeddings.
+EMBEDDINGS = ("feature-extraction",)
 # What an embedding decoder's sentence-transformers folder declares (Qwen3-Embedding's shape of prompt).
 DECODER_PROMPTS = {"query": "Instruct: Given a web search query, retrieve relevant passages\nQuery: ", "document": ""}
 
@@ -232,25 +234,12 @@ FAMILIES: dict[str, Family] = {
             ),
             tasks=("feature-extraction",),
         ),
-    )
-}
-# What a state-space (Mamba-2) mixer needs to be tiny: 4 heads of 16 (twice the hidden size), 8 states, chunks of 16.
-MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_chunk_size=16)
-DECODER_TASKS = ("text-classification", "feature-extraction", "text-ranking")
-# Families transformers knows that hare refuses, each at the stage that names why (docs/optimizer.md lists them).
-REFUSED: dict[str, Family] = {
-    f.model_type: f
-    for f in (
-        # MiniMax: lightning attention (a linear attention that is no gated delta rule) between attention layers.
+        # Encoder-decoders serve embeddings from their encoder, as sentence-transformers does (their heads read
+        # the decoder: refused). T5 (sentence-t5, GTR) and T5Gemma 2 (Gemma 3 layers in a bidirectional
+        # encoder, which also takes images through SigLIP; a sliding window narrower than the test inputs).
         Family(
-            "minimax",
-            "bpe",
-            "decoder",
-            DECODER
-            | dict(num_local_experts=4, num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"]),
-            tasks=DECODER_TASKS,
+            "t5", "unigram", "roberta", dict(d_model=32, num_layers=2, num_heads=4, d_ff=64, d_kv=8), tasks=EMBEDDINGS
         ),
-        # T5Gemma 2: an encoder-decoder (Gemma 3 layers; the encoder also takes images through SigLIP).
         Family(
             "t5gemma2",
             "bpe",
@@ -270,6 +259,25 @@ REFUSED: dict[str, Family] = {
                 ),
                 decoder=DECODER | dict(sliding_window=WINDOW),
             ),
+            tasks=EMBEDDINGS,
+        ),
+    )
+}
+# What a state-space (Mamba-2) mixer needs to be tiny: 4 heads of 16 (twice the hidden size), 8 states, chunks of 16.
+MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_chunk_size=16)
+DECODER_TASKS = ("text-classification", "feature-extraction", "text-ranking")
+# Families transformers knows that hare refuses, each at the stage that names why (docs/optimizer.md lists them).
+REFUSED: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        # MiniMax: lightning attention (a linear attention that is no gated delta rule) between attention layers.
+        Family(
+            "minimax",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(num_local_experts=4, num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"]),
+            tasks=DECODER_TASKS,
         ),
         # Mamba-style hybrids and pure state-space or recurrent models, each with the knobs that make it tiny
         # (whether its config lists layer types or not: RWKV and xLSTM do not). tasks: their transformers heads.
@@ -579,7 +587,13 @@ def make_model(folder: Path, task: str, arch: str = "bert", seed: int = 0, **con
     ids = _save_tokenizer(family, folder)
     if family.model_type == "modernvbert":
         ids |= _save_image_processor(folder)
+    if family.model_type == "t5gemma2":
+        ids |= _save_gemma3_processor(folder)
     auto, labels = HEADS[task]
+    if family.model_type == "t5gemma2" and task == "feature-extraction":
+        # Saved as its checkpoints are, the LM's (weights under "model."), which is where sentence-transformers
+        # reads the encoder from.
+        auto = "AutoModelForSeq2SeqLM"
     extra: dict[str, Any] = {}
     if labels:
         extra = {"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}
@@ -605,6 +619,20 @@ def _save_image_processor(folder: Path) -> dict[str, int]:
     processor = Idefics3Processor(images, AutoTokenizer.from_pretrained(str(folder)), image_seq_len=4)
     processor.save_pretrained(str(folder))
     return {"vocab_size": len(processor.tokenizer), "image_token": processor.image_token_id}
+
+
+def _save_gemma3_processor(folder: Path) -> dict[str, int]:
+    """T5Gemma 2's processor (Gemma 3's), as its checkpoints ship one: sentence-transformers loads the model
+    through it. Its tokenizer names the image markers (begin, soft token, end), added here; returns the
+    vocabulary size with them."""
+    from transformers import AutoTokenizer, Gemma3ImageProcessor, Gemma3Processor
+
+    markers = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), extra_special_tokens=markers)
+    images = Gemma3ImageProcessor(size={"height": 32, "width": 32})
+    processor = Gemma3Processor(images, tokenizer, image_seq_length=4)
+    processor.save_pretrained(str(folder))
+    return {"vocab_size": len(tokenizer)}  # the markers' ids matter only to images, which hare does not take
 
 
 def make_lm_reranker(folder: Path, arch: str = "qwen3", seed: int = 0, answers: bool = True) -> Path:

@@ -6,8 +6,10 @@ extra package, and its graphs are the ones ONNX Runtime's transformer optimizer 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,8 @@ def load_torch_model(source: SourceModel, task: TaskSpec):  # type: ignore[no-un
         from container.optimize.sparse_graph import load
 
         return load(source)
+    if is_encoder_decoder(source):  # embeddings only (refuse_encoder_decoder)
+        return encoder_of(source)
     auto = getattr(transformers, "AutoModelForCausalLM" if source.scorer else task.head)
     # Mixture-of-experts layers (Mistral 4, OpenAI's privacy filter): transformers 5's default grouped_mm
     # sorts tokens by expert (histc, data-dependent splits) and traces into a graph fixed to the dummy's
@@ -49,6 +53,29 @@ def load_torch_model(source: SourceModel, task: TaskSpec):  # type: ignore[no-un
         experts_implementation="batched_mm",
         trust_remote_code=source.trust_remote_code,
     ).eval()
+
+
+# Encoder-only classes, where transformers has one: they read the encoder-only checkpoints sentence-transformers
+# saves (sentence-t5, GTR) without reporting a decoder missing, and a full checkpoint without loading its decoder.
+ENCODER_CLASSES = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
+
+
+def is_encoder_decoder(source: SourceModel) -> bool:
+    """config.json says so, or the family is one: sentence-transformers saves T5's encoder alone with
+    is_encoder_decoder false, and transformers' Auto class would still build the whole T5 from it."""
+    return bool(source.config.get("is_encoder_decoder")) or source.model_type in ENCODER_CLASSES
+
+
+def encoder_of(source: SourceModel):  # type: ignore[no-untyped-def]
+    """An encoder-decoder's encoder alone, which is what sentence-transformers embeds with: the family's
+    encoder-only class (ENCODER_CLASSES), or else the base model loaded whole and its get_encoder()
+    (T5Gemma 2, whose checkpoints hold the encoder under the LM's prefix; its decoder is read and freed)."""
+    import transformers
+
+    kwargs = dict(attn_implementation="eager", trust_remote_code=source.trust_remote_code)
+    if name := ENCODER_CLASSES.get(source.model_type):
+        return getattr(transformers, name).from_pretrained(str(source.path), **kwargs).eval()
+    return transformers.AutoModel.from_pretrained(str(source.path), **kwargs).get_encoder().eval()
 
 
 def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no-untyped-def]
@@ -62,6 +89,8 @@ def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no
         return model
 
     refuse_unexportable_layers(model, source)
+    if is_encoder_decoder(source):  # its encoder (encoder_of): bidirectional, fed by name
+        return decoder.EncoderGraph(model, task.output)
     if source.scorer:
         return decoder.YesNoScorer(model, *source.scorer, source.max_length)
     if decoder.is_decoder(model):
@@ -119,17 +148,18 @@ def refuse_unexportable_layers(model, source: SourceModel) -> None:  # type: ign
     )
 
 
-def refuse_encoder_decoder(source: SourceModel) -> None:
-    """Refuse an encoder-decoder (T5Gemma 2, T5, BART...) from its config.json alone: its classification heads
-    read the decoder's states (the input shifted right, attending to the encoder's) and its base model wants
-    decoder inputs, while hare's graphs are one stack fed input_ids and attention_mask."""
-    if source.config.get("is_encoder_decoder"):
+def refuse_encoder_decoder(source: SourceModel, task: TaskSpec) -> None:
+    """Refuse an encoder-decoder (T5Gemma 2, T5, BART...) for any task but embeddings, from its config.json
+    alone: its classification heads read the decoder's states (the input shifted right, attending to the
+    encoder's), while hare's graphs are one stack fed input_ids and attention_mask. Its embeddings are the
+    encoder's (encoder_of), as sentence-transformers computes them."""
+    if is_encoder_decoder(source) and task.name != "feature-extraction":
         raise UnsupportedModel(
-            f"stage export: {source.model_type} is an encoder-decoder (config.json: is_encoder_decoder); its "
-            "heads read the decoder's states (the decoder fed the input shifted right, attending to the "
-            "encoder's) and its base model takes decoder inputs, while hare exports one stack of layers fed "
-            "input_ids and attention_mask. Use an encoder or a decoder-only family (for Gemma, gemma3_text: "
-            "EmbeddingGemma, or gemma2)"
+            f"stage export: {source.model_type} is an encoder-decoder; its "
+            f"{task.name} head reads the decoder's states (the decoder fed the input shifted right, attending to "
+            "the encoder's), while hare exports one stack of layers fed input_ids and attention_mask. hare serves "
+            "its encoder for embeddings (--task feature-extraction, as sentence-transformers does); for this "
+            "task use an encoder or a decoder-only family (for Gemma, gemma3_text or gemma2)"
         )
 
 
@@ -144,11 +174,33 @@ def reference_row(model, source: SourceModel, task: TaskSpec, feeds: dict[str, A
     return getattr(model(**feeds), task.output)[0]
 
 
+@contextlib.contextmanager
+def index_based_masks() -> Iterator[None]:
+    """While exporting: transformers builds an eager mask with a custom window (T5Gemma 2's encoder: its own
+    bidirectional sliding window) through torch.vmap, which the TorchScript tracer cannot follow
+    ("unordered_map::at"). Its mask functions are index arithmetic, so broadcasting them over the query and
+    key positions builds the same mask, with the sequence length left dynamic; this is transformers' own
+    non-vmap path, forced (as optimum-onnx's exporter does)."""
+    from transformers import masking_utils
+
+    masks = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS
+    eager = masks["eager"]
+
+    def index_based(*args: Any, **kwargs: Any) -> Any:
+        return eager(*args, **{**kwargs, "use_vmap": False})  # the caller's use_vmap=True overridden
+
+    masks.register("eager", index_based)
+    try:
+        yield
+    finally:
+        masks.register("eager", eager)
+
+
 def export_onnx(source: SourceModel, task: TaskSpec, out: Path) -> list[str]:
     """Export `source` for `task` to `out`; returns the graph's input names."""
     import torch
 
-    refuse_encoder_decoder(source)
+    refuse_encoder_decoder(source, task)
     if source.sparse is None and (layers := skeleton(source)) is not None:
         refuse_unexportable_layers(layers, source)  # before the weights load: a refusal in seconds
     model = load_torch_model(source, task)
@@ -158,7 +210,7 @@ def export_onnx(source: SourceModel, task: TaskSpec, out: Path) -> list[str]:
     dynamic = {name: {0: "batch", 1: "sequence"} for name in [*inputs, task.output]}
     if source.sparse is not None and not source.sparse.heads:
         dynamic[task.output] = {0: "batch"}  # SPLADE's [batch, vocab]: pooled over the sequence in the graph
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), index_based_masks():
         # Tracing warns about Python control flow on shapes that the dynamic axes make safe.
         warnings.simplefilter("ignore")
         torch.onnx.export(
