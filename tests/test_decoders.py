@@ -25,7 +25,7 @@ from container.runtime import OnnxModel
 from hare.cli import main
 from tests.api_helpers import assert_ranked, serve
 from tests.conftest import ModelFactory
-from tests.tiny_models import HEADS, LM_POSITIONS, REFUSED, make_lm_reranker, make_model
+from tests.tiny_models import HEADS, LM_POSITIONS, REFUSED, make_gemma4, make_lm_reranker, make_model
 
 pytestmark = pytest.mark.anyio
 TOL = 1e-4
@@ -296,6 +296,39 @@ def test_qwen3_5_answers_as_transformers_at_any_length_and_padding(tmp_path: Pat
         for i, row in enumerate(rows):
             # A padded row's states at its real tokens (the classifier's logits at its last one) are its own.
             got = answers[i][feeds["attention_mask"][i] == 1] if output == "last_hidden_state" else answers[i]
+            assert np.abs(got - alone[i]).max() < TOL, ("left" if left else "right", len(row))
+
+
+def test_a_gemma4_checkpoint_embeds_its_text_as_transformers_at_any_length_and_padding(tmp_path: Path) -> None:
+    """Gemma 4's checkpoints are the multimodal wrapper (gemma4), not its text model: built for embeddings, it
+    exports the wrapper's text path (masks per layer type from its text config, per-layer inputs) and answers
+    as transformers' Gemma4Model alone and in left- and right-padded batches, at lengths past its sliding
+    window."""
+    import torch
+    import transformers
+
+    folder = make_gemma4(tmp_path / "model")
+    out = tmp_path / "bundle"
+    args = ["optimize", str(folder), "--task", "feature-extraction", "--out", str(out), "--variants", "fp32"]
+    assert main([*args, *QUICK]) == 0
+    manifest = read_manifest(out)
+    assert manifest.model_type == "gemma4" and manifest.pooling == "lasttoken"
+
+    model = transformers.AutoModel.from_pretrained(str(folder), attn_implementation="eager").eval()
+    session = OnnxModel(out / MODEL_FILE)
+    ids = np.random.default_rng(0).integers(5, 300, size=60)
+    rows = [ids[:3].tolist(), ids[:37].tolist(), ids[10:60].tolist()]
+    alone = []
+    for row in rows:
+        with torch.no_grad():
+            expected = model(input_ids=torch.tensor([row])).last_hidden_state[0].numpy()
+        assert np.abs(session.run(_feeds([row]))[0] - expected).max() < TOL, len(row)
+        alone.append(expected)
+    for left in (True, False):
+        feeds = _padded(rows, manifest.pad_id, left)
+        answers = session.run(feeds)
+        for i, row in enumerate(rows):
+            got = answers[i][feeds["attention_mask"][i] == 1]
             assert np.abs(got - alone[i]).max() < TOL, ("left" if left else "right", len(row))
 
 

@@ -621,6 +621,27 @@ def _save_image_processor(folder: Path) -> dict[str, int]:
     return {"vocab_size": len(processor.tokenizer), "image_token": processor.image_token_id}
 
 
+def make_gemma4(folder: Path, seed: int = 0) -> Path:
+    """A Gemma 4 checkpoint as released: the multimodal wrapper (model_type gemma4, Gemma4Model) around the
+    tiny gemma4_text model, with no vision or audio tower, saved as a feature-extraction folder. Its
+    processor needs torchvision, which the tests do not install, so sentence-transformers cannot load it:
+    compare against transformers."""
+    import torch
+    import transformers
+
+    family = FAMILIES["gemma4_text"]
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = _save_tokenizer(family, folder)
+    text = _config(family, ids, {}).to_dict()
+    config = transformers.AutoConfig.for_model(
+        "gemma4", text_config=text, vision_config=None, audio_config=None, pad_token_id=ids["pad_token"]
+    )
+    torch.manual_seed(seed)
+    transformers.AutoModel.from_config(config).eval().save_pretrained(str(folder), safe_serialization=True)
+    _sentence_transformers_files(folder, decoder=True)
+    return folder
+
+
 def _save_gemma3_processor(folder: Path) -> dict[str, int]:
     """T5Gemma 2's processor (Gemma 3's), as its checkpoints ship one: sentence-transformers loads the model
     through it. Its tokenizer names the image markers (begin, soft token, end), added here; returns the
