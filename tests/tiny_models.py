@@ -198,6 +198,33 @@ FAMILIES: dict[str, Family] = {
             ),
             tasks=("text-classification", "feature-extraction", "text-ranking"),
         ),
+        # OLMo hybrid and Lara mini: the same gated delta rule beside attention (Lara mini with experts too);
+        # transformers has only their base model and LM.
+        Family(
+            "olmo_hybrid",
+            "bpe",
+            "decoder",
+            DECODER | dict(layer_types=["linear_attention", "full_attention"]),
+            tasks=EMBEDDINGS,
+        ),
+        Family(
+            "lara_mini",
+            "bpe",
+            "decoder",
+            DECODER
+            | dict(
+                linear_key_head_dim=8,
+                linear_value_head_dim=8,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                moe_intermediate_size=16,
+                shared_expert_intermediate_size=16,
+                num_experts=4,
+                num_experts_per_tok=2,
+                layer_types=["linear_attention", "full_attention"],
+            ),
+            tasks=EMBEDDINGS,
+        ),
         # ModernVBERT: ModernBERT's text model behind a SigLIP vision tower; text without images is ModernBERT's.
         Family(
             "modernvbert",
