@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +98,27 @@ def test_two_copies_of_one_graph_tie_and_the_tie_goes_to_the_more_accurate(
 
 
 def test_a_slower_variant_loses_by_a_clear_margin_and_the_rounds_stop(
-    graphs: tuple[dict[str, Path], Tokenizer],
+    graphs: tuple[dict[str, Path], Tokenizer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(autotune, "HOPELESS", 100.0)  # raced to the end, not dropped in the first round
     timings, pick = _tune(graphs, [SLOWER, "model"], prefer=[SLOWER, "model"])  # preferring it changes nothing
     assert (pick.winner, pick.fastest, pick.runner_up, pick.tie, pick.tied) == ("model", "model", SLOWER, False, [])
-    assert pick.margin is not None and pick.margin > 0.3
+    assert pick.margin is not None and pick.margin > 0.3 and pick.dropped == []
     assert pick.rounds == autotune.MIN_ROUNDS  # clear in rounds 2 and 3: no more rounds are spent
     assert timings[SLOWER]["s8xb1"] > timings["model"]["s8xb1"]
+
+
+def test_a_variant_far_behind_in_the_first_round_is_timed_no_more(graphs: tuple[dict[str, Path], Tokenizer]) -> None:
+    """About 3x slower at the first point: its calls are the build's longest, and no load could bring it back
+    (HOPELESS), so it is not timed at the points after it and is out of the rounds; the others race on."""
+    paths, tokenizer = graphs
+    graphs_ = {n: paths[n] for n in ("model", SLOWER, "copy")}
+    timings, pick = autotune.tune(graphs_, tokenizer, [8, 16], [1, 2], 1, "cpu", SECONDS, ["model", SLOWER, "copy"])
+    assert pick.dropped == [SLOWER] and pick.winner in ("model", "copy") and SLOWER not in (pick.runner_up, *pick.tied)
+    assert list(timings[SLOWER]) == ["s8xb1"]  # the first point only
+    assert set(timings["model"]) == set(timings["copy"]) == {"s8xb1", "s8xb2", "s16xb1", "s16xb2"}
+    assert timings[SLOWER]["s8xb1"] > (1 + autotune.HOPELESS) * min(timings["model"]["s8xb1"], timings["copy"]["s8xb1"])
+    assert "slower timed no more after the first points, over 1.5x the fastest" in pick_line(asdict(pick))
 
 
 @contextmanager
@@ -169,6 +184,7 @@ def _load_on_the_model(
 def test_a_burst_of_load_on_the_faster_variant_does_not_flip_the_pick(
     graphs: tuple[dict[str, Path], Tokenizer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(autotune, "HOPELESS", 100.0)  # the rounds under test, not the first round's drop
     with _busy(2) as procs:
         _load_on_the_model(monkeypatch, time.perf_counter() + 0.1, procs)  # about its first two rounds
         _, pick = _tune(graphs, ["model", SLOWER], prefer=[SLOWER, "model"])
@@ -267,6 +283,7 @@ def test_optimize_records_a_tie_and_ships_the_more_accurate_variant(
 def test_optimize_records_a_clear_pick_with_its_margin(
     tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    monkeypatch.setattr(autotune, "HOPELESS", 100.0)  # raced to the end, not dropped in the first round
     slower = variants.Variant(SLOWER, "fp32", "fp32", _slower)
     out = tmp_path / "bundle"
     assert _optimize(tiny_model("feature-extraction"), out, [FP32, slower], monkeypatch) == 0

@@ -21,6 +21,11 @@ cores: a CI runner, an engineer's laptop, a two-core VM):
   moment held a handful of calls, too few for a low percentile, and its variant lost).
 - A low percentile, not the median: load only ever adds time to a call, so the fastest calls are the ones
   that measure the variant and not its neighbours.
+- In the first round a variant whose score over the points timed so far is more than HOPELESS behind the
+  fastest's stops being timed (the pick's `dropped`), where calls are timed by their thread's CPU time: load
+  moved that by at most 18% in the builds measured, so no later point or round brings it back, and the slow
+  variants' calls are a build's longest (fp32 at 384 tokens x 8 on the Qwen3-Embedding-0.6B geometry: 35 s a
+  call; ten variants timed at every point in three rounds took 34 minutes).
 - Rounds go on until the fastest variant leads the next by more than MARGIN in two rounds in a row, or by
   under half of it in two rounds in a row (a settled tie), or MAX_ROUNDS are spent. A lead that never clears
   is a tie, and a tie goes to the more accurate variant
@@ -40,7 +45,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +67,8 @@ MAX_ROUNDS = 10
 # After MIN_ROUNDS, a variant more than this behind the fastest is out of the race: its figures stand as they
 # are and the rounds left go to the variants still in it.
 OUT_OF_RACE = 0.15
+# In the first round, a variant more than this behind the fastest over the points timed so far is timed no more.
+HOPELESS = 0.5
 # Calls per slice however short --tune-seconds is.
 LEAST_CALLS = 2
 
@@ -81,7 +88,7 @@ class Pick:
     None when one variant passed); margin: runner_up's score over fastest's, less 1. tie: the fastest's lead
     was not over `clear_margin` in the last two rounds, so `winner` is the most accurate of `tied` (the
     variants within the lead, or within `clear_margin`, of the fastest). rounds: rounds run; statistic: what
-    was timed.
+    was timed; dropped: the variants timed no more in the first round, more than HOPELESS behind (not scored).
     """
 
     winner: str
@@ -93,6 +100,7 @@ class Pick:
     rounds: int = 0
     statistic: str = ""
     clear_margin: float = MARGIN
+    dropped: list[str] = field(default_factory=list)
 
 
 def clock(threads: int, target: str = "cpu") -> tuple[str, Callable[[], int]]:
@@ -128,6 +136,7 @@ def tune(
             model.run(feed)  # first run allocates buffers and picks kernels
     samples: dict[str, list[list[float]]] = {name: [[] for _ in points] for name in models}
     racing = list(models)
+    dropped: list[str] = []
     history: list[dict[str, float]] = []
     while len(history) < MAX_ROUNDS:
         turn = len(history) % len(racing)
@@ -135,7 +144,12 @@ def tune(
         for i in range(len(points)):
             for name in order:
                 samples[name][i] += _slice(models[name], feeds[name][i], now, min_seconds / MIN_ROUNDS)
-        history.append({name: score(_figures(keys, samples[name])) for name in models})
+            if not history and now is time.thread_time_ns:  # the wall clock counts others' load: no drop
+                behind = hopeless({name: score(_figures(keys, samples[name])) for name in order})
+                dropped += behind
+                order = [name for name in order if name not in behind]
+        racing = [name for name in racing if name not in dropped]
+        history.append({name: score(_figures(keys, samples[name])) for name in models if name not in dropped})
         fastest, _, margin = _lead(history[-1])
         if step:
             step(f"round {len(history)}: {fastest}" + (f" by {margin:.1%}" if margin is not None else ""))
@@ -145,7 +159,13 @@ def tune(
             best = history[-1][fastest]
             racing = [name for name in racing if history[-1][name] <= (1 + OUT_OF_RACE) * best]
     timings = {name: {k: round(v, 3) for k, v in _figures(keys, samples[name]).items()} for name in models}
-    return timings, decide(history, prefer, statistic)
+    return timings, replace(decide(history, prefer, statistic), dropped=dropped)
+
+
+def hopeless(scores: Mapping[str, float]) -> list[str]:
+    """The variants more than HOPELESS behind the fastest of `scores` (their scores over the same points)."""
+    best = min(scores.values())
+    return [name for name, value in scores.items() if value > (1 + HOPELESS) * best]
 
 
 def _slice(model: OnnxModel, feeds: dict[str, np.ndarray], now: Callable[[], int], seconds: float) -> list[float]:
@@ -163,7 +183,8 @@ def _slice(model: OnnxModel, feeds: dict[str, np.ndarray], now: Callable[[], int
 
 
 def _figures(keys: Sequence[str], samples: Sequence[Sequence[float]]) -> dict[str, float]:
-    return {key: float(np.percentile(s, PERCENTILE)) for key, s in zip(keys, samples, strict=True)}
+    """Each point's statistic, at the points timed so far."""
+    return {key: float(np.percentile(s, PERCENTILE)) for key, s in zip(keys, samples, strict=True) if s}
 
 
 def score(timings: dict[str, float]) -> float:

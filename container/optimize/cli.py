@@ -13,6 +13,7 @@ from rich.table import Table
 
 from container.bundle import Manifest
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK, default_model_dir
+from container.optimize.autotune import HOPELESS
 from container.optimize.validate import FP32_GATE
 from tasks.base import Gate
 from tasks.errors import InputError
@@ -204,8 +205,11 @@ def pick_line(pick: Mapping[str, Any]) -> str:
     if not pick:
         return ""
     how = f"{pick['statistic']}, {pick['rounds']} rounds"
+    if dropped := pick.get("dropped"):
+        how += f"; {', '.join(dropped)} timed no more after the first points, over {1 + HOPELESS:g}x the fastest"
     if pick["runner_up"] is None:
-        return f"picked {pick['winner']}: the only variant timed ({how})"
+        alone = "the only variant left" if dropped else "the only variant timed"
+        return f"picked {pick['winner']}: {alone} ({how})"
     if not pick["tie"]:
         return f"picked {pick['winner']}: {pick['margin']:.1%} faster than {pick['runner_up']} ({how})"
     return (
