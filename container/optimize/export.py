@@ -39,14 +39,18 @@ def load_torch_model(source: SourceModel, task: TaskSpec):  # type: ignore[no-un
         from container.optimize.sparse_graph import load
 
         return load(source)
+    from container.optimize import experts
+
     auto = getattr(transformers, "AutoModelForCausalLM" if source.scorer else task.head)
     # Mixture-of-experts layers (Mistral 4, OpenAI's privacy filter): transformers 5's default grouped_mm
     # sorts tokens by expert (histc, data-dependent splits) and traces into a graph fixed to the dummy's
-    # routing; batched_mm gathers each token's experts' weights and multiplies, the same for every input.
+    # routing, and its batched_mm gathers each token's experts' weights (memory per token, fp32 experts in
+    # every int8 variant); hare's own routes each expert's tokens to a MatMul on its constant weights, the
+    # same graph for every input (container/optimize/experts.py).
     return auto.from_pretrained(
         str(source.path),
         attn_implementation="eager",
-        experts_implementation="batched_mm",
+        experts_implementation=experts.register(),
         trust_remote_code=source.trust_remote_code,
     ).eval()
 
