@@ -47,7 +47,9 @@ def _linear(experts: Any, x: torch.Tensor, name: str, expert: int) -> torch.Tens
 
 
 def expert_forward(experts: Any, expert: int, rows: torch.Tensor) -> torch.Tensor:
-    """One expert on the hidden rows routed to it: up (and gate), activation, down, post-expert norm."""
+    """One expert on the hidden rows routed to it: up (and gate), activation, down, post-expert norm. The
+    whole gate_up projection goes to the module's own `_apply_gate`, as batched_mm hands it over, so the
+    layout of its halves (`is_concatenated`, or GPT-OSS's interleaving) is the module's to read."""
     if experts.has_gate:
         out = experts._apply_gate(_linear(experts, rows, "gate_up_proj", expert))
     else:
