@@ -60,6 +60,10 @@ def test_routed_experts_are_matmuls_on_their_own_weights_and_int8_quantizes_them
     on_weights = mixed.targets(graph)
     routed = [n for n in on_weights if "/experts/" in n.name]
     assert len(routed) == layers * experts * 2, [n.name for n in routed]
+    # ...each the expert's own parameter (experts.split_weights), not a slice of the stack folded at export:
+    # the exporter's shape inference reads a node's constant inputs whole, so slicing the stack in the graph
+    # made the export quadratic in the experts (minutes for a layer of 128).
+    assert all(".experts.hare_" in n.input[1] for n in routed), [n.input[1] for n in routed]
     # The int8 variants quantize them: transformers' batched_mm export left these experts fp32 (a Gather of
     # their stacked weights feeding a batched MatMul), so its int8 graphs had layers x experts x 2 MatMuls fewer.
     names = {n.name for n in routed}

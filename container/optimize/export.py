@@ -47,12 +47,13 @@ def load_torch_model(source: SourceModel, task: TaskSpec):  # type: ignore[no-un
     # routing, and its batched_mm gathers each token's experts' weights (memory per token, fp32 experts in
     # every int8 variant); hare's own routes each expert's tokens to a MatMul on its constant weights, the
     # same graph for every input (container/optimize/experts.py).
-    return auto.from_pretrained(
+    model = auto.from_pretrained(
         str(source.path),
         attn_implementation="eager",
         experts_implementation=experts.register(),
         trust_remote_code=source.trust_remote_code,
-    ).eval()
+    )
+    return experts.split_weights(model.eval())
 
 
 def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no-untyped-def]
