@@ -123,7 +123,7 @@ def split_weights(model: torch.nn.Module) -> torch.nn.Module:
             if not isinstance(stacked, torch.Tensor) or stacked.dim() != 3:
                 continue
             bias = getattr(module, f"{name}_bias", None) if module.has_bias else None
-            for expert in range(module.num_experts):
+            for expert in range(stacked.shape[0]):  # the module's num_experts
                 weight = stacked.data[expert] if module.is_transposed else stacked.data[expert].transpose(0, 1)
                 module.register_parameter(f"{PREFIX}{name}_{expert}", torch.nn.Parameter(weight, requires_grad=False))
                 if isinstance(bias, torch.Tensor):
