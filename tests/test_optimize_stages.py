@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from tokenizers import Encoding, Tokenizer
 
@@ -74,9 +75,15 @@ def test_every_stage_keeps_parity(
     # 0.89 was the lowest measured (ALBERT ranker, one logit a pair, on the AVX2 path), 0.99+ is usual;
     # a graph that computes something else lands near 0.
     assert _correlation(ref, OnnxModel(int8, output=task.output), encodings) > 0.5
-    # Smaller than the graph it was quantized from (the fused graph: decoders' fused rotary caches are
-    # sized for ORT's longest positions, more than a tiny model's own weights).
-    assert report.size_mb < (fused.stat().st_size / 2**20)
+    # Weights smaller than those of the graph it was quantized from (the fused graph: decoders' fused rotary
+    # caches are sized for ORT's longest positions, more than a tiny model's own weights). Weights, not the
+    # file: a tiny model's file is mostly nodes, and the quantizer adds nodes (Mistral 4's 16 routed-expert
+    # MatMuls, 5 operators each in int8) and shape annotations, so its int8 file is the larger.
+    assert _weight_bytes(int8) < _weight_bytes(fused)
+
+
+def _weight_bytes(graph: Path) -> int:
+    return sum(len(t.SerializeToString()) for t in onnx.load(str(graph)).graph.initializer)
 
 
 def _correlation(reference: Path, model: OnnxModel, encodings: list[Encoding]) -> float:

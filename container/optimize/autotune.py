@@ -326,8 +326,9 @@ def fits_next(grew: int, available: int) -> bool:
     """Whether the next budget (twice the tokens) should fit in memory, given that this one took `grew` bytes
     more: its activations grow about twice as much. The climb stops otherwise, since a build the
     kernel kills for memory loses all its work, and ONNX Runtime's allocation errors, which end the climb
-    too, come only while the machine can still give it memory (Mistral 4's gathered experts: about 13 GB
-    more a doubling on two streams). `available` 0: unknown, no limit."""
+    too, come only while the machine can still give it memory (Mistral 4's experts exported with batched_mm,
+    which gathered each token's expert weights: about 13 GB more a doubling on two streams). `available` 0:
+    unknown, no limit."""
     return available == 0 or 2 * grew < MEMORY_SHARE * available
 
 

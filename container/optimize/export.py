@@ -43,16 +43,21 @@ def load_torch_model(source: SourceModel, task: TaskSpec):  # type: ignore[no-un
         return load(source)
     if is_encoder_decoder(source):  # embeddings only (refuse_encoder_decoder)
         return encoder_of(source)
+    from container.optimize import experts
+
     auto = getattr(transformers, "AutoModelForCausalLM" if source.scorer else task.head)
     # Mixture-of-experts layers (Mistral 4, OpenAI's privacy filter): transformers 5's default grouped_mm
     # sorts tokens by expert (histc, data-dependent splits) and traces into a graph fixed to the dummy's
-    # routing; batched_mm gathers each token's experts' weights and multiplies, the same for every input.
-    return auto.from_pretrained(
+    # routing, and its batched_mm gathers each token's experts' weights (memory per token, fp32 experts in
+    # every int8 variant); hare's own routes each expert's tokens to a MatMul on its constant weights, the
+    # same graph for every input (container/optimize/experts.py).
+    model = auto.from_pretrained(
         str(source.path),
         attn_implementation="eager",
-        experts_implementation="batched_mm",
+        experts_implementation=experts.register(),
         trust_remote_code=source.trust_remote_code,
-    ).eval()
+    )
+    return experts.split_weights(model.eval())
 
 
 # Encoder-only classes, where transformers has one: they read the encoder-only checkpoints sentence-transformers

@@ -172,7 +172,8 @@ def activation_maxima(
     model: onnx.ModelProto, feeds: Sequence[Mapping[str, NDArray[np.int64]]], folder: Path
 ) -> dict[str, NDArray[np.float32]]:
     """max |x_j| per input channel of each smoothing group's activation over `feeds` (the fp32 graph, with
-    those activations as extra outputs)."""
+    those activations as extra outputs). An activation with no rows in any feed (a routed expert that no
+    calibration token picked, container/optimize/experts.py) has no entry."""
     names = list(smoothing_groups(model))
     if not names:
         return {}
@@ -182,6 +183,8 @@ def activation_maxima(
     maxima: dict[str, NDArray[np.float32]] = {}
     for feed in feeds:
         for name, value in zip(names, session.run(names, dict(feed)), strict=True):
+            if value.size == 0:
+                continue
             channel = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
             maxima[name] = np.maximum(maxima[name], channel) if name in maxima else channel
     return maxima
@@ -189,13 +192,16 @@ def activation_maxima(
 
 def smooth(model: onnx.ModelProto, maxima: Mapping[str, NDArray[np.float32]], alpha: float) -> onnx.ModelProto:
     """A copy of `model` with each smoothing group's activation divided by its factors (one Mul before the
-    group's first MatMul) and the group's weight rows multiplied by them; the same function in fp32."""
+    group's first MatMul) and the group's weight rows multiplied by them; the same function in fp32. A group
+    whose activation `maxima` has no entry for (never reached in calibration) is left as it is."""
     out = copy.deepcopy(model)
     if alpha == 0:
         return out
     inits = {t.name: t for t in out.graph.initializer}
     muls: dict[str, onnx.NodeProto] = {}
     for activation, nodes in smoothing_groups(out).items():
+        if activation not in maxima:
+            continue
         weights = [numpy_helper.to_array(inits[n.input[1]]) for n in nodes]
         wmax = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
         xmax = maxima[activation]
