@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -281,22 +282,30 @@ def test_qwen3_5_answers_as_transformers_at_any_length_and_padding(tmp_path: Pat
     assert (manifest.variant, manifest.max_length) == ("fp32", LM_POSITIONS)
 
     model = getattr(transformers, HEADS[task][0]).from_pretrained(str(folder)).eval()
-    session = OnnxModel(out / MODEL_FILE)
     ids = np.random.default_rng(0).integers(5, 300, size=200)
     rows = [ids[:3].tolist(), ids[:37].tolist(), ids[60:190].tolist()]
-    alone = []
-    for row in rows:
+
+    def alone(row: list[int]) -> np.ndarray:
         with torch.no_grad():
-            expected = getattr(model(input_ids=torch.tensor([row])), output)[0].numpy()
-        assert np.abs(session.run(_feeds([row]))[0] - expected).max() < TOL, len(row)
-        alone.append(expected)
+            return getattr(model(input_ids=torch.tensor([row])), output)[0].numpy()
+
+    _assert_alone_and_padded(OnnxModel(out / MODEL_FILE), rows, manifest.pad_id, alone, output == "last_hidden_state")
+
+
+def _assert_alone_and_padded(
+    session: OnnxModel, rows: list[list[int]], pad_id: int, alone: Callable[[list[int]], np.ndarray], states: bool
+) -> None:
+    """The graph answers each row as `alone(row)` computes it, and so in left- and right-padded batches: a
+    padded row's states at its real tokens (`states`), or a classifier's logits at its last one, are its own."""
+    expected = [alone(row) for row in rows]
+    for row, want in zip(rows, expected, strict=True):
+        assert np.abs(session.run(_feeds([row]))[0] - want).max() < TOL, len(row)
     for left in (True, False):
-        feeds = _padded(rows, manifest.pad_id, left)
+        feeds = _padded(rows, pad_id, left)
         answers = session.run(feeds)
         for i, row in enumerate(rows):
-            # A padded row's states at its real tokens (the classifier's logits at its last one) are its own.
-            got = answers[i][feeds["attention_mask"][i] == 1] if output == "last_hidden_state" else answers[i]
-            assert np.abs(got - alone[i]).max() < TOL, ("left" if left else "right", len(row))
+            got = answers[i][feeds["attention_mask"][i] == 1] if states else answers[i]
+            assert np.abs(got - expected[i]).max() < TOL, ("left" if left else "right", len(row))
 
 
 def test_a_gemma4_checkpoint_embeds_its_text_as_transformers_at_any_length_and_padding(tmp_path: Path) -> None:
@@ -315,21 +324,14 @@ def test_a_gemma4_checkpoint_embeds_its_text_as_transformers_at_any_length_and_p
     assert manifest.model_type == "gemma4" and manifest.pooling == "lasttoken"
 
     model = transformers.AutoModel.from_pretrained(str(folder), attn_implementation="eager").eval()
-    session = OnnxModel(out / MODEL_FILE)
     ids = np.random.default_rng(0).integers(5, 300, size=60)
     rows = [ids[:3].tolist(), ids[:37].tolist(), ids[10:60].tolist()]
-    alone = []
-    for row in rows:
+
+    def alone(row: list[int]) -> np.ndarray:
         with torch.no_grad():
-            expected = model(input_ids=torch.tensor([row])).last_hidden_state[0].numpy()
-        assert np.abs(session.run(_feeds([row]))[0] - expected).max() < TOL, len(row)
-        alone.append(expected)
-    for left in (True, False):
-        feeds = _padded(rows, manifest.pad_id, left)
-        answers = session.run(feeds)
-        for i, row in enumerate(rows):
-            got = answers[i][feeds["attention_mask"][i] == 1]
-            assert np.abs(got - alone[i]).max() < TOL, ("left" if left else "right", len(row))
+            return model(input_ids=torch.tensor([row])).last_hidden_state[0].numpy()
+
+    _assert_alone_and_padded(OnnxModel(out / MODEL_FILE), rows, manifest.pad_id, alone, states=True)
 
 
 # What the refusal calls each refused family's layers, with the class it found (container/optimize/decoder.py).

@@ -38,6 +38,8 @@ SIZE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermed
 DECODER = SIZE | dict(num_key_value_heads=2, head_dim=8)
 # Sliding-window layers narrower than the test inputs, so the window's mask is exercised.
 WINDOW = 8
+# Linear-attention (gated delta rule) layers at tiny sizes: 2 key heads and 4 value heads of 8.
+LINEAR = dict(linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4)
 # Encoder-decoders: only their encoder is served, for embeddings.
 EMBEDDINGS = ("feature-extraction",)
 # What an embedding decoder's sentence-transformers folder declares (Qwen3-Embedding's shape of prompt).
@@ -188,14 +190,7 @@ FAMILIES: dict[str, Family] = {
             "qwen3_5_text",
             "bpe",
             "decoder",
-            DECODER
-            | dict(
-                linear_key_head_dim=8,
-                linear_value_head_dim=8,
-                linear_num_key_heads=2,
-                linear_num_value_heads=4,
-                layer_types=["linear_attention", "full_attention"],
-            ),
+            DECODER | LINEAR | dict(layer_types=["linear_attention", "full_attention"]),
             tasks=("text-classification", "feature-extraction", "text-ranking"),
         ),
         # OLMo hybrid and Lara mini: the same gated delta rule beside attention (Lara mini with experts too);
@@ -212,11 +207,8 @@ FAMILIES: dict[str, Family] = {
             "bpe",
             "decoder",
             DECODER
+            | LINEAR
             | dict(
-                linear_key_head_dim=8,
-                linear_value_head_dim=8,
-                linear_num_key_heads=2,
-                linear_num_value_heads=4,
                 moe_intermediate_size=16,
                 shared_expert_intermediate_size=16,
                 num_experts=4,
