@@ -253,9 +253,10 @@ FAMILIES: dict[str, Family] = {
             ),
             tasks=("feature-extraction",),
         ),
-        # Encoder-decoders serve embeddings from their encoder, as sentence-transformers does (their heads read
-        # the decoder: refused). T5 (sentence-t5, GTR) and T5Gemma 2 (Gemma 3 layers in a bidirectional
-        # encoder, which also takes images through SigLIP; a sliding window narrower than the test inputs).
+        # Encoder-decoders serve embeddings from their encoder, as sentence-transformers does: T5 (sentence-t5,
+        # GTR; its heads read the decoder at its EOS tokens: refused) and T5Gemma 2 (Gemma 3 layers in a
+        # bidirectional encoder, which also takes images through SigLIP; a sliding window narrower than the test
+        # inputs), whose heads read the decoder fed the input shifted right (export.SHIFTED_HEADS).
         Family(
             "t5", "unigram", "roberta", dict(d_model=32, num_layers=2, num_heads=4, d_ff=64, d_kv=8), tasks=EMBEDDINGS
         ),
@@ -278,7 +279,9 @@ FAMILIES: dict[str, Family] = {
                 ),
                 decoder=DECODER | dict(sliding_window=WINDOW),
             ),
-            tasks=EMBEDDINGS,
+            # Ranking has no reference: sentence-transformers' CrossEncoder feeds pairs through the folder's
+            # processor (Gemma 3's), which takes no pairs.
+            tasks=("text-classification", "token-classification", "feature-extraction"),
         ),
     )
 }

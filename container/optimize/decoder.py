@@ -132,6 +132,37 @@ class EncoderGraph(torch.nn.Module):  # type: ignore[misc]
         return self.model(**feeds)[self.output]
 
 
+class ShiftedDecoderHead(torch.nn.Module):  # type: ignore[misc]
+    """An encoder-decoder's classification head (T5Gemma 2's) as transformers computes it for one unpadded text:
+    the decoder fed the input shifted right (attending to the encoder's states), the head on its states, at its
+    last position (`pooled`: sequence classification) or at each (token classification).
+
+    The decoder gets the attention mask as its own: the shifted input has as many real positions as the input,
+    and left out, transformers looks for packed sequences with an operator the exporter lacks (aten::diff).
+    transformers pools at the last non-pad id of the shifted input, which in a right-padded batch is one
+    position later than for the text alone (the shift keeps the last real token); pooled at each row's own
+    length, every row answers as alone."""
+
+    def __init__(self, model: Any, pooled: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.pooled = pooled
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.model.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(input_ids),
+            decoder_attention_mask=attention_mask,
+            use_cache=False,
+        ).last_hidden_state
+        logits = self.model.score(hidden)
+        if not self.pooled:
+            return logits
+        last = attention_mask.long().sum(-1) - 1
+        return logits[torch.arange(logits.shape[0], device=logits.device), last]
+
+
 class DecoderGraph(torch.nn.Module):  # type: ignore[misc]
     """`model` (a base decoder or one with a sequence-classification head) fed as the exported graph runs
     it: input_ids and attention_mask in, the task's output out, for sequences of up to `max_length` tokens

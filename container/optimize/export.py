@@ -41,7 +41,7 @@ def load_torch_model(source: SourceModel, task: TaskSpec):  # type: ignore[no-un
         from container.optimize.sparse_graph import load
 
         return load(source)
-    if is_encoder_decoder(source):  # embeddings only (refuse_encoder_decoder)
+    if is_encoder_decoder(source) and task.name == "feature-extraction":
         return encoder_of(source)
     from container.optimize import experts
 
@@ -94,8 +94,10 @@ def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no
         return model
 
     refuse_unexportable_layers(model, source)
-    if is_encoder_decoder(source):  # its encoder (encoder_of): bidirectional, fed by name
-        return decoder.EncoderGraph(model, task.output)
+    if is_encoder_decoder(source):  # its encoder (encoder_of), or a head over its decoder's states
+        if task.name == "feature-extraction":
+            return decoder.EncoderGraph(model, task.output)
+        return decoder.ShiftedDecoderHead(model, pooled=task.head == "AutoModelForSequenceClassification")
     if source.scorer:
         return decoder.YesNoScorer(model, *source.scorer, source.max_length)
     if decoder.is_decoder(model):
@@ -153,18 +155,20 @@ def refuse_unexportable_layers(model, source: SourceModel) -> None:  # type: ign
     )
 
 
+# Encoder-decoders whose heads hare exports: the decoder fed the input shifted right, the head on its states
+# (decoder.ShiftedDecoderClassifier). Others (T5's heads read the states at its EOS tokens) are refused.
+SHIFTED_HEADS = ("t5gemma2",)
+
+
 def refuse_encoder_decoder(source: SourceModel, task: TaskSpec) -> None:
-    """Refuse an encoder-decoder (T5Gemma 2, T5, BART...) for any task but embeddings, from its config.json
-    alone: its classification heads read the decoder's states (the input shifted right, attending to the
-    encoder's), while hare's graphs are one stack fed input_ids and attention_mask. Its embeddings are the
-    encoder's (encoder_of), as sentence-transformers computes them."""
-    if is_encoder_decoder(source) and task.name != "feature-extraction":
+    """Refuse, from its config.json alone, an encoder-decoder's head that hare does not export (any but
+    T5Gemma 2's): embeddings are its encoder's (encoder_of), as sentence-transformers computes them."""
+    if is_encoder_decoder(source) and task.name != "feature-extraction" and source.model_type not in SHIFTED_HEADS:
         raise UnsupportedModel(
-            f"stage export: {source.model_type} is an encoder-decoder; its "
-            f"{task.name} head reads the decoder's states (the decoder fed the input shifted right, attending to "
-            "the encoder's), while hare exports one stack of layers fed input_ids and attention_mask. hare serves "
-            "its encoder for embeddings (--task feature-extraction, as sentence-transformers does); for this "
-            "task use an encoder or a decoder-only family (for Gemma, gemma3_text or gemma2)"
+            f"stage export: {source.model_type} is an encoder-decoder; hare exports the {task.name} heads of "
+            f"{', '.join(SHIFTED_HEADS)} only (the decoder fed the input shifted right), and this one reads its "
+            "decoder's states its own way. hare serves its encoder for embeddings (--task feature-extraction, as "
+            "sentence-transformers does); for this task use an encoder or a decoder-only family"
         )
 
 
