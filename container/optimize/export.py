@@ -86,8 +86,10 @@ def encoder_of(source: SourceModel):  # type: ignore[no-untyped-def]
 def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no-untyped-def]
     """What is exported: an encoder behind EncoderGraph (its inputs by name, the task's output); a decoder
     behind DecoderGraph (masks and positions from the 2D mask, no cache, the gated delta rule without its
-    loop); a causal LM read as a reranker as its yes/no scorer; a sparse model's graph (load_torch_model's)
-    as it is. A model with layers no graph here exports is refused (refuse_unexportable_layers)."""
+    loop); an encoder-decoder's encoder (embeddings) or its head over the decoder fed the input shifted right
+    (ShiftedDecoderHead); a causal LM read as a reranker as its yes/no scorer; a sparse model's graph
+    (load_torch_model's) as it is. A model with layers no graph here exports is refused
+    (refuse_unexportable_layers)."""
     from container.optimize import decoder
 
     if source.sparse is not None:
