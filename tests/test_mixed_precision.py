@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 from container.bundle import Manifest
 from container.optimize import (
     export,
+    graphs,
     int8,
     masks,
     mixed,
@@ -336,3 +337,28 @@ def test_a_graph_too_big_for_the_memory_is_refused_before_anything_runs(
     with pytest.raises(mixed.Refused, match=r"the simulation would need about .* GiB available"):
         mixed.build(embedder.fp32, tmp_path / "int8-mixed.onnx", embedder.parity)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_simulation_past_protobufs_limit_replaces_its_weights_file_instead_of_growing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph past 2 GiB goes to the ONNX Runtime session through a file, one simulation per smoothing alpha;
+    onnx appends external data to an existing file, which filled a 0.6B model's build disk with copies."""
+    weight = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 32])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    monkeypatch.setattr(graphs, "too_big", lambda _: True)
+    data = tmp_path / "hare-int8-simulation.onnx.data"
+    sizes = []
+    for _ in range(3):
+        session = mixed._session(copy.deepcopy(model), tmp_path)  # as each alpha builds its own graph
+        sizes.append(data.stat().st_size)
+        x = np.ones((2, 64), np.float32)
+        assert np.allclose(session.run(None, {"x": x})[0], x @ weight, atol=1e-4)
+    assert sizes[0] >= weight.nbytes and sizes == [sizes[0]] * 3

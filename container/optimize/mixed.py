@@ -232,7 +232,11 @@ def _session(model: onnx.ModelProto, folder: Path) -> ort.InferenceSession:
     if not graphs.too_big(model):
         return ort.InferenceSession(model.SerializeToString(), options, providers=PROVIDERS["cpu"])
     path = folder / "hare-int8-simulation.onnx"
-    onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".data")
+    data = path.with_name(path.name + ".data")
+    # onnx appends external data to an existing file: each simulation (one per smoothing alpha) would add the
+    # whole graph's weights again (the Qwen3-Embedding-0.6B geometry filled the disk's 17 GB).
+    data.unlink(missing_ok=True)
+    onnx.save(model, str(path), save_as_external_data=True, location=data.name)
     return ort.InferenceSession(str(path), options, providers=PROVIDERS["cpu"])
 
 
