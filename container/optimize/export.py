@@ -158,7 +158,7 @@ def refuse_unexportable_layers(model, source: SourceModel) -> None:  # type: ign
 
 
 # Encoder-decoders whose heads hare exports: the decoder fed the input shifted right, the head on its states
-# (decoder.ShiftedDecoderClassifier). Others (T5's heads read the states at its EOS tokens) are refused.
+# (decoder.ShiftedDecoderHead). Others (T5's heads read the states at its EOS tokens) are refused.
 SHIFTED_HEADS = ("t5gemma2",)
 
 

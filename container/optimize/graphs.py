@@ -34,6 +34,19 @@ def too_big(model: onnx.ModelProto) -> bool:
     return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer) > LIMIT_BYTES
 
 
+def save(model: onnx.ModelProto, path: Path) -> None:
+    """Write `model` to `path`: inline, or past protobuf's limit with its weights in `path`.data. That file is
+    replaced, not appended to as onnx would (a graph rewritten at one path, int8-mixed's simulation once per
+    smoothing alpha, carried every earlier copy: 17 GB on the Qwen3-Embedding-0.6B geometry). Moves a big
+    model's weights out of `model`."""
+    if not too_big(model):
+        onnx.save(model, str(path))
+        return
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)
+    onnx.save(model, str(path), save_as_external_data=True, location=data.name)
+
+
 def ship(src: Path, dst: Path) -> None:
     """Write graph `src` (weights inline or in any number of files) as `dst` plus `dst.data`, each tensor of
     MAP_BYTES or more at an ALIGN-aligned offset of the data file (no data file when no tensor is that big)."""

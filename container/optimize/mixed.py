@@ -232,11 +232,7 @@ def _session(model: onnx.ModelProto, folder: Path) -> ort.InferenceSession:
     if not graphs.too_big(model):
         return ort.InferenceSession(model.SerializeToString(), options, providers=PROVIDERS["cpu"])
     path = folder / "hare-int8-simulation.onnx"
-    data = path.with_name(path.name + ".data")
-    # onnx appends external data to an existing file: each simulation (one per smoothing alpha) would add the
-    # whole graph's weights again (the Qwen3-Embedding-0.6B geometry filled the disk's 17 GB).
-    data.unlink(missing_ok=True)
-    onnx.save(model, str(path), save_as_external_data=True, location=data.name)
+    graphs.save(model, path)  # one simulation per smoothing alpha, each replacing the last
     return ort.InferenceSession(str(path), options, providers=PROVIDERS["cpu"])
 
 
@@ -438,10 +434,10 @@ def build(fp32: Path, out: Path, parity: Parity) -> dict[str, Any]:
         int8 = [n for n in (t.name for t in targets(smoothed)) if n not in chosen.fp32]
         big = graphs.too_big(smoothed)
         if chosen.scales == "token":
-            onnx.save(per_token(smoothed, int8), str(out), save_as_external_data=big, location=f"{out.name}.data")
+            graphs.save(per_token(smoothed, int8), out)
         else:
             source = folder / "smoothed.onnx"
-            onnx.save(smoothed, str(source), save_as_external_data=big)
+            graphs.save(smoothed, source)
             quantize_dynamic(
                 str(source),
                 str(out),
