@@ -3,6 +3,9 @@ each sequence, unknown tokens counted, every width answering the same."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 from tokenizers import Tokenizer
 
@@ -27,3 +30,47 @@ def test_rows_come_back_per_sequence_trimmed_and_the_same_at_every_width(tiny_bu
     # Alone, a sequence gives the rows it gave inside the padded batch (up to dynamic int8's batch-wide scale).
     np.testing.assert_allclose(backend.run(batch[:1])[0], narrow[0], atol=2e-3)
     assert unknown == [1, 1]  # the snowman is one [UNK] in each run that carried it
+
+
+def test_cpu_sessions_keep_the_residual_add_apart_from_its_layer_norm(tmp_path: Path) -> None:
+    """ORT would fuse Add + LayerNormalization into SkipLayerNormalization at load, whose CPU kernel is several
+    times slower than the pair (container/runtime.py): a CPU session runs the pair, with the same answer."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from container.runtime import session_options
+
+    width = 64
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "skip"], ["sum"]),
+            helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5),
+        ],
+        "residual",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 8, width]) for name in ("x", "skip")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, width])],
+        [
+            numpy_helper.from_array(np.linspace(0.5, 1.5, width, dtype=np.float32), "gamma"),
+            numpy_helper.from_array(np.linspace(-0.1, 0.1, width, dtype=np.float32), "beta"),
+        ],
+    )
+    path = tmp_path / "residual.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    rng = np.random.default_rng(0)
+    feeds = {name: rng.standard_normal((1, 8, width)).astype(np.float32) for name in ("x", "skip")}
+
+    def kernels(options: ort.SessionOptions) -> tuple[list[str], np.ndarray]:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(tmp_path / "profile")
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        (out,) = session.run(None, feeds)
+        events = json.loads(Path(session.end_profiling()).read_text())
+        ops = [e["args"]["op_name"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+        return ops, out
+
+    ours, answer = kernels(session_options(1))
+    plain, fused = kernels(ort.SessionOptions())
+    assert plain == ["SkipLayerNormalization"]  # what ORT does by itself, so the test can tell the two apart
+    assert sorted(ours) == ["Add", "LayerNormalization"]
+    assert np.abs(answer - fused).max() < 1e-5
