@@ -32,9 +32,10 @@ PROVIDER_OPTIONS: dict[str, dict[str, str]] = {"CUDAExecutionProvider": {"use_tf
 # ONNX Runtime's CPU kernel for SkipLayerNormalization runs 6-7x slower than the Add and LayerNormalization it
 # replaces (ORT 1.32, one thread, 128 x 768: 493 against 68 us; 128 x 384: 263 against 40 us, on an AVX-512
 # VNNI EPYC), and ORT fuses that pair at load. Its loop is plain C++ with a float sum and a division per
-# element, which compilers do not vectorize, so no ISA escapes it (contrib_ops/cpu/skip_layer_norm.cc). On CPU the pair stays apart: the DistilBERT-base int8 graph
-# ran 37.3 ms instead of 40.0 at 128 tokens. The optimizer's fused graphs leave it unfused on CPU too
-# (container/optimize/fuse.py). CUDA's fused kernel is the fast one there, so GPU sessions keep the fusion.
+# element, which compilers do not vectorize, so no ISA escapes it (contrib_ops/cpu/skip_layer_norm.cc). On
+# CPU the pair stays apart: the DistilBERT-base int8 graph ran 37.3 ms instead of 40.0 at 128 tokens. The
+# optimizer's fused graphs leave it unfused on CPU too (container/optimize/fuse.py). CUDA's fused kernel is
+# the fast one there, so GPU sessions keep the fusion.
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 
