@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from container.bundle import DENSE_FILE, MANIFEST_FILE, MODEL_FILE, PARITY_FILE, TOKENIZER_FILE, Manifest
 from container.machine import describe, versions
-from container.optimize import autotune, export, graphs, masks, mixed, source, textset, tokenizer, validate
+from container.optimize import autotune, export, graphs, masks, mixed, rows, source, textset, tokenizer, validate
 from container.optimize.errors import ValidationFailed
 from container.optimize.options import OptimizeOptions
 from container.optimize.variants import FUSION_MODEL_TYPE, Variant
@@ -37,18 +37,22 @@ def variant_file(folder: Path, variant: str) -> Path:
 
 @dataclass(frozen=True)
 class Exported:
-    """The export's graph inputs, and the attention masks it made additive (container/optimize/masks.py)."""
+    """The export's graph inputs, the attention masks it made additive (container/optimize/masks.py) and the
+    MatMuls it moved onto the pooled row (container/optimize/rows.py)."""
 
     inputs: list[str]
     additive_masks: int
+    pooled_row: int = 0
 
 
 def export_fp32(src: source.SourceModel, task: TaskSpec, out: Path, step: Step = _no_step) -> Exported:
-    """The fp32 graph at `out`: torch's export, its selected attention masks made additive."""
+    """The fp32 graph at `out`: torch's export, its selected attention masks made additive, the end of its
+    last layer on the row a first-token head reads."""
     inputs = export.export_onnx(src, task, out)
     additive = masks.additive_masks(out, out)
+    pooled = rows.pooled_row(out, out)
     step()
-    return Exported(inputs, additive)
+    return Exported(inputs, additive, pooled)
 
 
 def write_tokenizer(src: source.SourceModel, out: Path, step: Step = _no_step) -> Tokenizer:
@@ -329,6 +333,7 @@ def manifest(
             "fusion_model_type": FUSION_MODEL_TYPE,
             "fused_operators": _fused_counts(fused),
             "additive_masks": exported.additive_masks,
+            "pooled_row_matmuls": exported.pooled_row,
         },
         dense=[
             {"in_features": d.in_features, "out_features": d.out_features, "bias": d.bias, "activation": d.activation}

@@ -1,0 +1,62 @@
+"""The pooled-row stage (container/optimize/rows.py) on real exports of tiny models: a first-token classifier's
+last layer ends on one row with the same answers; graphs it does not fit, or a rewrite that disagrees, stay
+as they were. (Every family's classification and ranking bundles go through it in test_families.py.)"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from container.optimize import rows
+from tests.conftest import ExportFactory
+
+
+def _outputs(path: Path, lengths: tuple[int, ...]) -> list[np.ndarray]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    width = max(lengths)
+    ids = np.array([[2, *range(5, 5 + n - 2), 3] + [0] * (width - n) for n in lengths], np.int64)
+    mask = (np.arange(width) < np.array(lengths)[:, None]).astype(np.int64)
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    return session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
+
+
+def _copy(export: Path, folder: Path) -> Path:
+    folder.mkdir()
+    return Path(shutil.copy(export, folder / "model.onnx"))
+
+
+@pytest.mark.parametrize("task", ["text-classification", "text-ranking"])
+def test_a_first_token_head_runs_the_end_of_the_last_layer_on_one_row(
+    tiny_export: ExportFactory, tmp_path: Path, task: str
+) -> None:
+    original = _copy(tiny_export(task)[0], tmp_path / "original")
+    rewritten = original.with_name("pooled.onnx")
+    assert rows.pooled_row(original, rewritten) == 3  # attention output, intermediate and output projections
+    graph = onnx.load(str(rewritten))
+    slices = [n for n in graph.graph.node if n.op_type == "Slice" and n.name.endswith("/hare_row")]
+    assert len(slices) == 2  # the attention context and the residual, where the tail reads them
+    for lengths in ((7,), (9, 4, 6)):
+        for before, after in zip(_outputs(original, lengths), _outputs(rewritten, lengths), strict=True):
+            assert np.abs(before - after).max() < 1e-6
+
+
+def test_a_graph_that_answers_every_token_is_left_as_it_was(tiny_export: ExportFactory, tmp_path: Path) -> None:
+    original = _copy(tiny_export("feature-extraction")[0], tmp_path / "original")
+    rewritten = original.with_name("pooled.onnx")
+    assert rows.pooled_row(original, rewritten) == 0
+    assert onnx.load(str(rewritten)).graph == onnx.load(str(original)).graph
+
+
+def test_a_rewrite_that_disagrees_with_the_original_is_dropped(
+    tiny_export: ExportFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rows, "MAX_DIFF", -1.0)  # no rewrite can agree
+    original = _copy(tiny_export("text-classification")[0], tmp_path / "original")
+    assert rows.pooled_row(original, original) == 0
+    assert not any(n.op_type == "Slice" and n.name.endswith("/hare_row") for n in onnx.load(str(original)).graph.node)
+    assert sorted(p.name for p in original.parent.iterdir()) == ["model.onnx"]
