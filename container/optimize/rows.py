@@ -34,6 +34,8 @@ def pooled_row(model: Path, out: Path) -> int:
     """Write `model` with its last layer's row-wise tail on the pooled row to `out` (in the same folder, as
     masks.additive_masks); returns the MatMuls moved onto that row (0: nothing matched, or the check failed,
     and `out` is the graph as it was)."""
+    if out.parent.resolve() != model.parent.resolve():
+        raise ValueError(f"{out} must be in {model.parent}, next to the weights {model.name} may point at")
     graph_model = onnx.load(str(model), load_external_data=False)
     moved = rewrite(graph_model.graph)
     candidate = out.with_name(f".{out.name}.pooled-row")
@@ -54,7 +56,8 @@ def rewrite(graph: onnx.GraphProto) -> int:
     """Slice row 0 into the row-wise tail before a first-token Gather, in place; the MatMuls it moved."""
     ranks = _constant_ranks(graph)
     nodes = list(graph.node)
-    head = next((i for i, n in enumerate(nodes) if _first_row(n, graph, ranks)), None)
+    # The last such Gather: the head reads the last layer's output.
+    head = next((i for i in reversed(range(len(nodes))) if _first_row(nodes[i], graph, ranks)), None)
     if head is None:
         return 0
     consumers: dict[str, list[int]] = defaultdict(list)
