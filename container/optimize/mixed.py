@@ -63,7 +63,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from container.machine import available_bytes
 from container.optimize import graphs
 from container.optimize.int8 import SWITCHES, TENSOR, TOKEN, per_token, simulation
-from container.optimize.validate import Parity, served_outputs, twice, verdicts
+from container.optimize.validate import Parity, served_outputs, verdicts
 from container.runtime import PROVIDERS, session_options
 from tasks.base import Gate, ParityInput
 from tasks.ops import pad_batch
@@ -276,8 +276,8 @@ class Simulator:
 
         # As validate judges the built graph: each sample alone and in the batches the server forms (one
         # activation scale per call is shared by a batch; per-token scales are not).
-        out = served_outputs(run, [self.feeds[i] for i in indices], p.pad_id)
-        ref, groups = twice([self.reference[i] for i in indices], [p.samples[i].group for i in indices])
+        feeds, refs = [self.feeds[i] for i in indices], [self.reference[i] for i in indices]
+        ref, out, groups = served_outputs(run, feeds, p.pad_id, refs, [p.samples[i].group for i in indices])
         self.passes.append(1)
         figures = task.parity(ParityInput(ref, out, groups, p.pooling or "mean", p.multi_label))
         judged = verdicts(figures, task.gates, p.thresholds)

@@ -101,7 +101,7 @@ def _table(rates: dict[int, float], budget: int, before: int | None) -> Table:
 def check(bundle: Path) -> int:
     """The shipped graph against the bundle's stored reference, on this CPU, with the gates it shipped with."""
     from container.machine import int8_check
-    from container.optimize.validate import judge, load_parity, served_outputs, twice
+    from container.optimize.validate import judge, load_parity, served_outputs
     from container.runtime import OnnxModel
     from tasks.registry import get_task
 
@@ -113,12 +113,10 @@ def check(bundle: Path) -> int:
     feeds, refs, groups = load_parity(bundle / PARITY_FILE)
     model = OnnxModel(bundle / MODEL_FILE, manifest.target, threads=1, output=manifest.output)
     names = set(model.input_names)
-    cand = served_outputs(model.run, [{k: v for k, v in f.items() if k in names} for f in feeds], manifest.pad_id)
+    feeds = [{k: v for k, v in f.items() if k in names} for f in feeds]
+    served = served_outputs(model.run, feeds, manifest.pad_id, refs, groups)
     task = get_task(manifest.task)
-    refs, groups = twice(refs, groups)
-    _, verdicts = judge(
-        task, manifest.precision, refs, cand, groups, manifest.pooling or "mean", manifest.multi_label, thresholds
-    )
+    _, verdicts = judge(task, manifest.precision, *served, manifest.pooling or "mean", manifest.multi_label, thresholds)
     path = int8_check(manifest.machine)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
     console.print(

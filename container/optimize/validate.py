@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -113,12 +113,24 @@ def served_batches(lengths: Sequence[int]) -> list[list[int]]:
 Run = Callable[[dict[str, NDArray[np.int64]]], NDArray[np.float32]]
 
 
+class Served(NamedTuple):
+    """Each sample's output alone (its feeds: a batch of one, unpadded), then within its served batch, beside
+    its reference (twice) and its ranking group (the second pass's groups apart from the first's)."""
+
+    references: list[NDArray[np.float32]]
+    outputs: list[NDArray[np.float32]]
+    groups: list[int]
+
+
 def served_outputs(
-    run: Run, feeds: Sequence[Mapping[str, NDArray[np.int64]]], pad_id: int
-) -> list[NDArray[np.float32]]:
-    """Each sample's output alone (its feeds: a batch of one, unpadded), then each sample's output within its
-    served batch (right-padded with `pad_id`, token-level rows trimmed to the sample's length, as the server
-    does): 2 x len(feeds) outputs, in that order."""
+    run: Run,
+    feeds: Sequence[Mapping[str, NDArray[np.int64]]],
+    pad_id: int,
+    refs: Sequence[NDArray[np.float32]],
+    groups: Sequence[int],
+) -> Served:
+    """The samples' outputs as the server can give them: alone, and within the batches it forms (right-padded
+    with `pad_id`, token-level rows trimmed to the sample's length); `refs` and `groups` are the samples'."""
     alone = [run(dict(f))[0] for f in feeds]
     lengths = [f["input_ids"].shape[1] for f in feeds]
     batched: list[NDArray[np.float32]] = list(alone)
@@ -142,13 +154,8 @@ def served_outputs(
         out = run(stacked)
         for row, i in enumerate(batch):
             batched[i] = out[row, : lengths[i]] if out.ndim > 2 else out[row]
-    return alone + batched
-
-
-def twice(refs: Sequence[NDArray[np.float32]], groups: Sequence[int]) -> tuple[list[NDArray[np.float32]], list[int]]:
-    """The references and ranking groups for served_outputs' two passes (the second pass's groups apart)."""
     offset = max(groups, default=0) + 1
-    return [*refs, *refs], [*groups, *(g + offset for g in groups)]
+    return Served([*refs, *refs], alone + batched, [*groups, *(g + offset for g in groups)])
 
 
 def verdicts(
@@ -196,11 +203,9 @@ def validate(variant: Path, name: str, precision: str, parity: Parity) -> Varian
     with np.load(parity.reference) as stored:
         ref = [stored[str(i)] for i in range(len(parity.encodings))]
     model = OnnxModel(variant, target=parity.target, output=task.output)
-    cand = served_outputs(model.run, [pad_batch([e], model.input_names) for e in parity.encodings], parity.pad_id)
-    refs, groups = twice(ref, [s.group for s in parity.samples])
-    metrics, judged = judge(
-        task, precision, refs, cand, groups, parity.pooling or "mean", parity.multi_label, parity.thresholds
-    )
+    feeds = [pad_batch([e], model.input_names) for e in parity.encodings]
+    served = served_outputs(model.run, feeds, parity.pad_id, ref, [s.group for s in parity.samples])
+    metrics, judged = judge(task, precision, *served, parity.pooling or "mean", parity.multi_label, parity.thresholds)
     return VariantReport(
         name=name,
         precision=precision,
