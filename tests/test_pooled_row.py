@@ -60,3 +60,43 @@ def test_a_rewrite_that_disagrees_with_the_original_is_dropped(
     assert rows.pooled_row(original, original) == 0
     assert not any(n.op_type == "Slice" and n.name.endswith("/hare_row") for n in onnx.load(str(original)).graph.node)
     assert sorted(p.name for p in original.parent.iterdir()) == ["model.onnx"]
+
+
+def test_a_tensor_a_subgraph_reads_keeps_all_its_rows() -> None:
+    """Only the head may read the tail's rows: an If branch reading the MatMul's output needs every row, so the
+    MatMul stays whole (and with it the only MatMul there was to move)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def graph(branch_reads: str | None) -> onnx.GraphProto:
+        nodes = [
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+            helper.make_node("LayerNormalization", ["y", "gamma"], ["z"], axis=-1),
+            helper.make_node("Gather", ["z", "zero"], ["first"], axis=1),
+        ]
+        outputs = [helper.make_tensor_value_info("first", TensorProto.FLOAT, None)]
+        if branch_reads:
+            branch = helper.make_graph(
+                [helper.make_node("Identity", [branch_reads], ["copy"])],
+                "branch",
+                [],
+                [helper.make_tensor_value_info("copy", TensorProto.FLOAT, None)],
+            )
+            nodes.append(helper.make_node("If", ["flag"], ["kept"], then_branch=branch, else_branch=branch))
+            outputs.append(helper.make_tensor_value_info("kept", TensorProto.FLOAT, None))
+        return helper.make_graph(
+            nodes,
+            "g",
+            [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4]),
+                helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+            ],
+            outputs,
+            [
+                numpy_helper.from_array(np.eye(4, dtype=np.float32), "w"),
+                numpy_helper.from_array(np.ones(4, np.float32), "gamma"),
+                numpy_helper.from_array(np.array(0, np.int64), "zero"),
+            ],
+        )
+
+    assert rows.rewrite(graph(None)) == 1
+    assert rows.rewrite(graph("y")) == 0

@@ -24,6 +24,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from container.optimize import graphs
+
 MAX_FILL = -1e30  # a fill this low is absorbing in fp32: x + fill == fill for every score a model makes
 
 
@@ -59,7 +61,7 @@ def rewrite(graph: onnx.GraphProto) -> int:
         shape = producer.get(expand.input[1])
         if shape is None or shape.op_type != "Shape" or shape.input[0] != scores:
             continue  # an Expand to another shape could make the Where's output larger than `scores`
-        value = _constant(graph, producer, fill)
+        value = graphs.constant(graph, producer, fill)
         if value is None or value.size != 1 or not float(value.reshape(())) <= MAX_FILL:
             continue
         users = consumers[where.output[0]]
@@ -87,37 +89,13 @@ def rewrite(graph: onnx.GraphProto) -> int:
     return count
 
 
-def _constant(graph: onnx.GraphProto, producer: dict[str, onnx.NodeProto], name: str) -> np.ndarray | None:
-    """The value of an initializer or a Constant node's output (None for anything computed)."""
-    for init in graph.initializer:
-        if init.name == name:
-            return numpy_helper.to_array(init)
-    node = producer.get(name)
-    if node is not None and node.op_type == "Constant":
-        for attr in node.attribute:
-            if attr.name == "value":
-                return numpy_helper.to_array(attr.t)
-    return None
-
-
 def _drop_unread(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
     """Remove those of `nodes` whose outputs nothing reads any more, the reads of subgraphs (If, Loop)
     included: a node something else still reads stays."""
     while True:
-        read = {o.name for o in graph.output} | _reads(graph)
+        read = {o.name for o in graph.output} | graphs.reads(graph)
         unread = [n for n in nodes if n in graph.node and not any(o in read for o in n.output)]
         if not unread:
             return
         for node in unread:  # a Cast gone leaves its Expand unread, and that its Shape: hence the loop
             graph.node.remove(node)
-
-
-def _reads(graph: onnx.GraphProto) -> set[str]:
-    """Every name a node of `graph` or of its subgraphs reads."""
-    names: set[str] = set()
-    for node in graph.node:
-        names.update(node.input)
-        for attr in node.attribute:
-            for sub in [attr.g, *attr.graphs] if attr.HasField("g") else attr.graphs:
-                names |= _reads(sub)
-    return names

@@ -24,6 +24,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from container.optimize import graphs
+
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow"}
 UNARY = {"Relu", "Gelu", "FastGelu", "Erf", "Tanh", "Sigmoid", "Cast", "Sqrt", "Neg", "Identity", "Softplus"}
 NORMS = {"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"}
@@ -56,22 +58,26 @@ def rewrite(graph: onnx.GraphProto) -> int:
     """Slice row 0 into the row-wise tail before a first-token Gather, in place; the MatMuls it moved."""
     ranks = _constant_ranks(graph)
     nodes = list(graph.node)
+    producer = {name: node for node in nodes for name in node.output}
     # The last such Gather: the head reads the last layer's output.
-    head = next((i for i in reversed(range(len(nodes))) if _first_row(nodes[i], graph, ranks)), None)
+    head = next((i for i in reversed(range(len(nodes))) if _first_row(nodes[i], graph, producer, ranks)), None)
     if head is None:
         return 0
     consumers: dict[str, list[int]] = defaultdict(list)
     for i, node in enumerate(nodes):
         for name in node.input:
             consumers[name].append(i)
-    outputs = {o.name for o in graph.output}
+    # Read whole elsewhere: the graph's outputs and what subgraphs (If, Loop) read.
+    whole = {o.name for o in graph.output} | {
+        n for node in nodes for sub in graphs.subgraphs(node) for n in graphs.reads(sub)
+    }
     tail: set[int] = set()
     reached = {nodes[head].input[0]}
     for i in reversed(range(len(nodes))):  # topological order reversed: a tensor's consumers come first
         node = nodes[i]
         if not any(o in reached for o in node.output) or not _row_wise(node, ranks):
             continue
-        if all(o not in outputs and consumers[o] and set(consumers[o]) <= tail | {head} for o in node.output):
+        if all(o not in whole and consumers[o] and set(consumers[o]) <= tail | {head} for o in node.output):
             tail.add(i)
             reached.update(name for name in node.input if name and name not in ranks)
     moved = sum(nodes[i].op_type == "MatMul" for i in tail)
@@ -112,22 +118,18 @@ def _constant_ranks(graph: onnx.GraphProto) -> dict[str, int]:
     return ranks
 
 
-def _first_row(node: onnx.NodeProto, graph: onnx.GraphProto, ranks: dict[str, int]) -> bool:
+def _first_row(
+    node: onnx.NodeProto, graph: onnx.GraphProto, producer: dict[str, onnx.NodeProto], ranks: dict[str, int]
+) -> bool:
     """A Gather of index 0 (a scalar) along axis 1: `hidden[:, 0]`."""
     if node.op_type != "Gather" or len(node.input) != 2 or ranks.get(node.input[1]) != 0:
         return False
-    axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
-    return axis == 1 and _scalar(graph, node.input[1]) == 0
+    index = graphs.constant(graph, producer, node.input[1])
+    return _attribute(node, "axis", 0) == 1 and index is not None and int(index) == 0
 
 
-def _scalar(graph: onnx.GraphProto, name: str) -> float | None:
-    for t in graph.initializer:
-        if t.name == name:
-            return float(numpy_helper.to_array(t))
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output[0] == name:
-            return float(numpy_helper.to_array(node.attribute[0].t))
-    return None
+def _attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    return next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == name), default)
 
 
 def _row_wise(node: onnx.NodeProto, ranks: dict[str, int]) -> bool:
@@ -136,8 +138,7 @@ def _row_wise(node: onnx.NodeProto, ranks: dict[str, int]) -> bool:
     if node.op_type == "MatMul":
         return ranks.get(node.input[1]) == 2 and node.input[0] not in ranks
     if node.op_type in NORMS:
-        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), -1)
-        return axis == -1 and all(ranks.get(i, 1) <= 1 for i in node.input[1:])
+        return _attribute(node, "axis", -1) == -1 and all(ranks.get(i, 1) <= 1 for i in node.input[1:])
     if node.op_type in ELEMENTWISE:
         return all(ranks.get(i, 0) <= 1 for i in node.input)
     return node.op_type in UNARY
