@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from container.machine import FULL_LEVELS
 from tasks.errors import InputError
 from tasks.ops import Dense
 
@@ -59,6 +60,8 @@ class Manifest:
     token_rates: that measurement, tokens a second by padded tokens per call.
     budget_machine: the machine it was measured on and its model calls at once (`streams`); `hare tune`
       measures it again on the machine at hand.
+    int8_levels: the int8 weights' levels a side (127, or 64 where the build's CPU adds int8 products in
+      saturating 16-bit pairs: container/machine.py, weight_levels); bundles from before it was recorded: 127.
     pick: how autotune chose `variant` (container/optimize/autotune.py, Pick): winner, fastest, runner_up,
       margin (the runner-up's score over the fastest's, less 1), tie and tied, rounds, statistic, clear_margin;
       empty in a bundle from before it was recorded.
@@ -92,6 +95,7 @@ class Manifest:
     token_rates: dict[str, float] = field(default_factory=dict)
     budget_machine: dict[str, Any] = field(default_factory=dict)
     pick: dict[str, Any] = field(default_factory=dict)
+    int8_levels: int = FULL_LEVELS
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

@@ -37,6 +37,16 @@ INT8_PATHS = (
     ("arm-i8mm", ("i8mm",)),
     ("arm-dotprod", ("asimddp",)),
 )
+# The paths whose u8 x s8 kernel adds products in pairs in saturating 16-bit registers (vpmaddubsw): an
+# activation of 255 against weights of 127 overflows 32767. Weights kept to 64 levels a side (ONNX Runtime's
+# `reduce_range`) cannot overflow there (255 x 64 x 2 = 32640), and their integer sums are exact on every path.
+SATURATING_PATHS = ("avx512", "avx2")
+FULL_LEVELS, NARROW_LEVELS = 127, 64
+
+
+def weight_levels(path: str) -> int:
+    """The int8 weight levels a side that the int8 `path` computes exactly: narrow where products saturate."""
+    return NARROW_LEVELS if path in SATURATING_PATHS else FULL_LEVELS
 
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -118,13 +128,16 @@ def same_cpu(record: dict[str, Any]) -> bool:
     return record.get("cpu") == here["cpu"] and record.get("physical_cores") == here["physical_cores"]
 
 
-def int8_check(record: dict[str, Any]) -> dict[str, Any]:
+def int8_check(record: dict[str, Any], levels: int = FULL_LEVELS) -> dict[str, Any]:
     """Where a bundle's variants were checked and timed (`record`: its manifest's machine) against this CPU:
-    both int8 paths, and whether they are the same. A bundle's int8 error and speed belong to the path its
-    gates and autotune ran on; a bundle built before hare recorded the path reads it from the flags kept."""
+    both int8 paths, whether they are the same, and whether this CPU adds the bundle's int8 weights (`levels`
+    a side) without saturating. A bundle's int8 speed belongs to the path its autotune ran on; its error too,
+    unless both paths add its products exactly (x86 int8 sums are integers: then the answers are the same).
+    A bundle built before hare recorded the path reads it from the flags kept."""
     built = record.get("int8_path") or int8_path(list(record.get("flags", [])))
     here = describe()["int8_path"]
-    return {"checked_on": built, "serving_on": here, "same": built == here}
+    exact = levels <= weight_levels(built) and levels <= weight_levels(here)
+    return {"checked_on": built, "serving_on": here, "same": built == here, "levels": levels, "exact": exact}
 
 
 def versions(packages: Sequence[str]) -> dict[str, str]:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
-from container.machine import cpu_quota, describe, int8_path, physical_cores
+from container.machine import FULL_LEVELS, NARROW_LEVELS, cpu_quota, describe, int8_path, physical_cores, weight_levels
 
 
 @pytest.mark.parametrize(
@@ -50,3 +53,35 @@ def test_the_int8_path_names_the_kernels_a_cpu_takes(flags: list[str], path: str
 def test_this_machine_records_its_int8_path() -> None:
     here = describe()
     assert here["int8_path"] == int8_path(here["flags"])
+
+
+def _matmul_integer(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """u8 [M, K] x s8 [K, N] in int32 on this CPU's int8 kernel, as dynamic int8's MatMulInteger runs it."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+        "mmi",
+        [
+            helper.make_tensor_value_info("a", TensorProto.UINT8, list(a.shape)),
+            helper.make_tensor_value_info("b", TensorProto.INT8, list(b.shape)),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(["y"], {"a": a, "b": b})[0])
+
+
+@pytest.mark.parametrize("levels", [FULL_LEVELS, NARROW_LEVELS])
+def test_int8_weights_of_the_levels_this_cpu_is_given_add_up_exactly(levels: int) -> None:
+    """The worst case for a 16-bit pair sum (every activation 255, every weight at the top level) against
+    exact integers: the levels weight_levels gives this CPU's int8 path are exact here, and narrow weights
+    are exact on every path. Full-range weights overflow where the table says the kernel saturates (x86
+    without VNNI): if this CPU's kernel did not, the table would narrow its weights for nothing."""
+    rng = np.random.default_rng(0)
+    a = np.full((8, 64), 255, np.uint8)
+    a[1::2] = rng.integers(0, 256, (4, 64), dtype=np.uint8)
+    b = np.full((64, 16), levels, np.int8)
+    b[:, 8:] = rng.integers(-levels, levels + 1, (64, 8), dtype=np.int8)
+    exact = a.astype(np.int64) @ b.astype(np.int64)
+    here = describe()["int8_path"]
+    assert np.array_equal(_matmul_integer(a, b), exact) == (levels <= weight_levels(here))

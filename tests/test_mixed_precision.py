@@ -21,6 +21,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from tokenizers import Tokenizer
 
 from container.bundle import Manifest
+from container.machine import describe, weight_levels
 from container.optimize import (
     export,
     graphs,
@@ -113,12 +114,16 @@ def test_smoothing_keeps_the_function(embedder: Built, tmp_path: Path) -> None:
     assert not np.allclose(weight, moved)  # the factors went into the weights
 
 
-def test_the_simulation_uses_the_quantizers_int8_weights(embedder: Built, tmp_path: Path) -> None:
+@pytest.mark.parametrize("levels", [127, 64])
+def test_the_simulation_uses_the_quantizers_int8_weights(embedder: Built, tmp_path: Path, levels: int) -> None:
+    """Full range, and narrow (64 levels a side: the quantizer's reduce_range, for CPUs whose int8 kernel
+    saturates): the same values and scales as ONNX Runtime's quantizer stores."""
     out = tmp_path / "int8.onnx"
     quantize_dynamic(
         str(embedder.fp32),
         str(out),
         per_channel=True,
+        reduce_range=levels == 64,
         weight_type=QuantType.QInt8,
         op_types_to_quantize=["MatMul"],
         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
@@ -128,9 +133,23 @@ def test_the_simulation_uses_the_quantizers_int8_weights(embedder: Built, tmp_pa
     stored = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
     for node in mixed.targets(model):
         w = node.input[1]
-        values, scales = int8.quantized_weight(weights[w])
+        values, scales = int8.quantized_weight(weights[w], levels)
         assert np.array_equal(values, stored[f"{w}_quantized"]) and not stored[f"{w}_zero_point"].any(), node.name
         assert np.array_equal(scales, stored[f"{w}_scale"]), node.name
+        assert np.abs(values).max() == levels, node.name  # each column's largest weight takes the top level
+
+
+@pytest.mark.parametrize("levels", [127, 64])
+def test_dynamic_int8_variants_store_weights_of_the_levels_asked(embedder: Built, tmp_path: Path, levels: int) -> None:
+    """What variants_for builds for a CPU whose int8 kernel saturates (64 levels a side) or not (127)."""
+    built = {v.name: v for v in variants.variants_for("cpu", levels=levels)}
+    for name in ("int8", "int8-per-channel"):
+        build = built[name].build
+        assert build is not None
+        build(embedder.fp32, tmp_path / f"{name}.onnx")
+        stored = onnx.load(str(tmp_path / f"{name}.onnx")).graph.initializer
+        weights = [numpy_helper.to_array(t) for t in stored if t.data_type == TensorProto.INT8]
+        assert weights and max(int(np.abs(w.astype(np.int32)).max()) for w in weights) == levels, name
 
 
 def test_per_token_int8_is_what_the_simulation_ran(embedder: Built, tmp_path: Path) -> None:
@@ -214,13 +233,18 @@ def test_calibration_takes_the_shortest_samples_and_whole_queries() -> None:
     assert mixed.calibration(lengths, [0, 0, 1, 1, 2], True, 40) == [0, 1, 4]
 
 
-def test_a_loose_gate_quantizes_every_matmul(embedder: Built, tmp_path: Path) -> None:
+@pytest.mark.parametrize("levels", [127, 64])
+def test_a_loose_gate_quantizes_every_matmul(embedder: Built, tmp_path: Path, levels: int) -> None:
     out = tmp_path / "int8-mixed.onnx"
     loose = dataclasses.replace(embedder.parity, thresholds={"cosine_p1": 0.5})  # int8 noise of any ISA is inside
-    plan = mixed.build(embedder.fp32, out, loose)
+    plan = mixed.build(embedder.fp32, out, loose, levels)
     names = [n.name for n in mixed.targets(onnx.load(str(embedder.fp32)))]
     assert plan["fp32"] == [] and plan["harm"] == {}  # no sensitivity pass was needed
-    assert plan["matmuls"] == len(names) and plan["alpha"] in mixed.ALPHAS
+    assert plan["matmuls"] == len(names) and plan["alpha"] in mixed.ALPHAS and plan["levels"] == levels
+    stored = [
+        numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer if t.data_type == TensorProto.INT8
+    ]
+    assert stored and max(int(np.abs(w).max()) for w in stored) == levels  # the weights the plan names
     assert plan["figures"]["cosine_p1"] >= 0.5 and plan["calibration"] > 0
     ops = _ops(out)
     for name in names:
@@ -309,8 +333,11 @@ def test_the_pipeline_records_the_choice_and_reports_a_refusal(
         )
         return pipeline.optimize(options)
 
-    report = next(v for v in build(tmp_path / "bundle").variants if v["name"] == "int8-mixed")
+    built = build(tmp_path / "bundle")
+    report = next(v for v in built.variants if v["name"] == "int8-mixed")
     assert report["build"]["fp32"] == [] and report["build"]["matmuls"] > 0 and report["error"] is None
+    # The weights this CPU adds exactly (narrow where its int8 kernel saturates), recorded for the server.
+    assert built.int8_levels == report["build"]["levels"] == weight_levels(describe()["int8_path"])
     assert set(report["gates"]) == {"cosine_p1"}  # validated like every variant
 
     def refuse(*_args: object) -> dict[str, object]:

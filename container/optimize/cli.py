@@ -13,6 +13,7 @@ from rich.table import Table
 
 from container.bundle import Manifest
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK, default_model_dir
+from container.machine import FULL_LEVELS, NARROW_LEVELS
 from container.optimize.autotune import HOPELESS
 from container.optimize.validate import FP32_GATE
 from tasks.base import Gate
@@ -82,6 +83,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--validation-file", type=Path, help="one text per line, or JSONL {text} / {query, documents}")
     p.add_argument("--variants", help="comma-separated variant names to try (default: all for the target)")
+    p.add_argument(
+        "--int8-weights",
+        choices=["auto", "full", "narrow"],
+        default="auto",
+        help="int8 weight levels: full (127 a side), narrow (64: its integer sums are exact on every x86 CPU, "
+        "for a bundle that will run on CPUs other than this one), auto (narrow where this CPU's int8 kernel "
+        "adds products in saturating 16-bit pairs: x86 without VNNI; full elsewhere)",
+    )
     p.add_argument("--tune-lengths", type=_ints, default=[16, 128, 384], help="sequence lengths timed")
     p.add_argument("--tune-batches", type=_ints, default=[1, 8], help="batch sizes timed")
     p.add_argument("--tune-threads", type=int, default=1, help="ORT threads while timing (serving: 1 per worker)")
@@ -146,6 +155,7 @@ def main(args: argparse.Namespace) -> int:
             tune_threads=args.tune_threads,
             tune_seconds=args.tune_seconds,
             tune_streams=args.tune_streams,
+            int8_levels={"full": FULL_LEVELS, "narrow": NARROW_LEVELS}.get(args.int8_weights),
         ),
         console,
     )

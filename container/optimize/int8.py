@@ -13,6 +13,8 @@ import onnx
 from numpy.typing import NDArray
 from onnx import TensorProto, helper, numpy_helper
 
+from container.machine import FULL_LEVELS
+
 # The simulation's input: one switch per MatMul.
 SWITCHES = "hare_int8_switches"
 # A switch's values: the MatMul in fp32 (0), int8 with one activation scale per call, or one per token.
@@ -21,13 +23,16 @@ TENSOR, TOKEN = 1, 2
 TOKEN_CONSTANTS = ("hare_int8_levels", "hare_int8_least", "hare_int8_one", "hare_int8_middle")
 
 
-def quantized_weight(weight: NDArray[np.float32]) -> tuple[NDArray[np.int8], NDArray[np.float32]]:
-    """`weight` [K, N] as per-channel dynamic int8 stores it: symmetric int8 values in [-127, 127] and one scale
-    per output column (max |w| / 127, computed in float64 and stored in float32, as the quantizer does)."""
+def quantized_weight(
+    weight: NDArray[np.float32], levels: int = FULL_LEVELS
+) -> tuple[NDArray[np.int8], NDArray[np.float32]]:
+    """`weight` [K, N] as per-channel dynamic int8 stores it: symmetric int8 values in [-levels, levels] and one
+    scale per output column (max |w| / levels, computed in float64 and stored in float32, as the quantizer does;
+    64 levels is its `reduce_range`)."""
     absmax = np.abs(weight).max(axis=0).astype(np.float64)
-    scale = (2 * absmax / 254).astype(np.float32)
+    scale = (2 * absmax / (2 * levels)).astype(np.float32)
     scale[scale == 0] = 1.0
-    return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale
+    return np.clip(np.rint(weight / scale), -levels, levels).astype(np.int8), scale
 
 
 def arithmetic(x: str, y: str, w: str, p: str, scales: str, name: str = "") -> list[onnx.NodeProto]:
@@ -73,8 +78,8 @@ def token_constants() -> list[onnx.TensorProto]:
     ]
 
 
-def int8_weights(weight: NDArray[np.float32], p: str) -> list[onnx.TensorProto]:
-    q, scale = quantized_weight(weight)
+def int8_weights(weight: NDArray[np.float32], p: str, levels: int = FULL_LEVELS) -> list[onnx.TensorProto]:
+    q, scale = quantized_weight(weight, levels)
     return [
         numpy_helper.from_array(q, f"{p}_w"),
         numpy_helper.from_array(scale, f"{p}_ws"),
@@ -82,9 +87,10 @@ def int8_weights(weight: NDArray[np.float32], p: str) -> list[onnx.TensorProto]:
     ]
 
 
-def simulation(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+def simulation(model: onnx.ModelProto, names: Sequence[str], levels: int = FULL_LEVELS) -> onnx.ModelProto:
     """`model` (consumed) with the MatMuls `names` switchable by the int64 input SWITCHES (one entry per
-    name, in order): 0 fp32, TENSOR int8 with one activation scale per call, TOKEN int8 with one per token."""
+    name, in order): 0 fp32, TENSOR int8 with one activation scale per call, TOKEN int8 with one per token;
+    weights of `levels` a side."""
     inits = {t.name: t for t in model.graph.initializer}
     index = {name: i for i, name in enumerate(names)}
     model.graph.initializer.extend(token_constants())
@@ -95,7 +101,7 @@ def simulation(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
             continue
         i, p = index[node.name], f"hare_sim{index[node.name]}"
         x, w, y = node.input[0], node.input[1], node.output[0]
-        model.graph.initializer.extend(int8_weights(numpy_helper.to_array(inits[w]), p))
+        model.graph.initializer.extend(int8_weights(numpy_helper.to_array(inits[w]), p, levels))
         model.graph.initializer.append(numpy_helper.from_array(np.array(i, np.int64), f"{p}_i"))
         model.graph.initializer.append(numpy_helper.from_array(np.array(TOKEN, np.int64), f"{p}_tokencode"))
         branches = {  # the operators the build writes, so the CPU's own int8 kernel runs them
@@ -135,10 +141,10 @@ def simulation(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
     return model
 
 
-def per_token(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+def per_token(model: onnx.ModelProto, names: Sequence[str], levels: int = FULL_LEVELS) -> onnx.ModelProto:
     """`model` (consumed) with the MatMuls `names` in int8 with one activation scale per token: the
-    simulation's arithmetic, each MatMulInteger named `{name}_quant` as the dynamic quantizer names its own.
-    Weights no other node reads are dropped."""
+    simulation's arithmetic (weights of `levels` a side), each MatMulInteger named `{name}_quant` as the
+    dynamic quantizer names its own. Weights no other node reads are dropped."""
     inits = {t.name: t for t in model.graph.initializer}
     chosen = set(names)
     model.graph.initializer.extend(token_constants())
@@ -150,7 +156,7 @@ def per_token(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
             continue
         x, w, y = node.input[0], node.input[1], node.output[0]
         if w not in replaced:  # a weight two MatMuls read (ALBERT's shared layers) is stored once
-            model.graph.initializer.extend(int8_weights(numpy_helper.to_array(inits[w]), w))
+            model.graph.initializer.extend(int8_weights(numpy_helper.to_array(inits[w]), w, levels))
             replaced.add(w)
         nodes += arithmetic(x, y, w, f"{node.name}_quant", "token", name=f"{node.name}_quant")
     del model.graph.node[:]

@@ -32,7 +32,8 @@ MatMul behind an `If` that switches it to either int8 arithmetic as the build wr
 dynamic quantizer's DynamicQuantizeLinear, MatMulInteger on the int8 weight values and per-channel scales it
 would store, the scales' Mul; per token: the same MatMulInteger behind hare's own row scales), so the CPU's
 own int8 kernel runs each choice: CPUs without VNNI add u8 x s8 pairs in 16-bit registers that can saturate
-(ONNX Runtime's quantization docs), and the choice is made with that error. Measured on all-MiniLM-L6-v2 on
+(ONNX Runtime's quantization docs), and the choice is made with that error; there the weights keep 64 levels a
+side (machine.weight_levels), which cannot saturate. Measured on all-MiniLM-L6-v2 on
 an AVX-512 VNNI CPU: the built graph's figures equal the simulation's to 5 digits. The built graph is then
 validated like every variant.
 
@@ -60,7 +61,7 @@ from numpy.typing import NDArray
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from container.machine import available_bytes
+from container.machine import FULL_LEVELS, NARROW_LEVELS, available_bytes
 from container.optimize import graphs
 from container.optimize.int8 import SWITCHES, TENSOR, TOKEN, per_token, simulation
 from container.optimize.validate import Parity, served_outputs, verdicts
@@ -101,7 +102,8 @@ class Plan:
     """What the stage chose, as the manifest records it (the variant's `build`).
 
     alpha: the smoothing strength (0: none); scales: the int8 activations' scales, one per call ("tensor") or
-    per token ("token"); smoothed: activations scaled. matmuls: MatMuls with a constant
+    per token ("token"); levels: the int8 weights' levels a side (machine.weight_levels); smoothed: activations
+    scaled. matmuls: MatMuls with a constant
     2-D weight (the candidates); fp32: those kept in fp32, most harmful first. harm: each MatMul's share of the
     tightest gate's room when it alone is int8, most harmful first (empty when none had to stay fp32).
     calibration: samples in the calibration subset; figures: the gates' figures of the chosen graph there.
@@ -110,6 +112,7 @@ class Plan:
 
     alpha: float
     scales: str
+    levels: int
     smoothed: int
     matmuls: int
     fp32: list[str]
@@ -255,11 +258,17 @@ class Simulator:
     switches over some of the samples."""
 
     def __init__(
-        self, model: onnx.ModelProto, names: Sequence[str], folder: Path, parity: Parity, passes: list[int]
+        self,
+        model: onnx.ModelProto,
+        names: Sequence[str],
+        folder: Path,
+        parity: Parity,
+        passes: list[int],
+        levels: int = FULL_LEVELS,
     ) -> None:
         self.names = list(names)
         self.parity = parity
-        self.session = _session(simulation(model, self.names), folder)
+        self.session = _session(simulation(model, self.names, levels), folder)
         inputs = [i.name for i in self.session.get_inputs() if i.name != SWITCHES]
         self.feeds = [pad_batch([e], inputs) for e in parity.encodings]
         with np.load(parity.reference) as stored:
@@ -299,10 +308,10 @@ def _used(gate: Gate, verdict: Mapping[str, float | bool], ideal: Mapping[str, f
     return (best - value if gate.higher_is_better else value - best) / room
 
 
-def plan(fp32: Path, parity: Parity, folder: Path) -> tuple[onnx.ModelProto, Plan]:
-    """Choose the smoothing and the MatMuls that stay fp32 for the graph at `fp32` (module docstring); returns
-    the smoothed fp32 graph and the plan. Raises Refused, with the figures, when no choice within MAX_FP32
-    passes."""
+def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) -> tuple[onnx.ModelProto, Plan]:
+    """Choose the smoothing and the MatMuls that stay fp32 for the graph at `fp32` (module docstring), with
+    int8 weights of `levels` a side; returns the smoothed fp32 graph and the plan. Raises Refused, with the
+    figures, when no choice within MAX_FP32 passes."""
     start = time.perf_counter()
     weights = _weight_bytes(fp32)
     available = available_bytes()
@@ -332,7 +341,7 @@ def plan(fp32: Path, parity: Parity, folder: Path) -> tuple[onnx.ModelProto, Pla
         three times (the one held is dropped before the next is built)."""
         if alpha not in held:
             held.clear()
-            held[alpha] = Simulator(smooth(model, maxima, alpha), names, folder, parity, passes)
+            held[alpha] = Simulator(smooth(model, maxima, alpha), names, folder, parity, passes, levels)
         return held[alpha]
 
     off = np.zeros(len(names), np.int64)
@@ -401,6 +410,7 @@ def plan(fp32: Path, parity: Parity, folder: Path) -> tuple[onnx.ModelProto, Pla
         judged, whole = sim.judge(switches, subset, ideal), None
     chosen = Plan(
         alpha=alpha,
+        levels=levels,
         scales=scales,
         smoothed=len(smoothing_groups(model)) if alpha else 0,
         matmuls=len(names),
@@ -429,16 +439,17 @@ def _show(judged: Judgement) -> str:
     return ", ".join(f"{m}={v:.4g}" for m, v in judged.figures.items())
 
 
-def build(fp32: Path, out: Path, parity: Parity) -> dict[str, Any]:
-    """Write the int8-mixed graph for `fp32` to `out` and return its plan (for the manifest): per-token scales
-    written here, per-call ones by ONNX Runtime's dynamic quantizer (whose operators it fuses)."""
+def build(fp32: Path, out: Path, parity: Parity, levels: int = FULL_LEVELS) -> dict[str, Any]:
+    """Write the int8-mixed graph for `fp32` to `out`, weights of `levels` a side, and return its plan (for the
+    manifest): per-token scales written here, per-call ones by ONNX Runtime's dynamic quantizer (whose
+    operators it fuses)."""
     folder = out.parent / f"{out.stem}.work"
     try:
-        smoothed, chosen = plan(fp32, parity, folder)
+        smoothed, chosen = plan(fp32, parity, folder, levels)
         int8 = [n for n in (t.name for t in targets(smoothed)) if n not in chosen.fp32]
         big = graphs.too_big(smoothed)
         if chosen.scales == "token":
-            graphs.save(per_token(smoothed, int8), out)
+            graphs.save(per_token(smoothed, int8, levels), out)
         else:
             source = folder / "smoothed.onnx"
             graphs.save(smoothed, source)
@@ -446,6 +457,7 @@ def build(fp32: Path, out: Path, parity: Parity) -> dict[str, Any]:
                 str(source),
                 str(out),
                 per_channel=True,
+                reduce_range=levels == NARROW_LEVELS,
                 weight_type=QuantType.QInt8,
                 op_types_to_quantize=["MatMul"],
                 nodes_to_quantize=int8,

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from container.bundle import TOKENIZER_FILE, Manifest
-from container.machine import physical_cores
+from container.machine import describe, physical_cores, weight_levels
 from container.optimize import adapters, autotune, fuse, source, stages, variants
 from container.optimize.errors import UnsupportedModel
 from container.optimize.options import OptimizeOptions
@@ -67,7 +67,9 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
         src = source.inspect_source(model_dir, opts.task, opts.allow_pickle, opts.trust_remote_code)
         if adapter in src.prompts:  # sentence-transformers' prompt of the same name goes with the adapter
             src = replace(src, default_prompt_name=adapter)
-        candidates = variants.variants_for(opts.target, attention=fuse.attention_shape(src.config))
+        levels = opts.int8_levels or weight_levels(describe()["int8_path"])
+        opts = replace(opts, int8_levels=levels)
+        candidates = variants.variants_for(opts.target, attention=fuse.attention_shape(src.config), levels=levels)
         manifest = _compose(opts, src, variants.plan(candidates, opts.only), folder, console)
         if opts.out.exists():
             shutil.rmtree(opts.out)

@@ -15,7 +15,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from container.bundle import DENSE_FILE, MANIFEST_FILE, MODEL_FILE, PARITY_FILE, TOKENIZER_FILE, Manifest
-from container.machine import describe, versions
+from container.machine import FULL_LEVELS, describe, versions
 from container.optimize import autotune, export, graphs, masks, mixed, rows, source, textset, tokenizer, validate
 from container.optimize.errors import ValidationFailed
 from container.optimize.options import OptimizeOptions
@@ -323,6 +323,7 @@ def manifest(
         variants=[asdict(r) | {"chosen": r.name == best.name} for r in tuned.reports],
         machine=describe() | {"tune_threads": opts.tune_threads},
         pick=asdict(tuned.pick),
+        int8_levels=opts.int8_levels or FULL_LEVELS,
         versions=versions(("hare", "onnxruntime", "onnx", "tokenizers", "transformers", "torch")),
         source={
             "path": str(opts.model_dir.resolve()),

@@ -117,11 +117,12 @@ def check(bundle: Path) -> int:
     served = served_outputs(model.run, feeds, manifest.pad_id, refs, groups)
     task = get_task(manifest.task)
     _, verdicts = judge(task, manifest.precision, *served, manifest.pooling or "mean", manifest.multi_label, thresholds)
-    path = int8_check(manifest.machine)
+    path = int8_check(manifest.machine, manifest.int8_levels)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
     console.print(
         f"{manifest.variant} ({manifest.precision}) on {path['serving_on']} int8 kernels; "
-        f"checked at build on {path['checked_on']}; {len(feeds)} samples"
+        f"checked at build on {path['checked_on']}; int8 weights of {path['levels']} levels a side"
+        f"{' (exact on both)' if path['exact'] else ''}; {len(feeds)} samples"
     )
     table = Table()
     for col in ("gate", "at build", "here", "threshold", "passes here"):

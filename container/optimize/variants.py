@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from container.machine import FULL_LEVELS, NARROW_LEVELS
 from container.optimize import fuse, mixed, quantize, validate
 
 # ONNX Runtime's transformer optimizer has one encoder model_type: "bert". Its fusions match subgraph patterns,
@@ -28,10 +29,16 @@ class Variant:
     calibrate: Callable[[Path, Path, validate.Parity], dict[str, Any]] | None = None
 
 
-def variants_for(target: str, family: str = FUSION_MODEL_TYPE, attention: tuple[int, int] = (0, 0)) -> list[Variant]:
+def variants_for(
+    target: str,
+    family: str = FUSION_MODEL_TYPE,
+    attention: tuple[int, int] = (0, 0),
+    levels: int = FULL_LEVELS,
+) -> list[Variant]:
     """The candidates worth trying per target; the export itself is always the fp32 baseline. Every family
     gets every candidate: a fusion that does not match a family's graph fuses less (or fails its build), and
-    the gates decide what ships."""
+    the gates decide what ships. `levels`: the dynamic int8 weights' levels a side (machine.weight_levels: 64
+    where the CPU's int8 kernel would saturate on 127)."""
     fp32 = Variant("fp32", "fp32", None)
     if target == "gpu":
         return [
@@ -39,22 +46,22 @@ def variants_for(target: str, family: str = FUSION_MODEL_TYPE, attention: tuple[
             Variant("fused-fp32", "fp32", "fp32", lambda p, o: fuse.fuse(p, o, family, True, attention)),
             Variant("fused-fp16", "fp16", "fused-fp32", fuse.to_fp16),
         ]
+    narrow = levels == NARROW_LEVELS
+
+    def dynamic(per_channel: bool) -> Callable[[Path, Path], object]:
+        return lambda p, o: quantize.quantize_int8(p, o, per_channel=per_channel, reduce_range=narrow)
+
     return [
         fp32,
         Variant("fused-fp32", "fp32", "fp32", lambda p, o: fuse.fuse(p, o, family, False, attention)),
-        Variant("int8", "int8", "fp32", quantize.quantize_int8),
-        Variant("int8-per-channel", "int8", "fp32", lambda p, o: quantize.quantize_int8(p, o, per_channel=True)),
-        Variant("fused-int8", "int8", "fused-fp32", quantize.quantize_int8),
-        Variant(
-            "fused-int8-per-channel",
-            "int8",
-            "fused-fp32",
-            lambda p, o: quantize.quantize_int8(p, o, per_channel=True),
-        ),
+        Variant("int8", "int8", "fp32", dynamic(False)),
+        Variant("int8-per-channel", "int8", "fp32", dynamic(True)),
+        Variant("fused-int8", "int8", "fused-fp32", dynamic(False)),
+        Variant("fused-int8-per-channel", "int8", "fused-fp32", dynamic(True)),
         Variant("int8-block32", "int8", "fp32", quantize.quantize_blockwise),
         Variant("int8-block128", "int8", "fp32", lambda p, o: quantize.quantize_blockwise(p, o, block=128)),
         Variant("fused-int8-block32", "int8", "fused-fp32", quantize.quantize_blockwise),
-        Variant("int8-mixed", "int8", "fp32", calibrate=mixed.build),
+        Variant("int8-mixed", "int8", "fp32", calibrate=lambda p, o, parity: mixed.build(p, o, parity, levels)),
     ]
 
 
