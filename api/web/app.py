@@ -208,31 +208,26 @@ def _check_machine(settings: Settings, manifest: Manifest) -> None:
             )
     int8 = int8_check(manifest.machine, manifest.int8_levels)
     if manifest.precision == "int8" and manifest.target == "cpu" and not int8["same"]:
+        where = (
+            f"{settings.bundle}'s int8 variant {manifest.variant} was checked against PyTorch and timed on the "
+            f"{int8['checked_on']} int8 path ({manifest.machine.get('cpu')}); this CPU takes the "
+            f"{int8['serving_on']} path"
+        )
         if int8["exact"]:  # the same integer sums on both paths: only the speed is another CPU's
             log.info(
-                "%s's int8 variant %s was timed on the %s int8 path (%s); this CPU takes the %s path. Its int8 "
-                "weights (%d levels a side) add exactly on both, so its answers are the ones checked; "
+                "%s. Its int8 weights (%d levels a side) add exactly on both, so its answers are the ones checked; "
                 "`hare optimize` on this machine times the variants here",
-                settings.bundle,
-                manifest.variant,
-                int8["checked_on"],
-                manifest.machine.get("cpu"),
-                int8["serving_on"],
+                where,
                 int8["levels"],
             )
         else:
             log.warning(
-                "%s's int8 variant %s was checked against PyTorch and timed on the %s int8 path (%s); this CPU "
-                "takes the %s path, whose kernels add differently (x86 without VNNI adds int8 products in "
-                "saturating 16-bit pairs, which weights of %d levels a side can overflow): its error and speed "
-                "were not measured here. `hare tune --check BUNDLE` runs its gates here; `hare optimize` on this "
-                "machine checks and picks again (--int8-weights narrow builds a bundle whose int8 answers are "
-                "the same on every x86 CPU)",
-                settings.bundle,
-                manifest.variant,
-                int8["checked_on"],
-                manifest.machine.get("cpu"),
-                int8["serving_on"],
+                "%s, whose kernels add differently (x86 without VNNI adds int8 products in saturating 16-bit "
+                "pairs, which weights of %d levels a side can overflow): its error and speed were not measured "
+                "here. `hare tune --check BUNDLE` runs its gates here; `hare optimize` on this machine checks and "
+                "picks again (--int8-weights narrow builds a bundle whose int8 answers are the same on every x86 "
+                "CPU)",
+                where,
                 int8["levels"],
             )
 
