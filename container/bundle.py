@@ -60,8 +60,9 @@ class Manifest:
     token_rates: that measurement, tokens a second by padded tokens per call.
     budget_machine: the machine it was measured on and its model calls at once (`streams`); `hare tune`
       measures it again on the machine at hand.
-    int8_levels: the int8 weights' levels a side (127, or 64 where the build's CPU adds int8 products in
-      saturating 16-bit pairs: container/machine.py, weight_levels); bundles from before it was recorded: 127.
+    int8_levels: the shipped dynamic int8 graph's weights' levels a side (64 where the build's CPU adds int8
+      products in saturating 16-bit pairs: container/machine.py, weight_levels); 127 otherwise (full-range
+      weights, fp32 and blockwise int8 graphs, bundles from before it was recorded).
     pick: how autotune chose `variant` (container/optimize/autotune.py, Pick): winner, fastest, runner_up,
       margin (the runner-up's score over the fastest's, less 1), tie and tied, rounds, statistic, clear_margin;
       empty in a bundle from before it was recorded.

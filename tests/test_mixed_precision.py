@@ -325,7 +325,7 @@ def test_the_pipeline_records_the_choice_and_reports_a_refusal(
             model_dir=tiny_model("feature-extraction"),
             task=get_task("feature-extraction"),
             out=out,
-            only=["fp32", "int8-mixed"],
+            only=["fp32", "int8", "int8-mixed"],
             tune_lengths=[8],
             tune_batches=[1],
             tune_seconds=0.01,
@@ -336,8 +336,13 @@ def test_the_pipeline_records_the_choice_and_reports_a_refusal(
     built = build(tmp_path / "bundle")
     report = next(v for v in built.variants if v["name"] == "int8-mixed")
     assert report["build"]["fp32"] == [] and report["build"]["matmuls"] > 0 and report["error"] is None
-    # The weights this CPU adds exactly (narrow where its int8 kernel saturates), recorded for the server.
-    assert built.int8_levels == report["build"]["levels"] == weight_levels(describe()["int8_path"])
+    # The weights this CPU adds exactly (narrow where its int8 kernel saturates), per variant and, for the
+    # server, the shipped one's (fp32 and blockwise int8 are not narrowed: 127).
+    levels = weight_levels(describe()["int8_path"])
+    assert report["build"]["levels"] == levels
+    assert next(v for v in built.variants if v["name"] == "int8")["build"] == {"levels": levels}
+    shipped = next(v for v in built.variants if v["chosen"])
+    assert built.int8_levels == (levels if shipped["name"] != "fp32" else 127)
     assert set(report["gates"]) == {"cosine_p1"}  # validated like every variant
 
     def refuse(*_args: object) -> dict[str, object]:

@@ -32,8 +32,9 @@ MatMul behind an `If` that switches it to either int8 arithmetic as the build wr
 dynamic quantizer's DynamicQuantizeLinear, MatMulInteger on the int8 weight values and per-channel scales it
 would store, the scales' Mul; per token: the same MatMulInteger behind hare's own row scales), so the CPU's
 own int8 kernel runs each choice: CPUs without VNNI add u8 x s8 pairs in 16-bit registers that can saturate
-(ONNX Runtime's quantization docs), and the choice is made with that error; there the weights keep 64 levels a
-side (machine.weight_levels), which cannot saturate. Measured on all-MiniLM-L6-v2 on
+(ONNX Runtime's quantization docs). There the build's weights keep 64 levels a side (machine.weight_levels),
+which cannot; with 127 (`--int8-weights full`) the choice is made with the saturation's error. Measured on
+all-MiniLM-L6-v2 on
 an AVX-512 VNNI CPU: the built graph's figures equal the simulation's to 5 digits. The built graph is then
 validated like every variant.
 

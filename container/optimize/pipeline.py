@@ -68,7 +68,6 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
         if adapter in src.prompts:  # sentence-transformers' prompt of the same name goes with the adapter
             src = replace(src, default_prompt_name=adapter)
         levels = opts.int8_levels or weight_levels(describe()["int8_path"])
-        opts = replace(opts, int8_levels=levels)
         candidates = variants.variants_for(opts.target, attention=fuse.attention_shape(src.config), levels=levels)
         manifest = _compose(opts, src, variants.plan(candidates, opts.only), folder, console)
         if opts.out.exists():

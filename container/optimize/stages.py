@@ -189,14 +189,16 @@ def validate_all(
     step: Step = _no_step,
 ) -> list[validate.VariantReport]:
     """Every variant's report against `parity` (one whose build `failed` is reported as such, with what its
-    build chose from `builds`); raises ValidationFailed, with the figures, when none passed."""
+    build chose from `builds` and its int8 weights' levels); raises ValidationFailed, with the figures, when
+    none passed."""
     reports = []
     for v in variants:
         if v.name in failed:
             report = validate.VariantReport.failed_build(v.name, v.precision, failed[v.name])
         else:
             report = validate.validate(variant_file(folder, v.name), v.name, v.precision, parity)
-        reports.append(replace(report, build=builds.get(v.name, {})))
+        levels = {"levels": v.levels} if v.levels else {}
+        reports.append(replace(report, build=levels | builds.get(v.name, {})))
         step(v.name)
     if not any(r.passed for r in reports):
         failures = "; ".join(
@@ -323,7 +325,7 @@ def manifest(
         variants=[asdict(r) | {"chosen": r.name == best.name} for r in tuned.reports],
         machine=describe() | {"tune_threads": opts.tune_threads},
         pick=asdict(tuned.pick),
-        int8_levels=opts.int8_levels or FULL_LEVELS,
+        int8_levels=int(best.build.get("levels", FULL_LEVELS)),  # blockwise int8 and fp32: not narrowed
         versions=versions(("hare", "onnxruntime", "onnx", "tokenizers", "transformers", "torch")),
         source={
             "path": str(opts.model_dir.resolve()),

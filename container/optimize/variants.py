@@ -20,13 +20,16 @@ FUSION_MODEL_TYPE = "bert"
 class Variant:
     """A candidate graph: built from `parent` (None: the export) by `build(parent_file, out_file)`, or, for a
     calibrated one, after the reference by `calibrate(parent_file, out_file, parity)`, which returns what it
-    chose (for the manifest) and raises mixed.Refused, with the figures, when no graph of its kind can pass."""
+    chose (for the manifest) and raises mixed.Refused, with the figures, when no graph of its kind can pass.
+    levels: the int8 weights' levels a side it writes (dynamic int8 and int8-mixed; None: its weights do not
+    follow machine.weight_levels)."""
 
     name: str
     precision: str
     parent: str | None
     build: Callable[[Path, Path], object] | None = None
     calibrate: Callable[[Path, Path, validate.Parity], dict[str, Any]] | None = None
+    levels: int | None = None
 
 
 def variants_for(
@@ -54,14 +57,20 @@ def variants_for(
     return [
         fp32,
         Variant("fused-fp32", "fp32", "fp32", lambda p, o: fuse.fuse(p, o, family, False, attention)),
-        Variant("int8", "int8", "fp32", dynamic(False)),
-        Variant("int8-per-channel", "int8", "fp32", dynamic(True)),
-        Variant("fused-int8", "int8", "fused-fp32", dynamic(False)),
-        Variant("fused-int8-per-channel", "int8", "fused-fp32", dynamic(True)),
+        Variant("int8", "int8", "fp32", dynamic(False), levels=levels),
+        Variant("int8-per-channel", "int8", "fp32", dynamic(True), levels=levels),
+        Variant("fused-int8", "int8", "fused-fp32", dynamic(False), levels=levels),
+        Variant("fused-int8-per-channel", "int8", "fused-fp32", dynamic(True), levels=levels),
         Variant("int8-block32", "int8", "fp32", quantize.quantize_blockwise),
         Variant("int8-block128", "int8", "fp32", lambda p, o: quantize.quantize_blockwise(p, o, block=128)),
         Variant("fused-int8-block32", "int8", "fused-fp32", quantize.quantize_blockwise),
-        Variant("int8-mixed", "int8", "fp32", calibrate=lambda p, o, parity: mixed.build(p, o, parity, levels)),
+        Variant(
+            "int8-mixed",
+            "int8",
+            "fp32",
+            calibrate=lambda p, o, parity: mixed.build(p, o, parity, levels),
+            levels=levels,
+        ),
     ]
 
 
