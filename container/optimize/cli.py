@@ -204,7 +204,7 @@ def build_lines(manifest: Manifest) -> list[str]:
         kept, alpha = chose["fp32"], chose["alpha"]
         smoothing = f"smoothing alpha {alpha:g} on {chose['smoothed']} activations" if alpha else "no smoothing"
         smoothing += f", one activation scale per {chose.get('scales', 'tensor')}"  # older bundles: per tensor
-        smoothing += f", int8 weights of {chose.get('levels', 127)} levels a side"  # older bundles: 127
+        smoothing += f", int8 weights of {chose.get('levels', FULL_LEVELS)} levels a side"  # older bundles: full
         how = f"chosen on {chose['calibration']} samples, {chose['passes']} simulated passes, {chose['seconds']:.1f} s"
         named = f" ({', '.join(kept)})" if kept else ""
         lines.append(f"{v['name']}: {smoothing}; {len(kept)} of {chose['matmuls']} MatMuls kept fp32{named}; {how}")
