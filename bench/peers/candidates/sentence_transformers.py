@@ -77,11 +77,15 @@ def load_onnx(space: Workspace, threads: int) -> Encoder:
 def onnx_int8_file(space: Workspace) -> str:
     """export_dynamic_quantized_onnx_model with this CPU's configuration; the file name it wrote."""
     folder = export_folder(space, "onnx")
-    name = f"onnx/model_qint8_{space.int8}.onnx"
+    # Named here: its own name follows the weights' type, which differs by configuration (avx2's are u8).
+    suffix = f"int8_{space.int8}"
+    name = f"onnx/model_{suffix}.onnx"
     if not (folder / name).is_file():
         model = sentence_transformer(folder, backend="onnx")
         with quiet():
-            module("sentence_transformers").export_dynamic_quantized_onnx_model(model, space.int8, str(folder))
+            module("sentence_transformers").export_dynamic_quantized_onnx_model(
+                model, space.int8, str(folder), file_suffix=suffix
+            )
     space.notes["onnx-int8"] = f"export_dynamic_quantized_onnx_model(config={space.int8!r})"
     return name
 
