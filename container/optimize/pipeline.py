@@ -85,7 +85,7 @@ def _compose(
     graph = partial(stages.variant_file, folder)
     with Stages(console, f"{src.model_type} ({src.architecture})") as stage:
         with stage("export") as step:
-            exported = stages.export_fp32(src, opts.task, graph("fp32"), step)
+            exported = stages.export_fp32(src, opts.task, graph(variants.EXPORT), graph("fp32"), step)
         with stage("tokenizer") as step:
             tokenizer = stages.write_tokenizer(src, folder / TOKENIZER_FILE, step)
         with stage("fuse + quantize", len(plan.to_build)) as step:

@@ -26,9 +26,17 @@ from onnx import helper, numpy_helper
 
 from container.optimize import graphs
 
-ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow"}
+# BiasGelu and FastGelu (ORT's fused Gelu of x + bias) add a feature-wise bias: row-wise as Add is.
+ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "BiasGelu", "FastGelu"}
 UNARY = {"Relu", "Gelu", "FastGelu", "Erf", "Tanh", "Sigmoid", "Cast", "Sqrt", "Neg", "Identity", "Softplus"}
-NORMS = {"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"}
+# SkipLayerNormalization (the GPU fusion's residual Add + LayerNorm) normalizes the last axis, like the others.
+NORMS = {
+    "LayerNormalization",
+    "SimplifiedLayerNormalization",
+    "RMSNormalization",
+    "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+}
 MAX_DIFF = 1e-5  # the rewritten graph's largest |difference| from the original, per unit of the outputs' scale
 
 
@@ -77,7 +85,8 @@ def rewrite(graph: onnx.GraphProto) -> int:
         node = nodes[i]
         if not any(o in reached for o in node.output) or not _row_wise(node, ranks):
             continue
-        if all(o not in whole and consumers[o] and set(consumers[o]) <= tail | {head} for o in node.output):
+        made_here = [o for o in node.output if o]  # an optional output left unnamed is not made
+        if all(o not in whole and consumers[o] and set(consumers[o]) <= tail | {head} for o in made_here):
             tail.add(i)
             reached.update(name for name in node.input if name and name not in ranks)
     moved = sum(nodes[i].op_type == "MatMul" for i in tail)

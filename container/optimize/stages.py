@@ -45,12 +45,13 @@ class Exported:
     pooled_row: int = 0
 
 
-def export_fp32(src: source.SourceModel, task: TaskSpec, out: Path, step: Step = _no_step) -> Exported:
+def export_fp32(src: source.SourceModel, task: TaskSpec, whole: Path, out: Path, step: Step = _no_step) -> Exported:
     """The fp32 graph at `out`: torch's export, its selected attention masks made additive, the end of its
-    last layer on the row a first-token head reads."""
-    inputs = export.export_onnx(src, task, out)
-    additive = masks.additive_masks(out, out)
-    pooled = rows.pooled_row(out, out)
+    last layer on the row a first-token head reads. `whole` (in the same folder): the graph before that
+    last rewrite, which the fusion reads (variants.fused)."""
+    inputs = export.export_onnx(src, task, whole)
+    additive = masks.additive_masks(whole, whole)
+    pooled = rows.pooled_row(whole, out)
     step()
     return Exported(inputs, additive, pooled)
 
@@ -74,7 +75,7 @@ def build_variants(variants: Sequence[Variant], folder: Path, step: Step = _no_s
             continue
         assert v.build is not None
         try:
-            fused = v.build(variant_file(folder, v.parent), variant_file(folder, v.name))
+            fused = v.build(variant_file(folder, v.reads or v.parent), variant_file(folder, v.name))
         except Exception as exc:  # any failure of the fusion/quantization tools is this variant's failure
             failed[v.name] = f"{type(exc).__name__}: {exc}"
             fused = "failed"
