@@ -21,7 +21,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from tokenizers import Tokenizer
 
 from container.bundle import Manifest
-from container.machine import describe, weight_levels
+from container.machine import NARROW_LEVELS, describe, weight_levels
 from container.optimize import (
     export,
     graphs,
@@ -82,11 +82,12 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
 @pytest.fixture
 def plain(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No smoothing, one activation scale per call and no margin: the exclusion order and stopping point are
-    then the plain rule."""
+    """No smoothing, one activation scale per call, no margin and no splits: the exclusion order and stopping
+    point are then the plain rule."""
     monkeypatch.setattr(mixed, "ALPHAS", (0.0,))
     monkeypatch.setattr(mixed, "SCALES", ("tensor",))
     monkeypatch.setattr(mixed, "MARGIN", 0.0)
+    monkeypatch.setattr(mixed, "SPLIT_MORE", 0)
     yield
 
 
@@ -224,6 +225,42 @@ def test_a_token_with_massive_activations_costs_only_its_own_row(tmp_path: Path)
     assert error(per_call) > 0.99 and error(by_token) < 0.5
 
 
+@pytest.mark.parametrize("scales", ["tensor", "token"])
+def test_a_split_takes_the_rows_that_would_take_every_columns_levels(scales: str) -> None:
+    """A few weight rows 1000x the rest (what smoothing moves a massive activation channel into) size every
+    column's int8 scale: the other rows quantize to zero. Split, those rows run in fp32 beside the int8 rest,
+    and the built graph is the simulation's arithmetic."""
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(96, 48)).astype(np.float32)
+    weight[[7, 50]] *= 1000
+    bias = np.zeros(48, np.float32)
+    x = rng.normal(size=(1, 6, 96)).astype(np.float32)
+    assert list(int8.split_rows(weight)) == [7, 50]  # 96 / 48
+    fp32 = _one_matmul(weight, bias)
+    exact = _run(fp32, x)
+    x_rest = x.copy()
+    x_rest[..., [7, 50]] = 0
+    scale = float(np.abs(x_rest @ weight).max())  # the size of what the other rows contribute
+
+    def error(y: np.ndarray) -> float:
+        return float(np.abs(y - exact).max()) / scale
+
+    code = int8.TOKEN if scales == "token" else int8.TENSOR
+    # 64 levels a side: sums exact on every x86 int8 kernel (127 saturate on AVX2: 0.24 of `scale` split)
+    sim = int8.simulation(copy.deepcopy(fp32), ["proj"], NARROW_LEVELS)
+    session = ort.InferenceSession(sim.SerializeToString(), providers=["CPUExecutionProvider"])
+
+    def simulated(switch: int) -> np.ndarray:
+        return np.asarray(session.run(["y"], {"x": x, int8.SWITCHES: np.array([switch], np.int64)})[0])
+
+    whole, split = simulated(code), simulated(code + int8.SPLIT)
+    assert error(whole) > 0.5 and error(split) < 0.1  # the rest keeps its levels
+    built = int8.split(copy.deepcopy(fp32), ["proj"], scales, NARROW_LEVELS)
+    ops = {n.op_type for n in built.graph.node}
+    assert {"MatMulInteger", "Gather"} <= ops and not any(n.name == "proj" for n in built.graph.node)
+    assert np.allclose(_run(built, x), split, rtol=1e-5, atol=1e-3)  # the same operators, the same kernel
+
+
 def test_calibration_takes_the_shortest_samples_and_whole_queries() -> None:
     lengths = [30, 3, 10, 100, 5]
     assert mixed.calibration(lengths, [0] * 5, False, 20) == [1, 2, 4]
@@ -297,6 +334,51 @@ def test_the_most_harmful_matmuls_stay_fp32_until_the_gates_pass(
             assert ops.get(name) == "MatMul" and f"{name}_quant" not in ops
         else:
             assert ops.get(f"{name}_quant") == "MatMulInteger" and name not in ops
+
+
+def test_a_split_replaces_fp32_where_it_passes(
+    classifier: Built, tmp_path: Path, plain: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One MatMul's input channels divided by 1000 and its weight rows multiplied by as much on two of them (what
+    smoothing does to a massive activation channel; the function stays the same): int8 loses that weight's other
+    rows, so the stage keeps it fp32, then finds that split (those rows fp32) passes too and ships that."""
+    monkeypatch.setattr(mixed, "SPLIT_MORE", 3)
+    model = onnx.load(str(classifier.fp32))
+    names = [n.name for n in mixed.targets(model)]
+    target = names[len(names) // 2]
+    node = next(n for n in model.graph.node if n.name == target)
+    inits = {t.name: t for t in model.graph.initializer}
+    weight = numpy_helper.to_array(inits[node.input[1]]).copy()
+    rows = int8.split_rows(weight)
+    weight[rows] *= 1000
+    inits[node.input[1]].CopyFrom(numpy_helper.from_array(weight, node.input[1]))
+    inverse = np.ones(weight.shape[0], np.float32)
+    inverse[rows] = 1e-3
+    model.graph.initializer.append(numpy_helper.from_array(inverse, "inverse"))
+    scale = helper.make_node("Mul", [node.input[0], "inverse"], ["scaled"])
+    node.input[0] = "scaled"
+    model.graph.node.insert(list(model.graph.node).index(node), scale)
+    fp32 = tmp_path / "fp32.onnx"
+    onnx.save(model, str(fp32))
+    parity = dataclasses.replace(classifier.parity, thresholds=NO_TOP1)
+    # 64 levels a side, exact on every x86 int8 kernel: with 127, AVX2's saturated sums alone fail this gate.
+    sim = mixed.Simulator(copy.deepcopy(model), names, tmp_path, parity, [], NARROW_LEVELS)
+    everything = list(range(len(parity.encodings)))
+
+    def score_diff(switch: int) -> float:  # every other MatMul int8, this one as `switch` says
+        switches = np.full(len(names), int8.TENSOR)
+        switches[names.index(target)] = switch
+        return sim.judge(switches, everything).figures["max_score_diff"]
+
+    whole, kept_fp32, split = score_diff(int8.TENSOR), score_diff(0), score_diff(int8.TENSOR + int8.SPLIT)
+    threshold = 1.5 * max(kept_fp32, split)
+    assert whole > 2 * threshold  # int8 of that MatMul fails the gate, by far
+    gate = dataclasses.replace(parity, thresholds=NO_TOP1 | {"max_score_diff": threshold})
+    plan = mixed.build(fp32, tmp_path / "int8-mixed.onnx", gate, NARROW_LEVELS)
+    assert plan["fp32"] == [] and plan["split"] == [target]
+    ops = _ops(tmp_path / "int8-mixed.onnx")
+    assert ops.get(f"{target}_quant") == "MatMulInteger" and target not in ops
+    assert [op for name, op in ops.items() if name.startswith(f"{target}_quant")].count("Gather") == 1
 
 
 def test_a_gate_no_int8_matmul_can_meet_refuses_the_variant_with_figures(classifier: Built, plain: None) -> None:

@@ -273,3 +273,24 @@ def test_existing_output_needs_force(
 def test_model_dir_without_task_is_an_error(tiny_model: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(tiny_model("text-classification")) == 2
     assert "--task is required" in capsys.readouterr().err
+
+
+def test_the_summary_names_what_int8_mixed_kept_fp32_and_split() -> None:
+    from types import SimpleNamespace
+    from typing import cast
+
+    from container.bundle import Manifest
+    from container.optimize.cli import build_lines
+
+    base = {"alpha": 0.6, "smoothed": 24, "scales": "token", "levels": 64, "matmuls": 36, "calibration": 58}
+    base |= {"passes": 59, "seconds": 43.6}
+    split = {"name": "int8-mixed", "build": base | {"fp32": [], "split": ["a/MatMul", "b/MatMul"]}}
+    kept = {"name": "int8-mixed", "build": base | {"fp32": ["a/MatMul"]}}  # a bundle from before splits
+    lines = build_lines(cast(Manifest, SimpleNamespace(variants=[split, kept, {"name": "fp32", "build": {}}])))
+    assert lines == [
+        "int8-mixed: smoothing alpha 0.6 on 24 activations, one activation scale per token, int8 weights of 64 "
+        "levels a side; 0 of 36 MatMuls kept fp32; 2 split, their largest weight rows fp32 (a/MatMul, b/MatMul); "
+        "chosen on 58 samples, 59 simulated passes, 43.6 s",
+        "int8-mixed: smoothing alpha 0.6 on 24 activations, one activation scale per token, int8 weights of 64 "
+        "levels a side; 1 of 36 MatMuls kept fp32 (a/MatMul); chosen on 58 samples, 59 simulated passes, 43.6 s",
+    ]

@@ -195,7 +195,7 @@ def variant_table(manifest: Manifest) -> Table:
 
 def build_lines(manifest: Manifest) -> list[str]:
     """What each calibrated variant's build chose (int8-mixed: the smoothing, the activation scales and the
-    MatMuls kept fp32)."""
+    MatMuls kept fp32 or split)."""
     lines = []
     for v in manifest.variants:
         chose = v.get("build") or {}
@@ -207,7 +207,11 @@ def build_lines(manifest: Manifest) -> list[str]:
         smoothing += f", int8 weights of {chose.get('levels', FULL_LEVELS)} levels a side"  # older bundles: full
         how = f"chosen on {chose['calibration']} samples, {chose['passes']} simulated passes, {chose['seconds']:.1f} s"
         named = f" ({', '.join(kept)})" if kept else ""
-        lines.append(f"{v['name']}: {smoothing}; {len(kept)} of {chose['matmuls']} MatMuls kept fp32{named}; {how}")
+        split = chose.get("split", [])  # older bundles: none
+        split_named = f"; {len(split)} split, their largest weight rows fp32 ({', '.join(split)})" if split else ""
+        lines.append(
+            f"{v['name']}: {smoothing}; {len(kept)} of {chose['matmuls']} MatMuls kept fp32{named}{split_named}; {how}"
+        )
     return lines
 
 

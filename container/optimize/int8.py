@@ -1,12 +1,15 @@
 """The int8 arithmetic int8-mixed writes (container/optimize/mixed.py): a MatMul on per-channel int8 weights
 with one activation scale per call (the operators ONNX Runtime's dynamic quantizer writes, which it fuses into
-one kernel) or one per token (written here: the quantizer has no such mode), and the simulation graph in
-which each MatMul switches between fp32 and either, so that the CPU's own int8 kernel judges every choice.
+one kernel) or one per token (written here: the quantizer has no such mode), either one split (its few input
+channels of largest weight rows in fp32 beside the int8 product of the rest: LLM.int8()'s decomposition,
+Dettmers et al. 2022), and the simulation graph in which each MatMul switches between fp32 and any of them,
+so that the CPU's own int8 kernel judges every choice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -17,8 +20,14 @@ from container.machine import FULL_LEVELS
 
 # The simulation's input: one switch per MatMul.
 SWITCHES = "hare_int8_switches"
-# A switch's values: the MatMul in fp32 (0), int8 with one activation scale per call, or one per token.
-TENSOR, TOKEN = 1, 2
+# A switch's values: the MatMul in fp32 (0), int8 with one activation scale per call, or one per token; plus
+# SPLIT, the same split (TENSOR + SPLIT, TOKEN + SPLIT).
+TENSOR, TOKEN, SPLIT = 1, 2, 2
+# The share of a split MatMul's input channels (rows of its weight) computed in fp32. On all-MiniLM-L6-v2
+# smoothed at alpha 0.6, its six feed-forward output MatMuls (1536 rows) split with 32 rows each (1/48):
+# cosine p1 0.9943 against 0.9909 all int8 and 0.9958 with them fp32; one thread at 128 tokens on the AVX2
+# kernel, 21.6 ms against 21.3 all int8 and 32.9 fp32 (docs/optimizer.md).
+SPLIT_SHARE = 1 / 48
 # What the per-token arithmetic reads: 127 levels a side, the least row maximum, a unit scale, the zero point.
 TOKEN_CONSTANTS = ("hare_int8_levels", "hare_int8_least", "hare_int8_one", "hare_int8_middle")
 
@@ -67,6 +76,40 @@ def arithmetic(x: str, y: str, w: str, p: str, scales: str, name: str = "") -> l
     ]
 
 
+def split_rows(weight: NDArray[np.float32]) -> NDArray[np.int64]:
+    """The rows of `weight` [K, N] a split computes in fp32 (SPLIT_SHARE of them, at least one), in order: those
+    of the largest max |w|. After smoothing at alpha, row j's largest weight is (max|x_j| max|w_j|)^alpha in
+    the unsmoothed terms, so this ranks the channels by the largest product they can carry."""
+    count = max(1, math.ceil(weight.shape[0] * SPLIT_SHARE))
+    return np.sort(np.argsort(-np.abs(weight).max(axis=1), kind="stable")[:count]).astype(np.int64)
+
+
+def split_weights(weight: NDArray[np.float32], p: str, levels: int = FULL_LEVELS) -> list[onnx.TensorProto]:
+    """What split_arithmetic reads: the int8 weight of `weight` with its split rows zeroed (`{p}_rest`, as
+    int8_weights: the other rows get the columns' levels), the rows' indices `{p}_rows` and their fp32 values
+    `{p}_rowweights`."""
+    rows = split_rows(weight)
+    rest = weight.copy()
+    rest[rows] = 0
+    return [
+        *int8_weights(rest, f"{p}_rest", levels),
+        numpy_helper.from_array(rows, f"{p}_rows"),
+        numpy_helper.from_array(weight[rows], f"{p}_rowweights"),
+    ]
+
+
+def split_arithmetic(x: str, y: str, w: str, p: str, scales: str, name: str = "") -> list[onnx.NodeProto]:
+    """One split MatMul from `x` to `y`: the int8 arithmetic of `scales` on the weight without its split rows,
+    plus the split channels of `x` (a Gather) times those rows in fp32 (split_weights, prefix `w`)."""
+    return [
+        *arithmetic(x, f"{p}_int8", f"{w}_rest", p, scales, name),
+        helper.make_node("Gather", [x, f"{w}_rows"], [f"{p}_xrows"], name=f"{p}_rows", axis=-1),
+        # Unnamed, as mixed.targets leaves a MatMul: the fp32 rows are not a candidate for int8.
+        helper.make_node("MatMul", [f"{p}_xrows", f"{w}_rowweights"], [f"{p}_yrows"]),
+        helper.make_node("Add", [f"{p}_int8", f"{p}_yrows"], [y]),
+    ]
+
+
 def token_constants() -> list[onnx.TensorProto]:
     """The initializers the per-token arithmetic reads (TOKEN_CONSTANTS)."""
     levels, least, one, middle = TOKEN_CONSTANTS
@@ -89,8 +132,8 @@ def int8_weights(weight: NDArray[np.float32], p: str, levels: int = FULL_LEVELS)
 
 def simulation(model: onnx.ModelProto, names: Sequence[str], levels: int = FULL_LEVELS) -> onnx.ModelProto:
     """`model` (consumed) with the MatMuls `names` switchable by the int64 input SWITCHES (one entry per
-    name, in order): 0 fp32, TENSOR int8 with one activation scale per call, TOKEN int8 with one per token;
-    weights of `levels` a side."""
+    name, in order): 0 fp32, TENSOR int8 with one activation scale per call, TOKEN int8 with one per token,
+    either + SPLIT split; weights of `levels` a side."""
     inits = {t.name: t for t in model.graph.initializer}
     index = {name: i for i, name in enumerate(names)}
     model.graph.initializer.extend(token_constants())
@@ -100,54 +143,98 @@ def simulation(model: onnx.ModelProto, names: Sequence[str], levels: int = FULL_
             nodes.append(node)
             continue
         i, p = index[node.name], f"hare_sim{index[node.name]}"
-        x, w, y = node.input[0], node.input[1], node.output[0]
-        model.graph.initializer.extend(int8_weights(numpy_helper.to_array(inits[w]), p, levels))
-        model.graph.initializer.append(numpy_helper.from_array(np.array(i, np.int64), f"{p}_i"))
-        model.graph.initializer.append(numpy_helper.from_array(np.array(TOKEN, np.int64), f"{p}_tokencode"))
-        branches = {  # the operators the build writes, so the CPU's own int8 kernel runs them
-            scales: helper.make_graph(
-                arithmetic(x, f"{p}_{scales}_y", p, f"{p}_{scales}", scales),
-                f"{p}_{scales}",
-                [],
-                [helper.make_tensor_value_info(f"{p}_{scales}_y", TensorProto.FLOAT, None)],
-            )
-            for scales in ("tensor", "token")
-        }
-        int8 = helper.make_graph(
-            [
-                helper.make_node("Equal", [f"{p}_g", f"{p}_tokencode"], [f"{p}_bytoken"]),
-                helper.make_node(
-                    "If", [f"{p}_bytoken"], [f"{p}_y8"], then_branch=branches["token"], else_branch=branches["tensor"]
-                ),
-            ],
-            f"{p}_int8",
-            [],
-            [helper.make_tensor_value_info(f"{p}_y8", TensorProto.FLOAT, None)],
+        weight = numpy_helper.to_array(inits[node.input[1]])
+        model.graph.initializer.extend([*int8_weights(weight, p, levels), *split_weights(weight, p, levels)])
+        codes = {"i": i, "token": TOKEN, "tokensplit": TOKEN + SPLIT}
+        model.graph.initializer.extend(
+            numpy_helper.from_array(np.array(v, np.int64), f"{p}_{k}") for k, v in codes.items()
         )
-        fp32 = helper.make_graph(
-            [helper.make_node("MatMul", [x, w], [f"{p}_y32"])],
-            f"{p}_fp32",
-            [],
-            [helper.make_tensor_value_info(f"{p}_y32", TensorProto.FLOAT, None)],
-        )
-        nodes += [
-            helper.make_node("Gather", [SWITCHES, f"{p}_i"], [f"{p}_g"], axis=0),
-            helper.make_node("Cast", [f"{p}_g"], [f"{p}_on"], to=TensorProto.BOOL),
-            helper.make_node("If", [f"{p}_on"], [y], name=node.name, then_branch=int8, else_branch=fp32),
-        ]
+        nodes += _switched(node, p)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     model.graph.input.append(helper.make_tensor_value_info(SWITCHES, TensorProto.INT64, [len(names)]))
     return model
 
 
+def _switched(node: onnx.NodeProto, p: str) -> list[onnx.NodeProto]:
+    """The MatMul `node` behind its switch (simulation): Ifs over the fp32 MatMul and the int8 arithmetic the
+    build writes, so that the CPU's own int8 kernel runs each choice."""
+    x, w, y = node.input[0], node.input[1], node.output[0]
+
+    def by_scales(split: bool) -> onnx.GraphProto:
+        tag = "split" if split else "whole"
+        write = split_arithmetic if split else arithmetic
+        kinds = {
+            scales: _branch(f"{p}_{scales}_{tag}", write(x, f"{p}_{scales}_{tag}_y", p, f"{p}_{scales}_{tag}", scales))
+            for scales in ("tensor", "token")
+        }
+        choose = helper.make_node(
+            "If", [f"{p}_bytoken"], [f"{p}_{tag}_y"], then_branch=kinds["token"], else_branch=kinds["tensor"]
+        )
+        return _branch(f"{p}_{tag}", [choose])
+
+    int8 = _branch(
+        f"{p}_int8",
+        [
+            helper.make_node("Equal", [f"{p}_g", f"{p}_token"], [f"{p}_istoken"]),
+            helper.make_node("Equal", [f"{p}_g", f"{p}_tokensplit"], [f"{p}_istokensplit"]),
+            helper.make_node("Or", [f"{p}_istoken", f"{p}_istokensplit"], [f"{p}_bytoken"]),
+            helper.make_node("Greater", [f"{p}_g", f"{p}_token"], [f"{p}_issplit"]),  # 3 and 4: split
+            helper.make_node(
+                "If", [f"{p}_issplit"], [f"{p}_y8"], then_branch=by_scales(True), else_branch=by_scales(False)
+            ),
+        ],
+    )
+    fp32 = _branch(f"{p}_fp32", [helper.make_node("MatMul", [x, w], [f"{p}_y32"])])
+    return [
+        helper.make_node("Gather", [SWITCHES, f"{p}_i"], [f"{p}_g"], axis=0),
+        helper.make_node("Cast", [f"{p}_g"], [f"{p}_on"], to=TensorProto.BOOL),
+        helper.make_node("If", [f"{p}_on"], [y], name=node.name, then_branch=int8, else_branch=fp32),
+    ]
+
+
+def _branch(name: str, body: list[onnx.NodeProto]) -> onnx.GraphProto:
+    """An If branch that answers its last node's output."""
+    out = body[-1].output[0]
+    return helper.make_graph(body, name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+
 def per_token(model: onnx.ModelProto, names: Sequence[str], levels: int = FULL_LEVELS) -> onnx.ModelProto:
     """`model` (consumed) with the MatMuls `names` in int8 with one activation scale per token: the
     simulation's arithmetic (weights of `levels` a side), each MatMulInteger named `{name}_quant` as the
     dynamic quantizer names its own. Weights no other node reads are dropped."""
+    model.graph.initializer.extend(token_constants())
+    return _rewrite(model, names, lambda x, y, w, p: arithmetic(x, y, w, p, "token", p), int8_weights, levels)
+
+
+def split(model: onnx.ModelProto, names: Sequence[str], scales: str, levels: int = FULL_LEVELS) -> onnx.ModelProto:
+    """`model` (consumed) with the fp32 MatMuls `names` split (split_arithmetic, activation scales `scales`):
+    the simulation's arithmetic, each MatMulInteger named `{name}_quant`. Weights no other node reads are
+    dropped."""
+    if scales == "token" and not any(t.name == TOKEN_CONSTANTS[0] for t in model.graph.initializer):
+        model.graph.initializer.extend(token_constants())
+    return _rewrite(
+        model,
+        names,
+        lambda x, y, w, p: split_arithmetic(x, y, w, p, scales, p),
+        split_weights,
+        levels,
+    )
+
+
+def _rewrite(
+    model: onnx.ModelProto,
+    names: Sequence[str],
+    write: Callable[[str, str, str, str], list[onnx.NodeProto]],
+    weights: Callable[[NDArray[np.float32], str, int], list[onnx.TensorProto]],
+    levels: int,
+) -> onnx.ModelProto:
+    """`model` with each MatMul of `names` replaced by `write(x, y, weight prefix, p)`, p `{node name}_quant` (the
+    dynamic quantizer's name for its MatMulInteger: names the new nodes' outputs and MatMulInteger), its weight
+    stored once as `weights(weight, its name, levels)` (a weight two MatMuls read, ALBERT's shared layers,
+    is stored once); weights nothing reads any more are dropped."""
     inits = {t.name: t for t in model.graph.initializer}
     chosen = set(names)
-    model.graph.initializer.extend(token_constants())
     nodes: list[onnx.NodeProto] = []
     replaced: set[str] = set()
     for node in model.graph.node:
@@ -155,10 +242,10 @@ def per_token(model: onnx.ModelProto, names: Sequence[str], levels: int = FULL_L
             nodes.append(node)
             continue
         x, w, y = node.input[0], node.input[1], node.output[0]
-        if w not in replaced:  # a weight two MatMuls read (ALBERT's shared layers) is stored once
-            model.graph.initializer.extend(int8_weights(numpy_helper.to_array(inits[w]), w, levels))
+        if w not in replaced:
+            model.graph.initializer.extend(weights(numpy_helper.to_array(inits[w]), w, levels))
             replaced.add(w)
-        nodes += arithmetic(x, y, w, f"{node.name}_quant", "token", name=f"{node.name}_quant")
+        nodes += write(x, y, w, f"{node.name}_quant")
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     unread = replaced - {name for node in nodes for name in node.input}
