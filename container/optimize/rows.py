@@ -13,6 +13,10 @@ feed-forward are 12% of the model's multiply-adds. A rewritten graph is run agai
 batch before it replaces it, and kept only when the two agree (MAX_DIFF), so a graph this reading gets wrong
 is left as it was. Attention itself (the query's rows) is left alone: reaching it would mean following the
 token axis through Reshape and Transpose.
+
+The export stage applies it to the unfused variants; the fused ones apply it to the fused graph
+(variants.fused), where the tail reads the fused Attention's output: cut before the fusion, the slice broke
+ORT's attention pattern for the last layer.
 """
 
 from __future__ import annotations
