@@ -110,15 +110,20 @@ def split_arithmetic(x: str, y: str, w: str, p: str, scales: str, name: str = ""
     ]
 
 
-def token_constants() -> list[onnx.TensorProto]:
-    """The initializers the per-token arithmetic reads (TOKEN_CONSTANTS)."""
+def add_token_constants(model: onnx.ModelProto) -> None:
+    """Give `model` the initializers the per-token arithmetic reads (TOKEN_CONSTANTS), once: the rewrites
+    that write that arithmetic may run one after the other on a graph."""
+    if any(t.name == TOKEN_CONSTANTS[0] for t in model.graph.initializer):
+        return
     levels, least, one, middle = TOKEN_CONSTANTS
-    return [
-        numpy_helper.from_array(np.array(127, np.float32), levels),
-        numpy_helper.from_array(np.array(1e-30, np.float32), least),
-        numpy_helper.from_array(np.array(1, np.float32), one),
-        numpy_helper.from_array(np.array(128, np.uint8), middle),
-    ]
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array(127, np.float32), levels),
+            numpy_helper.from_array(np.array(1e-30, np.float32), least),
+            numpy_helper.from_array(np.array(1, np.float32), one),
+            numpy_helper.from_array(np.array(128, np.uint8), middle),
+        ]
+    )
 
 
 def int8_weights(weight: NDArray[np.float32], p: str, levels: int = FULL_LEVELS) -> list[onnx.TensorProto]:
@@ -136,7 +141,7 @@ def simulation(model: onnx.ModelProto, names: Sequence[str], levels: int = FULL_
     either + SPLIT split; weights of `levels` a side."""
     inits = {t.name: t for t in model.graph.initializer}
     index = {name: i for i, name in enumerate(names)}
-    model.graph.initializer.extend(token_constants())
+    add_token_constants(model)
     nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
         if node.name not in index:
@@ -203,7 +208,7 @@ def per_token(model: onnx.ModelProto, names: Sequence[str], levels: int = FULL_L
     """`model` (consumed) with the MatMuls `names` in int8 with one activation scale per token: the
     simulation's arithmetic (weights of `levels` a side), each MatMulInteger named `{name}_quant` as the
     dynamic quantizer names its own. Weights no other node reads are dropped."""
-    model.graph.initializer.extend(token_constants())
+    add_token_constants(model)
     return _rewrite(model, names, lambda x, y, w, p: arithmetic(x, y, w, p, "token", p), int8_weights, levels)
 
 
@@ -211,8 +216,8 @@ def split(model: onnx.ModelProto, names: Sequence[str], scales: str, levels: int
     """`model` (consumed) with the fp32 MatMuls `names` split (split_arithmetic, activation scales `scales`):
     the simulation's arithmetic, each MatMulInteger named `{name}_quant`. Weights no other node reads are
     dropped."""
-    if scales == "token" and not any(t.name == TOKEN_CONSTANTS[0] for t in model.graph.initializer):
-        model.graph.initializer.extend(token_constants())
+    if scales == "token":
+        add_token_constants(model)
     return _rewrite(
         model,
         names,

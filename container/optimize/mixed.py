@@ -427,7 +427,7 @@ def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) ->
         trial[order[:count]] += SPLIT
         tight = sim.judge(trial, subset, ideal)
         if tight.harm <= 1 - MARGIN and sim.judge(trial, everything).passed:
-            switches, judged, splits, kept = trial, tight, count, 0
+            judged, splits, kept = tight, count, 0
             break
     chosen = Plan(
         alpha=alpha,
@@ -468,10 +468,12 @@ def build(fp32: Path, out: Path, parity: Parity, levels: int = FULL_LEVELS) -> d
     folder = out.parent / f"{out.stem}.work"
     try:
         smoothed, chosen = plan(fp32, parity, folder, levels)
-        int8 = [n for n in (t.name for t in targets(smoothed)) if n not in chosen.fp32 + chosen.split]
+        # The split MatMuls first, in either kind of scales: the targets left named are fp32 or int8.
+        smoothed = split(smoothed, chosen.split, chosen.scales, levels)
+        int8 = [n for n in (t.name for t in targets(smoothed)) if n not in chosen.fp32]
         big = graphs.too_big(smoothed)
         if chosen.scales == "token":
-            graphs.save(split(per_token(smoothed, int8, levels), chosen.split, "token", levels), out)
+            graphs.save(per_token(smoothed, int8, levels), out)
         else:
             source = folder / "smoothed.onnx"
             graphs.save(smoothed, source)
@@ -486,8 +488,6 @@ def build(fp32: Path, out: Path, parity: Parity, levels: int = FULL_LEVELS) -> d
                 use_external_data_format=big,
                 extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT},
             )
-            if chosen.split:
-                graphs.save(split(onnx.load(str(out)), chosen.split, "tensor", levels), out)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return asdict(chosen)
