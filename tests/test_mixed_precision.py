@@ -476,3 +476,100 @@ def test_a_simulation_past_protobufs_limit_replaces_its_weights_file_instead_of_
         x = np.ones((2, 64), np.float32)
         assert np.allclose(session.run(None, {"x": x})[0], x @ weight, atol=1e-4)
     assert sizes[0] >= weight.nbytes and sizes == [sizes[0]] * 3
+
+
+def test_lookup_tables_store_int8_rows_and_a_tied_head_stays_fp32() -> None:
+    rng = np.random.default_rng(0)
+    words = rng.normal(size=(300, 1024)).astype(np.float32)  # 1.2 MB, past TABLE_BYTES
+    words[7] = 0  # a row of zeros (a padding id's) stays zeros
+    tied = rng.normal(size=(300, 1024)).astype(np.float32)  # also the weight of an output head
+    small = rng.normal(size=(4, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["words", "ids"], ["y"], name="embed"),
+            helper.make_node("Gather", ["tied", "ids"], ["t"]),
+            helper.make_node("MatMul", ["t", "tied_t"], ["logits"]),
+            helper.make_node("Gather", ["small", "few"], ["s"]),
+        ],
+        "tables",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [1, None]),
+            helper.make_tensor_value_info("few", TensorProto.INT64, [None]),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "logits", "s")],
+        [
+            numpy_helper.from_array(words, "words"),
+            numpy_helper.from_array(tied, "tied"),
+            numpy_helper.from_array(small, "small"),
+        ],
+    )
+    # The head reads `tied` through a Transpose: a table any other node reads is not one to store as rows.
+    graph.node.insert(2, helper.make_node("Transpose", ["tied"], ["tied_t"]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert int8.tables(model) == ["words"]
+    stored = int8.int8_tables(copy.deepcopy(model), ["words"])
+    assert stored.ByteSize() < model.ByteSize() - 0.7 * words.nbytes  # a quarter of the table's bytes
+    ids = np.array([[0, 7, 299, 0]], np.int64)
+    feeds = {"ids": ids, "few": np.array([1, 3], np.int64)}
+
+    def run(m: onnx.ModelProto) -> list[np.ndarray]:
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+    (y, logits, s), (y8, logits8, s8) = run(model), run(stored)
+    step = np.abs(words[ids[0]]).max(axis=1, keepdims=True) / 127
+    assert np.all(np.abs(y8[0] - y[0]) <= step / 2 + 1e-6)  # each row within half its own int8 step
+    assert not y8[0, 1].any() and np.array_equal(logits8, logits) and np.array_equal(s8, s)
+
+
+def _inflated_table(classifier: Built, folder: Path) -> Path:
+    """The classifier with one column of its word embedding 1000x and a Mul by 1/1000 after the lookup: the same
+    function in fp32 (its reference stays), but each int8 row's scale is then set by that column, which leaves
+    the row's other values a level or two."""
+    model = onnx.load(str(classifier.fp32))
+    name = max(int8.tables(model), key=lambda t: next(i.dims[0] for i in model.graph.initializer if i.name == t))
+    inits = {t.name: t for t in model.graph.initializer}
+    table = numpy_helper.to_array(inits[name]).copy()
+    table[:, 0] *= 1000
+    inits[name].CopyFrom(numpy_helper.from_array(table, name))
+    inverse = np.ones(table.shape[1], np.float32)
+    inverse[0] = 1e-3
+    model.graph.initializer.append(numpy_helper.from_array(inverse, "inverse"))
+    lookup = next(n for n in model.graph.node if n.op_type == "Gather" and n.input[0] == name)
+    scaled = lookup.output[0]
+    lookup.output[0] = f"{scaled}_inflated"
+    model.graph.node.insert(
+        list(model.graph.node).index(lookup) + 1, helper.make_node("Mul", [f"{scaled}_inflated", "inverse"], [scaled])
+    )
+    fp32 = folder / "fp32.onnx"
+    onnx.save(model, str(fp32))
+    return fp32
+
+
+@pytest.mark.parametrize("inflated", [False, True])
+def test_lookup_tables_go_int8_only_where_the_chosen_graph_still_passes(
+    classifier: Built, tmp_path: Path, plain: None, monkeypatch: pytest.MonkeyPatch, inflated: bool
+) -> None:
+    monkeypatch.setattr(int8, "TABLE_BYTES", 0)  # the tiny model's tables are far under the real threshold
+    fp32 = _inflated_table(classifier, tmp_path) if inflated else classifier.fp32
+    model = onnx.load(str(fp32))
+    names, found = [n.name for n in mixed.targets(model)], int8.tables(model)
+    parity = dataclasses.replace(classifier.parity, thresholds=NO_TOP1)
+    everything = list(range(len(parity.encodings)))
+    every_int8 = np.full(len(names), int8.TENSOR)
+    plain_figure = mixed.Simulator(copy.deepcopy(model), names, tmp_path, parity, []).judge(every_int8, everything)
+    tabled = mixed.Simulator(int8.int8_tables(copy.deepcopy(model), found), names, tmp_path, parity, [])
+    tabled_figure = tabled.judge(every_int8, everything)
+    a, b = plain_figure.figures["max_score_diff"], tabled_figure.figures["max_score_diff"]
+    threshold = 1.5 * (a if inflated else max(a, b))  # every MatMul int8 passes; with the tables too unless inflated
+    if inflated:
+        assert b > 2 * threshold  # the inflated tables alone break the gate, by far
+    gate = dataclasses.replace(parity, thresholds=NO_TOP1 | {"max_score_diff": threshold})
+    out = tmp_path / "int8-mixed.onnx"
+    plan = mixed.build(fp32, out, gate)
+    assert plan["fp32"] == [] and plan["split"] == []  # the MatMuls' choice is the same either way
+    built = onnx.load(str(out))
+    stored = {t.name for t in built.graph.initializer}
+    if inflated:
+        assert plan["tables"] == [] and set(found) <= stored  # left fp32, as they were
+    else:
+        assert plan["tables"] == found and {f"{t}_int8" for t in found} <= stored and not set(found) & stored

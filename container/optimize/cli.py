@@ -195,7 +195,7 @@ def variant_table(manifest: Manifest) -> Table:
 
 def build_lines(manifest: Manifest) -> list[str]:
     """What each calibrated variant's build chose (int8-mixed: the smoothing, the activation scales and the
-    MatMuls kept fp32 or split)."""
+    MatMuls kept fp32 or split, the lookup tables stored as int8 rows)."""
     lines = []
     for v in manifest.variants:
         chose = v.get("build") or {}
@@ -209,8 +209,11 @@ def build_lines(manifest: Manifest) -> list[str]:
         named = f" ({', '.join(kept)})" if kept else ""
         split = chose.get("split", [])  # older bundles: none
         split_named = f"; {len(split)} split, their largest weight rows fp32 ({', '.join(split)})" if split else ""
+        table_names = chose.get("tables", [])  # older bundles: none
+        stored = f"; lookup tables in int8 rows ({', '.join(table_names)})" if table_names else ""
         lines.append(
-            f"{v['name']}: {smoothing}; {len(kept)} of {chose['matmuls']} MatMuls kept fp32{named}{split_named}; {how}"
+            f"{v['name']}: {smoothing}; {len(kept)} of {chose['matmuls']} MatMuls kept fp32{named}{split_named}"
+            f"{stored}; {how}"
         )
     return lines
 

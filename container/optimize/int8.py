@@ -3,7 +3,7 @@ with one activation scale per call (the operators ONNX Runtime's dynamic quantiz
 one kernel) or one per token (written here: the quantizer has no such mode), either one split (its few input
 channels of largest weight rows in fp32 beside the int8 product of the rest: LLM.int8()'s decomposition,
 Dettmers et al. 2022), and the simulation graph in which each MatMul switches between fp32 and any of them,
-so that the CPU's own int8 kernel judges every choice.
+so that the CPU's own int8 kernel judges every choice. Also lookup tables (a word embedding) stored as int8 rows.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ TENSOR, TOKEN, SPLIT = 1, 2, 2
 SPLIT_SHARE = 1 / 48
 # What the per-token arithmetic reads: 127 levels a side, the least row maximum, a unit scale, the zero point.
 TOKEN_CONSTANTS = ("hare_int8_levels", "hare_int8_least", "hare_int8_one", "hare_int8_middle")
+# Lookup tables smaller than this stay fp32 as they are: int8 rows are for the word embedding, most of an
+# int8-mixed graph's bytes (all-MiniLM-L6-v2: 47 of 56 MB), not for position or token-type tables.
+TABLE_BYTES = 2**20
 
 
 def quantized_weight(
@@ -257,4 +260,66 @@ def _rewrite(
     kept = [t for t in model.graph.initializer if t.name not in unread]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
+    return model
+
+
+def tables(model: onnx.ModelProto) -> list[str]:
+    """The lookup tables of `model` that int8_tables may store as int8 rows: 2-D float initializers of at least
+    TABLE_BYTES that only Gathers on their first axis read (a table a MatMul also reads, an output head tied
+    to the embedding, stays fp32)."""
+    found = {
+        t.name
+        for t in model.graph.initializer
+        if t.data_type == TensorProto.FLOAT and len(t.dims) == 2 and t.dims[0] * t.dims[1] * 4 >= TABLE_BYTES
+    }
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            if name in found and not (node.op_type == "Gather" and i == 0 and _axis(node) == 0):
+                found.discard(name)
+        found -= _read_inside(node)
+    return sorted(found)
+
+
+def _read_inside(node: onnx.NodeProto) -> set[str]:
+    """What the subgraphs of `node` (an If's branches, a Loop's body) read, at any depth."""
+    graphs = [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+    return {name for g in graphs for n in g.node for name in [*n.input, *_read_inside(n)]}
+
+
+def _axis(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "axis"), 0)
+
+
+def int8_tables(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    """`model` (consumed) with each table of `names` (tables) stored as int8 rows, each row with its own scale
+    (max |row| / 127): its Gathers read the rows and their scales by the same ids and multiply. Each looked-up
+    vector keeps 127 levels of its own range; a quarter of the bytes."""
+    chosen = set(names)
+    stored = []
+    for t in model.graph.initializer:
+        if t.name in chosen:
+            table = numpy_helper.to_array(t).astype(np.float32)
+            scale = np.abs(table).max(axis=1, keepdims=True) / 127
+            scale[scale == 0] = 1.0
+            stored += [
+                numpy_helper.from_array(np.rint(table / scale).astype(np.int8), f"{t.name}_int8"),
+                numpy_helper.from_array(scale.astype(np.float32), f"{t.name}_rowscale"),
+            ]
+    kept = [t for t in model.graph.initializer if t.name not in chosen]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept + stored)
+    nodes: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        if node.op_type != "Gather" or node.input[0] not in chosen:
+            nodes.append(node)
+            continue
+        table, ids, y, p = node.input[0], node.input[1], node.output[0], f"{node.output[0]}_hare_int8"
+        nodes += [
+            helper.make_node("Gather", [f"{table}_int8", ids], [f"{p}_q"], name=node.name, axis=0),
+            helper.make_node("Cast", [f"{p}_q"], [f"{p}_f"], to=TensorProto.FLOAT),
+            helper.make_node("Gather", [f"{table}_rowscale", ids], [f"{p}_s"], axis=0),
+            helper.make_node("Mul", [f"{p}_f", f"{p}_s"], [y]),
+        ]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
     return model

@@ -32,6 +32,11 @@ cheapest first, each chosen against the reference on a calibration subset of the
    more than int8: all-MiniLM-L6-v2 on the AVX2 kernel (64-level weights), 8 split and none fp32, runs at
    1.44x the fused fp32 graph, against 1.34x with the 4 that would otherwise stay fp32.
 
+Last, the lookup tables (the word embedding: dynamic int8 quantizes it, int8-mixed's MatMul choice leaves it
+fp32) are tried as int8 rows, one scale per row (int8.int8_tables), under the same rule: kept if the chosen
+graph with them still meets the gates with MARGIN to spare on the subset and passes on every sample, otherwise
+left fp32, so they never cost a MatMul its int8. A quarter of the bytes, at the same speed.
+
 Every choice is one pass of a simulation graph over the subset, not a quantizer run: the fp32 graph with each
 MatMul behind an `If` that switches it to either int8 arithmetic as the build writes it (per call: the
 dynamic quantizer's DynamicQuantizeLinear, MatMulInteger on the int8 weight values and per-channel scales it
@@ -46,9 +51,9 @@ validated like every variant.
 The cost is linear in the MatMuls: one pass per alpha and kind of scales over the subset (CALIBRATION_TOKENS
 tokens), one or two over every sample, one per MatMul over a subset of at most RANKING_TOKENS / MatMuls
 tokens (only when some must stay fp32), one per MatMul kept fp32, and up to SPLIT_MORE times as many more
-for the splits (and one over every sample for each that meets the margin); then one quantizer run (or hare's
-per-token rewrite). The choice is fitted to (part of) the samples the gate then checks, which MARGIN hedges;
-a --validation-file of the served texts checks the shipped graph on unseen ones.
+for the splits (and one over every sample for each that meets the margin), one or two for the tables; then
+one quantizer run (or hare's per-token rewrite). The choice is fitted to (part of) the samples the gate then
+checks, which MARGIN hedges; a --validation-file of the served texts checks the shipped graph on unseen ones.
 """
 
 from __future__ import annotations
@@ -70,7 +75,17 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from container.machine import FULL_LEVELS, NARROW_LEVELS, available_bytes
 from container.optimize import graphs
-from container.optimize.int8 import SPLIT, SWITCHES, TENSOR, TOKEN, per_token, simulation, split
+from container.optimize.int8 import (
+    SPLIT,
+    SWITCHES,
+    TENSOR,
+    TOKEN,
+    int8_tables,
+    per_token,
+    simulation,
+    split,
+    tables,
+)
 from container.optimize.validate import Parity, served_outputs, verdicts
 from container.runtime import PROVIDERS, session_options
 from tasks.base import Gate, ParityInput
@@ -116,7 +131,8 @@ class Plan:
     per token ("token"); levels: the int8 weights' levels a side (machine.weight_levels); smoothed: activations
     scaled. matmuls: MatMuls with a constant
     2-D weight (the candidates); fp32: those kept in fp32, most harmful first; split: those split
-    (int8.split) instead, most harmful first (fp32 is then empty). harm: each MatMul's share of the
+    (int8.split) instead, most harmful first (fp32 is then empty). tables: the lookup tables stored as int8
+    rows (int8.int8_tables; empty: those there are stay fp32). harm: each MatMul's share of the
     tightest gate's room when it alone is int8, most harmful first (empty when none had to stay fp32).
     calibration: samples in the calibration subset; figures: the gates' figures of the chosen graph there.
     passes: simulation passes over a subset or the whole set.
@@ -129,6 +145,7 @@ class Plan:
     matmuls: int
     fp32: list[str]
     split: list[str] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)
     harm: dict[str, float] = field(default_factory=dict)
     calibration: int = 0
     figures: dict[str, float] = field(default_factory=dict)
@@ -427,8 +444,19 @@ def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) ->
         trial[order[:count]] += SPLIT
         tight = sim.judge(trial, subset, ideal)
         if tight.harm <= 1 - MARGIN and sim.judge(trial, everything).passed:
-            judged, splits, kept = tight, count, 0
+            judged, splits, kept, switches = tight, count, 0, trial
             break
+    # Last, the lookup tables as int8 rows, kept only if the choice still meets the gates the same way with them.
+    stored = tables(model)
+    if stored:
+        held.clear()
+        tabled = int8_tables(copy.deepcopy(model), stored)
+        sim = Simulator(smooth(tabled, maxima, alpha), names, folder, parity, passes, levels)
+        tight = sim.judge(switches, subset, ideal)
+        if tight.harm <= 1 - MARGIN and sim.judge(switches, everything).passed:
+            model, judged = tabled, tight
+        else:
+            stored = []
     chosen = Plan(
         alpha=alpha,
         levels=levels,
@@ -437,6 +465,7 @@ def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) ->
         matmuls=len(names),
         fp32=[names[i] for i in order[:kept]],
         split=[names[i] for i in order[:splits]],
+        tables=stored,
         harm=harm,
         calibration=len(subset),
         figures={m: round(v, 5) for m, v in judged.figures.items()},
