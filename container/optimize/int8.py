@@ -295,19 +295,21 @@ def int8_tables(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto
     (max |row| / 127): its Gathers read the rows and their scales by the same ids and multiply. Each looked-up
     vector keeps 127 levels of its own range; a quarter of the bytes."""
     chosen = set(names)
-    stored = []
-    for t in model.graph.initializer:
-        if t.name in chosen:
-            table = numpy_helper.to_array(t).astype(np.float32)
+    if not chosen:
+        return model
+    inits = model.graph.initializer
+    for i in reversed(range(len(inits))):  # in place: re-adding the other initializers would copy them all
+        if inits[i].name in chosen:
+            table = numpy_helper.to_array(inits[i]).astype(np.float32)
             scale = np.abs(table).max(axis=1, keepdims=True) / 127
             scale[scale == 0] = 1.0
-            stored += [
-                numpy_helper.from_array(np.rint(table / scale).astype(np.int8), f"{t.name}_int8"),
-                numpy_helper.from_array(scale.astype(np.float32), f"{t.name}_rowscale"),
-            ]
-    kept = [t for t in model.graph.initializer if t.name not in chosen]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept + stored)
+            inits.extend(
+                [
+                    numpy_helper.from_array(np.rint(table / scale).astype(np.int8), f"{inits[i].name}_int8"),
+                    numpy_helper.from_array(scale.astype(np.float32), f"{inits[i].name}_rowscale"),
+                ]
+            )
+            del inits[i]
     nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
         if node.op_type != "Gather" or node.input[0] not in chosen:

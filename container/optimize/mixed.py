@@ -109,7 +109,8 @@ SPLIT_MORE = 3
 # estimate is past the memory available is refused before anything runs: the kernel's OOM killer would end the
 # whole build, not this variant. (10x alone refused the 0.6B geometry on a 24 GiB machine, where it builds.)
 # Splits add about a quarter of the weight bytes to each simulation (each weight's int8 copy without its split
-# rows, and those rows in fp32), which 6x still covers by the figures above; not re-measured on the 0.6B.
+# rows, and those rows in fp32): with them and the tables' simulation, the 0.6B geometry peaked at 12.7 GB (5.1x;
+# 15.9 GB while the tables' check held a third copy of the graph, since removed).
 MEMORY_FACTOR = 6
 MEMORY_BASE = 512 * 2**20
 # Activation scales, cheapest first: one per call (the quantizer's, fused by ONNX Runtime into one kernel), one
@@ -447,16 +448,18 @@ def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) ->
             judged, splits, kept, switches = tight, count, 0, trial
             break
     # Last, the lookup tables as int8 rows, kept only if the choice still meets the gates the same way with them.
+    # Their simulation is built from a smoothed copy it consumes, as the others are: no third copy is held.
     stored = tables(model)
     if stored:
         held.clear()
-        tabled = int8_tables(copy.deepcopy(model), stored)
-        sim = Simulator(smooth(tabled, maxima, alpha), names, folder, parity, passes, levels)
-        tight = sim.judge(switches, subset, ideal)
-        if tight.harm <= 1 - MARGIN and sim.judge(switches, everything).passed:
-            model, judged = tabled, tight
+        del sim
+        tabled = Simulator(int8_tables(smooth(model, maxima, alpha), stored), names, folder, parity, passes, levels)
+        tight = tabled.judge(switches, subset, ideal)
+        if tight.harm <= 1 - MARGIN and tabled.judge(switches, everything).passed:
+            judged = tight
         else:
             stored = []
+        del tabled
     chosen = Plan(
         alpha=alpha,
         levels=levels,
@@ -472,7 +475,7 @@ def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) ->
         passes=sum(passes),
         seconds=round(time.perf_counter() - start, 1),
     )
-    return smooth(model, maxima, alpha), chosen
+    return int8_tables(smooth(model, maxima, alpha), stored), chosen
 
 
 def _weight_bytes(path: Path) -> int:
