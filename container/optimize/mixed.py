@@ -340,9 +340,10 @@ def _used(gate: Gate, verdict: Mapping[str, float | bool], ideal: Mapping[str, f
 
 
 def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) -> tuple[onnx.ModelProto, Plan]:
-    """Choose the smoothing and the MatMuls that stay fp32 for the graph at `fp32` (module docstring), with
-    int8 weights of `levels` a side; returns the smoothed fp32 graph and the plan. Raises Refused, with the
-    figures, when no choice within MAX_FP32 passes."""
+    """Choose the smoothing, the MatMuls that stay fp32 or split and the tables in int8 rows for the graph at
+    `fp32` (module docstring), with int8 weights of `levels` a side; returns the smoothed graph (its MatMuls
+    still fp32, its chosen tables in int8 rows) and the plan. Raises Refused, with the figures, when no choice
+    within MAX_FP32 passes."""
     start = time.perf_counter()
     weights = _weight_bytes(fp32)
     available = available_bytes()
