@@ -441,7 +441,7 @@ def test_the_pipeline_records_the_choice_and_reports_a_refusal(
     manifest = build(tmp_path / "refused")
     report = next(v for v in manifest.variants if v["name"] == "int8-mixed")
     assert report["error"] == "refused: with 6 of 12 MatMuls in fp32, cosine_p1=0.5" and not report["passed"]
-    assert manifest.variant == "fp32"  # the others go on and ship
+    assert manifest.variant in ("fp32", "int8")  # the others go on, and the faster of them (autotune's) ships
 
 
 def test_a_graph_too_big_for_the_memory_is_refused_before_anything_runs(
