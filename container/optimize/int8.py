@@ -272,6 +272,7 @@ def tables(model: onnx.ModelProto) -> list[str]:
         for t in model.graph.initializer
         if t.data_type == TensorProto.FLOAT and len(t.dims) == 2 and t.dims[0] * t.dims[1] * 4 >= TABLE_BYTES
     }
+    found -= {v.name for v in (*model.graph.input, *model.graph.output)}  # an overridable input, or an answer
     for node in model.graph.node:
         for i, name in enumerate(node.input):
             if name in found and not (node.op_type == "Gather" and i == 0 and _axis(node) == 0):
