@@ -301,13 +301,12 @@ def int8_tables(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto
     inits = model.graph.initializer
     for i in reversed(range(len(inits))):  # in place: re-adding the other initializers would copy them all
         if inits[i].name in chosen:
-            table = numpy_helper.to_array(inits[i]).astype(np.float32)
-            scale = np.abs(table).max(axis=1, keepdims=True) / 127
-            scale[scale == 0] = 1.0
+            # A row is a column of the transpose: the weights' own per-column quantization, 127 levels a side.
+            q, scale = quantized_weight(numpy_helper.to_array(inits[i]).astype(np.float32).T)
             inits.extend(
                 [
-                    numpy_helper.from_array(np.rint(table / scale).astype(np.int8), f"{inits[i].name}_int8"),
-                    numpy_helper.from_array(scale.astype(np.float32), f"{inits[i].name}_rowscale"),
+                    numpy_helper.from_array(np.ascontiguousarray(q.T), f"{inits[i].name}_int8"),
+                    numpy_helper.from_array(scale[:, None], f"{inits[i].name}_rowscale"),
                 ]
             )
             del inits[i]
