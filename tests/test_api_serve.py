@@ -31,6 +31,9 @@ from container.optimize.textset import SENTENCES
 from tests.conftest import ModelFactory
 from tests.live_server import ROOT, hare_serve
 
+# Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
+pytestmark = pytest.mark.serial
+
 
 def metric(text: str, name: str) -> float:
     """Sum of a metric's samples in exposition text (labels ignored)."""

@@ -30,6 +30,9 @@ from container.runtime import OnnxModel
 from hare.cli import main
 from tests.conftest import ModelFactory
 
+# Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
+pytestmark = pytest.mark.serial
+
 SECONDS = 0.03  # --tune-seconds: the least time a point is timed in all, over the rounds
 SLOWER = "slower"  # the graph name _slower gives, so a test can tell its sessions apart
 

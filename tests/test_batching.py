@@ -23,7 +23,8 @@ from api.engine.policy import BatchPolicy
 from container.runtime import InferenceFailed
 from tasks.errors import InputError
 
-pytestmark = pytest.mark.anyio
+# Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
+pytestmark = [pytest.mark.anyio, pytest.mark.serial]
 
 Calls = list[list[str]]
 Rows = list[NDArray[np.float32]]

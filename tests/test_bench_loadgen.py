@@ -12,6 +12,9 @@ import pytest
 from bench.loadgen import LoadSpec, latency_summary, run_load
 from bench.servers import ServerProcess, free_port, trivial_server
 
+# Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
+pytestmark = pytest.mark.serial
+
 BODY = [b'{"inputs": "I like you. I love you"}']
 
 

@@ -10,7 +10,12 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
+
 from api.engine.cores import CorePool, forget
+
+# Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
+pytestmark = pytest.mark.serial
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,6 +21,9 @@ from api.web.errors import error_response, raw_answer
 from tests.conftest import ModelFactory
 from tests.live_server import hare_serve
 
+# Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
+pytestmark = pytest.mark.serial
+
 HEAVY = {"inputs": ["word " * 60] * 400}
 BURST = 48
 TIMEOUT_S = 60.0  # a hung connection fails the test instead of hanging it

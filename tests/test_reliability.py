@@ -21,6 +21,9 @@ from tests.api_helpers import serve
 from tests.conftest import ModelFactory
 from tests.live_server import ROOT, hare_serve
 
+# Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
+pytestmark = pytest.mark.serial
+
 Server = tuple[str, subprocess.Popen[bytes], Path]
 
 

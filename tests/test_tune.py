@@ -15,6 +15,9 @@ from container.optimize import autotune
 from hare.cli import main
 from tests.conftest import ModelFactory
 
+# Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
+pytestmark = pytest.mark.serial
+
 QUICK = ["--seconds", "0.02", "--streams", "2"]
 
 
