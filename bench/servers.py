@@ -153,11 +153,15 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         return self
 
+    def close(self) -> None:
+        """Stop the server and remove its log (a server used without `with`)."""
+        self.stop()
+        self.log.unlink(missing_ok=True)
+
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.stop()
-        self.log.unlink(missing_ok=True)
+        self.close()
 
 
 def split_url(url: str) -> tuple[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import shutil
@@ -22,8 +23,11 @@ if TYPE_CHECKING:
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# Models with their own code (tests/test_remote_code.py) are copied here by transformers, not into ~/.cache.
-os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="hare-hf-modules-"))
+# Models with their own code (tests/test_remote_code.py) are copied here by transformers, not into ~/.cache;
+# removed when this process exits (each test run, and each pytest-xdist worker, made its own and left it).
+if "HF_MODULES_CACHE" not in os.environ:
+    os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hare-hf-modules-")
+    atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], ignore_errors=True)
 # PyTorch on one thread, here and in the processes the tests start (set before torch is first imported). Its
 # OpenMP pool buys nothing on models this tiny, and on a shared machine it costs most of the suite's time: a
 # worker that waits for a core spins, and every operator waits for it (a tiny BERT's 51 reference rows took

@@ -32,7 +32,7 @@ class HttpEncoder:
 
     def close(self) -> None:
         self.client.close()
-        self.server.stop()
+        self.server.close()
 
 
 def load_hare_http(space: Workspace, threads: int) -> Encoder:
@@ -46,7 +46,7 @@ def load_hare_http(space: Workspace, threads: int) -> Encoder:
     try:
         server.wait_ready()
     except BaseException:
-        server.stop()
+        server.close()
         raise
     encoder = HttpEncoder(server)
     return Encoder(encoder, close=encoder.close)
