@@ -9,8 +9,8 @@ Blockwise (MatMulNBits, accuracy level 4): int8 weights with one scale per block
 channels, and activations quantized per block at run time, so an outlier only costs its own block.
 Slower than dynamic, faster than fp32, and close to fp32 in accuracy. Its lookup tables (the word embedding,
 which dynamic int8 stores with one scale for the whole table) are stored as int8 rows with one scale per row
-(int8.int8_tables): finer than dynamic int8's, and a quarter of the bytes (all-MiniLM-L6-v2: 47 of its 56 MB
-are that table).
+(int8.int8_tables): for all but the widest rows finer than dynamic int8's, and a quarter of the bytes
+(all-MiniLM-L6-v2: 47 of its 56 MB are that table).
 
 A third way, per-channel dynamic int8 that keeps the gates (smoothing the outliers into the weights, one
 activation scale per token where one per call is not enough, and the MatMuls that still break a gate kept
