@@ -9,7 +9,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from container.machine import FULL_LEVELS, NARROW_LEVELS, cpu_quota, describe, int8_path, physical_cores, weight_levels
+from container import machine
+from container.machine import FULL_LEVELS, NARROW_LEVELS, cpu_quota, int8_path, physical_cores, weight_levels
 
 
 @pytest.mark.parametrize(
@@ -50,9 +51,42 @@ def test_the_int8_path_names_the_kernels_a_cpu_takes(flags: list[str], path: str
     assert int8_path(flags) == path
 
 
-def test_this_machine_records_its_int8_path() -> None:
-    here = describe()
-    assert here["int8_path"] == int8_path(here["flags"])
+# /proc/cpuinfo as two CPUs of the pool write it (one logical CPU each, flags cut to a realistic few).
+ZEN3 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7763 64-Core Processor
+physical id\t: 0
+core id\t\t: 0
+flags\t\t: fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx avx2 bmi2 sha_ni vaes vpclmulqdq
+"""
+SAPPHIRE_RAPIDS = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+physical id\t: 0
+core id\t\t: 0
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw avx512_vnni avx_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+"""
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "cpu", "path", "levels"),
+    [
+        (ZEN3, "AMD EPYC 7763 64-Core Processor", "avx2", NARROW_LEVELS),
+        (SAPPHIRE_RAPIDS, "Intel(R) Xeon(R) Platinum 8480+", "amx", FULL_LEVELS),
+    ],
+)
+def test_the_int8_path_and_its_weight_levels_come_from_proc_cpuinfo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpuinfo: str, cpu: str, path: str, levels: int
+) -> None:
+    """What a bundle built on that CPU records (its int8 path, hence the weight levels it is built with),
+    read from the text the kernel gives, not from this machine."""
+    fake = tmp_path / "cpuinfo"
+    fake.write_text(cpuinfo)
+    monkeypatch.setattr(machine, "Path", lambda p: fake if str(p) == "/proc/cpuinfo" else Path(p))
+    here = machine.describe.__wrapped__()  # describe() is cached for this machine
+    assert (here["cpu"], here["int8_path"]) == (cpu, path)
+    assert weight_levels(here["int8_path"]) == levels
+    assert set(here["flags"]) <= set(cpuinfo.split()) and "avx2" in here["flags"]
 
 
 def _matmul_integer(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -83,5 +117,5 @@ def test_int8_weights_of_the_levels_this_cpu_is_given_add_up_exactly(levels: int
     b = np.full((64, 16), levels, np.int8)
     b[:, 8:] = rng.integers(-levels, levels + 1, (64, 8), dtype=np.int8)
     exact = a.astype(np.int64) @ b.astype(np.int64)
-    here = describe()["int8_path"]
+    here = machine.describe()["int8_path"]
     assert np.array_equal(_matmul_integer(a, b), exact) == (levels <= weight_levels(here))
