@@ -98,7 +98,8 @@ def _tune(
 def _clocked(monkeypatch: pytest.MonkeyPatch, cost: Callable[[str], int]) -> None:
     """Calls timed by a clock of each thread's own (as thread CPU time is) that a call advances by `cost(its
     graph's name)` microseconds per 8 tokens it runs (the races' point: 8 tokens, one sequence), not by this
-    machine: the sessions still run every call, and the rounds decide on figures that load cannot move."""
+    machine: the sessions still run every call, and the rounds decide on figures that load cannot move. It
+    stands in for the clock autotune.clock picks, which must be thread CPU time, and keeps that clock's name."""
     spent = threading.local()
     run = OnnxModel.run
 
@@ -109,9 +110,22 @@ def _clocked(monkeypatch: pytest.MonkeyPatch, cost: Callable[[str], int]) -> Non
         return result
 
     monkeypatch.setattr(OnnxModel, "run", counted)
-    monkeypatch.setattr(
-        autotune, "clock", lambda threads, target="cpu": ("p10 of thread CPU time", lambda: getattr(spent, "ns", 0))
-    )
+    real = autotune.clock  # its choice of clock, and so the statistic's name, stay autotune's own
+
+    def clock(threads: int, target: str = "cpu") -> tuple[str, Callable[[], int]]:
+        statistic, now = real(threads, target)
+        assert now is time.thread_time_ns, statistic  # what the counted clock stands in for
+        return statistic, lambda: getattr(spent, "ns", 0)
+
+    monkeypatch.setattr(autotune, "clock", clock)
+
+
+def test_one_cpu_thread_is_timed_by_its_own_cpu_time_and_anything_else_by_the_wall_clock() -> None:
+    """Thread CPU time counts only the calling thread's work: right for one intra-op thread on the CPU, blind to
+    the work of ORT's other threads or of a GPU, which the wall clock sees."""
+    assert autotune.clock(1, "cpu") == (f"p{autotune.PERCENTILE} of thread CPU time", time.thread_time_ns)
+    assert autotune.clock(2, "cpu") == (f"p{autotune.PERCENTILE} of wall time", time.perf_counter_ns)
+    assert autotune.clock(1, "gpu") == (f"p{autotune.PERCENTILE} of wall time", time.perf_counter_ns)
 
 
 @pytest.mark.parametrize(
