@@ -35,10 +35,57 @@ def test_every_error_class_has_a_status_row() -> None:
         assert f"`{name}`" in table
 
 
-@pytest.mark.parametrize("path", [ROOT / "README.md", *PAGES], ids=lambda p: p.name)
-def test_relative_links_point_at_files_that_exist(path: Path) -> None:
-    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
-        assert (path.parent / target).exists(), f"{path.name} links to {target}, which does not exist"
+HISTORY = sorted((ROOT / "docs" / "history").glob("*.md"))
+LINK = re.compile(r"\]\(([^)\s]*)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens, a
+    repeated one numbered (-1, -2, ...)."""
+    found: set[str] = set()
+    for title in re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", path.read_text()), re.M):
+        title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title)
+        slug = unique = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        n = 0
+        while unique in found:
+            n += 1
+            unique = f"{slug}-{n}"
+        found.add(unique)
+    return found
+
+
+def broken_links(path: Path) -> list[str]:
+    """Every relative link in `path` whose file, or whose heading anchor in a Markdown file, is not there."""
+    broken = []
+    for target in LINK.findall(FENCE.sub("", path.read_text())):
+        if not target or re.match(r"[a-z]+:", target):
+            continue  # a web or mail address: not ours to check offline
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target} (no such heading)")
+    return broken
+
+
+@pytest.mark.parametrize("path", [ROOT / "README.md", *PAGES, *HISTORY], ids=lambda p: p.name)
+def test_relative_links_and_anchors_resolve(path: Path) -> None:
+    assert not broken_links(path), f"{path.name} links to what is not there: {broken_links(path)}"
+
+
+def test_a_broken_link_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# A page\n\n## The tail at users = cores\n")
+    page = tmp_path / "b.md"
+    page.write_text("[ok](a.md#the-tail-at-users--cores) [here](#b) [gone](a.md#the-tail) [no](c.md)\n# B\n")
+    assert broken_links(page) == ["a.md#the-tail (no such heading)", "c.md (no such file)"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_a_reference_page_is_at_most_300_lines(page: Path) -> None:
+    """Reference pages say what is and how to reproduce it; dated runs live in docs/history/."""
+    assert len(page.read_text().splitlines()) <= 300, f"docs/{page.name}: move dated runs to docs/history/"
 
 
 def test_the_readme_is_a_front_door() -> None:
