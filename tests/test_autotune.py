@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from container.optimize import autotune, variants
 from container.optimize.cli import pick_line, variant_table
 from container.runtime import OnnxModel
 from hare.cli import main
+from tests.clocked import clocked
 from tests.conftest import ModelFactory
 
 # Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
@@ -96,28 +96,9 @@ def _tune(
 
 
 def _clocked(monkeypatch: pytest.MonkeyPatch, cost: Callable[[str], int]) -> None:
-    """Calls timed by a clock of each thread's own (as thread CPU time is) that a call advances by `cost(its
-    graph's name)` microseconds per 8 tokens it runs (the races' point: 8 tokens, one sequence), not by this
-    machine: the sessions still run every call, and the rounds decide on figures that load cannot move. It
-    stands in for the clock autotune.clock picks, which must be thread CPU time, and keeps that clock's name."""
-    spent = threading.local()
-    run = OnnxModel.run
-
-    def counted(self: OnnxModel, feeds: Any, shrink: bool = False) -> Any:
-        result = run(self, feeds, shrink)
-        us = cost(self.session.get_modelmeta().graph_name) * feeds["input_ids"].size // 8
-        spent.ns = getattr(spent, "ns", 0) + 1000 * us
-        return result
-
-    monkeypatch.setattr(OnnxModel, "run", counted)
-    real = autotune.clock  # its choice of clock, and so the statistic's name, stay autotune's own
-
-    def clock(threads: int, target: str = "cpu") -> tuple[str, Callable[[], int]]:
-        statistic, now = real(threads, target)
-        assert now is time.thread_time_ns, statistic  # what the counted clock stands in for
-        return statistic, lambda: getattr(spent, "ns", 0)
-
-    monkeypatch.setattr(autotune, "clock", clock)
+    """tests/clocked.py's counted clock: a call costs `cost(its graph's name)` (_renamed, _slower) microseconds
+    per 8 tokens it runs (the races' point: 8 tokens, one sequence)."""
+    clocked(monkeypatch, lambda model, _path, tokens: cost(model.session.get_modelmeta().graph_name) * tokens // 8)
 
 
 def test_one_cpu_thread_is_timed_by_its_own_cpu_time_and_anything_else_by_the_wall_clock() -> None:
