@@ -1,5 +1,6 @@
-"""The docs pages stay true to the code: generated tables match what the code enforces, links resolve, and
-the README stays a front door (short, pointing at every page)."""
+"""The docs pages stay true to the code: generated tables match what the code enforces, every relative link
+and anchor resolves, a reference page stays a reference (at most 300 lines; dated runs go to docs/history/),
+and the README stays a front door (short, pointing at every page)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from hare import docs
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "docs").glob("*.md"))
+HISTORY = sorted((ROOT / "docs" / "history").glob("*.md"))
+LINK = re.compile(r"\]\(([^)\s]*)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 
 
 @pytest.mark.parametrize("name", docs.TABLES)
@@ -33,11 +37,6 @@ def test_every_error_class_has_a_status_row() -> None:
     table = docs.errors_table()
     for name in ("InvalidRequest", "InputTooLong", "NotFound", "Unauthorized", "Overloaded", "NotReady"):
         assert f"`{name}`" in table
-
-
-HISTORY = sorted((ROOT / "docs" / "history").glob("*.md"))
-LINK = re.compile(r"\]\(([^)\s]*)\)")
-FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 
 
 def anchors(path: Path) -> set[str]:
