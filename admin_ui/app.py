@@ -1,6 +1,6 @@
 """The console's Streamlit entry point (`hare console` has Streamlit run this file).
 
-Sign-in when a token is set, the appliance picker in the sidebar, then the page the user chose.
+Sign-in when a token is set, the pages in the top bar, then the page the user chose.
 
 A page's module is imported when the page is first shown, so drawing the Overview never waits for the other
 pages' imports (Altair, pandas, the bench store); `hare console` has them imported in the background as it
@@ -46,34 +46,19 @@ def _page(module: str) -> Callable[[], None]:
     return render
 
 
-def _sidebar() -> None:
-    urls = state.appliances()
-    with st.sidebar:
-        st.markdown("### :material/cruelty_free: hare console")
-        if urls:
-            current = state.selected()
-            st.selectbox(
-                "Appliance",
-                urls,
-                index=urls.index(current) if current in urls else 0,
-                key=state.SELECTED,
-                help="the appliance the Playground, Benchmarks and Live metrics pages work on",
-            )
-        else:
-            st.caption("No appliance: add one on the Overview page.")
-
-
 def main() -> None:
-    st.set_page_config(page_title="hare console", page_icon=ICON, layout="wide")
+    # No sidebar: the pages are named in the top bar and the appliance is picked on the pages that work on one,
+    # so the page's content has the whole width (a 300-pixel sidebar left an 800-pixel window 500 pixels).
+    st.set_page_config(page_title="hare console", page_icon=ICON, layout="wide", initial_sidebar_state="collapsed")
     if not auth.gate(state.settings().token):
         st.stop()
     page = st.navigation(
         [
             st.Page(_page(module), title=title, icon=icon, url_path=module, default=i == 0)
             for i, (module, title, icon) in enumerate(PAGES)
-        ]
+        ],
+        position="top",
     )
-    _sidebar()
     with state.guard(f"The {page.title} page"):
         page.run()
 

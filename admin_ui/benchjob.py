@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from admin_ui.benchdata import Plan, Progress, progress_from_lines
+from admin_ui.benchprogress import Plan, Progress, progress_from_lines
+from container.machine import physical_cores
 
 BASELINES = ("vanilla", "comet")
 
@@ -53,9 +54,14 @@ class BenchConfig:
     model_only: bool = True
 
     def plan(self) -> Plan:
-        """How many points go over HTTP (hare and each baseline, every setting), and the most clients."""
+        """How many points go over HTTP (hare and each baseline, every setting), the most clients, and the cores
+        the bench will hold its model-only streams to (it runs on this machine)."""
         grid = len(self.seq_lens) * len(self.batches) * len(self.concurrency)
-        return Plan(http_points=grid * (1 + len(self.baselines)), max_concurrency=max(self.concurrency, default=0))
+        return Plan(
+            http_points=grid * (1 + len(self.baselines)),
+            max_concurrency=max(self.concurrency, default=0),
+            cores=physical_cores(),
+        )
 
     def command(self, db: Path, python: str = sys.executable) -> list[str]:
         def join(xs: Sequence[int | str]) -> str:

@@ -66,6 +66,11 @@ def selected() -> str | None:
     return urls[0] if urls else None
 
 
+def select(url: str) -> None:
+    """Make `url` the appliance the pages work on."""
+    st.session_state[SELECTED] = url
+
+
 def client(url: str) -> ApplianceClient:
     s = settings()
     return ApplianceClient(url, s.appliance_token, s.timeout_s)

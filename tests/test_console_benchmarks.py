@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from admin_ui import benchdata, charts
+from admin_ui import benchpoints, benchprogress, benchruns, charts, percentiles
 from admin_ui.benchjob import BenchConfig, BenchJob, bundle_for, parse_ints, parse_seq_lens
 from bench.store import Store
+from container.machine import physical_cores
 from tests.test_console_support import benchmarks_page, fake_appliance, fake_bench_argv, fill_store, info, make_point
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,14 +36,14 @@ def _no_job_left() -> Iterator[None]:
 
 
 def test_point_rows_have_every_percentile_and_throughput() -> None:
-    rows = benchdata.point_rows([make_point(1, 0, seq_len=64, concurrency=4, errors={"503": 2})])
+    rows = benchpoints.point_rows([make_point(1, 0, seq_len=64, concurrency=4, errors={"503": 2})])
     row = rows[0]
     for col in ("min ms", "avg ms", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms", "req/s", "tokens/s"):
         assert col in row
     assert row["p50 ms"] == 6.0 and row["p99 ms"] == 12.0 and row["errors"] == 2
     assert "rate/s" not in row
-    assert "rate/s" in benchdata.point_rows([make_point(1, 0, load="open", rate=50.0)])[0]
-    assert benchdata.point_rows([make_point(1, 0, lat_p99=float("nan"))])[0]["p99 ms"] is None
+    assert "rate/s" in benchpoints.point_rows([make_point(1, 0, load="open", rate=50.0)])[0]
+    assert benchpoints.point_rows([make_point(1, 0, lat_p99=float("nan"))])[0]["p99 ms"] is None
 
 
 def test_point_table_prints_text_and_marks_percentiles_of_too_few_answers() -> None:
@@ -51,7 +52,7 @@ def test_point_table_prints_text_and_marks_percentiles_of_too_few_answers() -> N
         make_point(1, 1, "vanilla", seq_len=16, concurrency=1, requests=3, ok=3, lat_p99=845.678),
         make_point(1, 2, "model-only", seq_len=16, concurrency=2, load="in-process", server={}),
     ]
-    t = benchdata.point_table(points)
+    t = benchpoints.point_table(points)
     hare, vanilla, model = t.rows
     assert all(isinstance(v, str) and v != "None" for r in t.rows for v in r.values())
     assert list(hare)[:4] == ["target", "seq len", "concurrency", "answers"]
@@ -65,8 +66,8 @@ def test_point_table_prints_text_and_marks_percentiles_of_too_few_answers() -> N
     assert t.notes[0].startswith("~ marks a percentile from fewer answers than it needs (p90: 10, p95: 20")
     assert "vanilla at 16 tokens and 1 user (3)" in t.notes[0]
     assert "model-only: the bundle's model called inside the bench's own process" in t.notes[1]
-    assert [benchdata.needed_answers(q) for q in ("p50", "p90", "p95", "p99")] == [2, 10, 20, 100]
-    h = benchdata.headline([make_point(1, 0, ok=42, requests=42)])
+    assert [percentiles.needed_answers(q) for q in ("p50", "p90", "p95", "p99")] == [2, 10, 20, 100]
+    h = benchpoints.headline([make_point(1, 0, ok=42, requests=42)])
     assert h is not None and h.latency("p50") == "3.00 ms" and h.latency("p99") == "~6.00 ms"
 
 
@@ -82,19 +83,19 @@ def test_table_cells_read_as_text() -> None:
 
 
 def test_csv_has_a_header_and_one_line_per_point() -> None:
-    rows = benchdata.point_rows([make_point(1, 0), make_point(1, 1, seq_len=64)])
-    parsed = list(csv.DictReader(io.StringIO(benchdata.to_csv(rows))))
+    rows = benchpoints.point_rows([make_point(1, 0), make_point(1, 1, seq_len=64)])
+    parsed = list(csv.DictReader(io.StringIO(benchpoints.to_csv(rows))))
     assert len(parsed) == 2 and parsed[1]["seq len"] == "64" and parsed[0]["p95 ms"] == "4.5"
 
 
 def test_constant_settings_leave_the_table() -> None:
-    rows = benchdata.point_rows([make_point(1, 0), make_point(1, 1, seq_len=64, workers=2)])
-    shared = benchdata.constant_settings(rows, ("load", "batch", "workers", "threads"))
+    rows = benchpoints.point_rows([make_point(1, 0), make_point(1, 1, seq_len=64, workers=2)])
+    shared = benchpoints.constant_settings(rows, ("load", "batch", "workers", "threads"))
     assert shared == {"load": "closed", "batch": 1, "threads": 1}
-    compact = benchdata.drop_constant(rows, ("load", "batch", "workers", "threads"))
+    compact = benchpoints.drop_constant(rows, ("load", "batch", "workers", "threads"))
     assert "load" not in compact[0] and compact[1]["workers"] == 2 and "p99 ms" in compact[0]
     points = [make_point(1, 0, concurrency=4), make_point(1, 1), make_point(1, 2, load="in-process", concurrency=9)]
-    assert benchdata.values(points, "concurrency") == [1, 4]
+    assert benchpoints.values(points, "concurrency") == [1, 4]
 
 
 def test_headline_picks_the_lightest_point_and_the_peak() -> None:
@@ -105,19 +106,19 @@ def test_headline_picks_the_lightest_point_and_the_peak() -> None:
         make_point(1, 3, "vanilla", seq_len=8, concurrency=1),
         make_point(1, 4, "model-only", seq_len=8, load="in-process"),
     ]
-    h = benchdata.headline(points)
+    h = benchpoints.headline(points)
     assert h is not None and h.point is points[2] and (h.p50, h.p95, h.p99) == (3.0, 4.5, 6.0)
     assert h.peak_at is points[1] and h.peak_req_s == points[1].req_s
-    assert benchdata.headline(points[3:]) is None
+    assert benchpoints.headline(points[3:]) is None
 
 
 def test_chart_rows_and_specs() -> None:
     points = [
         make_point(1, i, t, s, c) for i, (t, s, c) in enumerate([("hare", 16, 1), ("vanilla", 16, 1), ("hare", 64, 4)])
     ]
-    latency = benchdata.latency_rows(points)
+    latency = benchpoints.latency_rows(points)
     assert len(latency) == 12 and {r["percentile"] for r in latency} == {"p50", "p90", "p95", "p99"}
-    throughput = benchdata.throughput_rows(points)
+    throughput = benchpoints.throughput_rows(points)
     assert [r["target"] for r in throughput] == ["hare", "vanilla", "hare"]
     # Every series its own colour, named in one legend drawn as strokes (not black dots); formatted axes.
     spec = charts.latency_lines(latency).to_dict()
@@ -128,7 +129,7 @@ def test_chart_rows_and_specs() -> None:
     assert enc["strokeDash"]["field"] == "series" and enc["color"]["legend"]["symbolType"] == "stroke"
     assert enc["x"]["axis"]["values"] == [16, 64] and enc["x"]["axis"]["format"] == ",d"
     assert enc["y"]["axis"]["format"] == charts.NUMBER
-    single = charts.latency_lines(benchdata.latency_rows(points[:1])).to_dict()
+    single = charts.latency_lines(benchpoints.latency_rows(points[:1])).to_dict()
     assert single["encoding"]["color"]["scale"]["domain"] == ["p50", "p90", "p95", "p99"]  # one target: short names
     spec = charts.throughput_lines(throughput).to_dict()
     assert spec["encoding"]["x"]["field"] == "concurrency" and spec["encoding"]["x"]["axis"]["values"] == [1, 4]
@@ -145,12 +146,12 @@ def test_history_comparison_and_baseline_rows(tmp_path: Path) -> None:
     db = tmp_path / "bench.db"
     a, b = fill_store(db, baselines=True)
     store = Store(db)
-    history = benchdata.run_rows(store.runs())
+    history = benchruns.run_rows(store.runs())
     assert [r["id"] for r in history] == [f"#{b}", f"#{a}"] and history[0]["status"] == "done"
-    assert benchdata.run_label(store.run(a)).startswith(f"#{a} · x1.0 · done · text-classification")
-    rows = benchdata.comparison_rows(store.compare(a, b))
-    assert len(rows) == 8 and all(r["B/A req/s"] == 1.25 for r in rows)
-    ratios = benchdata.ratio_rows(store.ratios(b))
+    assert benchruns.run_label(store.run(a)).startswith(f"#{a} · x1.0 · done · text-classification")
+    rows = benchruns.comparison_rows(store.compare(a, b))
+    assert len(rows) == 8 and all(r[benchruns.MORE] == 1.25 for r in rows)
+    ratios = benchpoints.ratio_rows(store.ratios(b))
     assert len(ratios) == 4 and all(r["throughput ×"] > 1 and r["p50 speed-up ×"] > 1 for r in ratios)
 
 
@@ -168,38 +169,38 @@ def test_progress_folds_the_jsonl_stream() -> None:
         json.dumps({"event": "point_start", "k": 1, "n": 4, "target": "hare", "settings": settings}),
     ]
     head = "Point 1 of 4: hare over HTTP, 16 tokens, batch 1, 4 concurrent clients"
-    assert benchdata.progress_from_lines(lines).describe() == head + " · warming up"
+    assert benchprogress.progress_from_lines(lines).describe() == head + " · warming up"
     # The first tick comes as the window opens, before any answer: no "0.0 req/s · p50 0.0 ms".
-    assert benchdata.progress_from_lines([*lines, tick(0)]).describe() == head + " · measuring, no answer yet"
-    few = benchdata.progress_from_lines([*lines, tick(40)]).describe()
+    assert benchprogress.progress_from_lines([*lines, tick(0)]).describe() == head + " · measuring, no answer yet"
+    few = benchprogress.progress_from_lines([*lines, tick(40)]).describe()
     assert few == head + " · 40 answers · 50.0 req/s · p50 3.00 ms · p99 ~8.00 ms"
     lines += [tick(1200), "not json"]
-    p = benchdata.progress_from_lines(lines)
+    p = benchprogress.progress_from_lines(lines)
     assert p.run_id == 7 and p.fraction == pytest.approx(0.5 / 4)
     assert p.describe() == head + " · 1,200 answers · 50.0 req/s · p50 3.00 ms · p99 8.00 ms"
     assert p.servers == {"vanilla": "starting"} and p.log == ["not json"]
     # Two points asked for; the bench adds two of the model alone, and the page says so.
-    plan = benchdata.Plan(http_points=2, max_concurrency=4)
+    plan = benchprogress.Plan(http_points=2, max_concurrency=4, cores=2)
     assert p.plan_note(plan).startswith("4 points: the 2 asked for, over HTTP, then 2 of the model alone")
-    assert p.plan_note(benchdata.Plan(http_points=4, max_concurrency=4)) == ""
+    assert p.plan_note(benchprogress.Plan(http_points=4, max_concurrency=4, cores=2)) == ""
     model = {"seq_len": 16, "batch": 1, "concurrency": 2, "load": "in-process"}
     later = [*lines, json.dumps({"event": "point_start", "k": 3, "n": 4, "target": "model-only", "settings": model})]
-    assert benchdata.progress_from_lines(later).describe(plan) == (
+    assert benchprogress.progress_from_lines(later).describe(plan) == (
         "Point 3 of 4: the model alone, in process (no HTTP), 16 tokens, batch 1, "
         "2 streams (at most one per core; 4 clients asked) · measuring"
     )
     lines += [json.dumps({"event": "point", "k": 1, "n": 4, "point": point | {"new_field": 1}})]
     done = [*lines, json.dumps({"event": "done", "run_id": 7, "status": "done", "message": ""})]
-    assert benchdata.progress_from_lines(done).outcome() == "Run #7 done: 1 of 4 points measured"
-    cancelled = benchdata.progress_from_lines(
+    assert benchprogress.progress_from_lines(done).outcome() == "Run #7 done: 1 of 4 points measured"
+    cancelled = benchprogress.progress_from_lines(
         [*lines, json.dumps({"event": "done", "run_id": 7, "status": "cancelled"})]
     )
     cancelled.message = "from the console"
     assert cancelled.describe() == "Run #7 cancelled (from the console): 1 of 4 points measured, kept under Results"
     lines += [json.dumps({"event": "done", "run_id": 7, "status": "failed", "message": "vanilla did not start"})]
-    p = benchdata.progress_from_lines(lines)
+    p = benchprogress.progress_from_lines(lines)
     assert p.fraction == 0.25 and p.describe() == "Run #7 failed: 1 of 4 points measured; vanilla did not start"
-    assert [pt.seq_len for pt in benchdata.live_point_rows(p)] == [16]
+    assert [pt.seq_len for pt in benchprogress.live_point_rows(p)] == [16]
 
 
 def test_bench_config_command_and_parsing(tmp_path: Path) -> None:
@@ -224,7 +225,7 @@ def test_bench_config_command_and_parsing(tmp_path: Path) -> None:
         "--name": "n",
     }
     assert argv[-1] == "--no-model-only" and "--no-model-only" not in BenchConfig("u").command(tmp_path / "b.db")
-    assert config.plan() == benchdata.Plan(http_points=2 * 1 * 2 * 3, max_concurrency=4)
+    assert config.plan() == benchprogress.Plan(http_points=2 * 1 * 2 * 3, max_concurrency=4, cores=physical_cores())
     assert parse_ints("16, 64 64", "x") == (16, 64)
     assert parse_seq_lens("8, Comet,8") == (8, "comet")
     with pytest.raises(ValueError, match="sequence lengths: 'a'"):
@@ -305,7 +306,7 @@ def test_page_runs_a_benchmark_and_shows_percentiles(tmp_path: Path, monkeypatch
     with fake_appliance("token-classification") as fake:
         at = _page(tmp_path / "bench.db", monkeypatch, fake.url)
         assert "No benchmark run yet" in at.info[0].value
-        assert at.text_input(key=f"hare-bench-bundle-{fake.url}").value == str(served)  # offered
+        assert at.text_input(key="hare-bench-bundle").value == str(served)  # offered
         at.text_input(key="hare-bench-seq").input("16, 32")
         at.text_input(key="hare-bench-name").input("mine")
         at.number_input(key="hare-bench-duration").set_value(2.0)
@@ -345,7 +346,16 @@ def test_page_cancel_says_who_and_keeps_the_form(tmp_path: Path, monkeypatch: py
         next(b for b in at.button if b.label == "Cancel benchmark").click().run()
         at = _until_done(at)
     assert not at.exception
-    assert at.warning[0].value == "Run #1 cancelled (from the console) before any point was measured"
+    # The point the cancel cut short (1 s of 20) is kept, marked, and not counted as measured.
+    assert at.warning[0].value == (
+        "Run #1 cancelled (from the console) before any point was measured in full: "
+        "point 1 stopped after 1.00 of 20.0 s, kept as partial"
+    )
+    live, results, *_ = (d.value for d in at.dataframe)
+    assert list(live["target"]) == ["hare (cancelled)"], live
+    assert list(results["target"]) == ["hare (cancelled)"], results
+    assert any(c.value.startswith("Point 1 (hare, 16 tokens, batch 1, 1 client) was cancelled after 1.00 of 20.0 s")
+               for c in at.caption)  # fmt: skip
     assert at.text_input(key="hare-bench-conc").value == "2"
     run = Store(tmp_path / "bench.db").run(1)
     assert run.status == "cancelled" and run.message == "cancelled from the console after 0 of 2 points"
@@ -389,6 +399,6 @@ def test_page_history_and_comparison(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert len(results) == 8 and set(results["target"]) == {"hare", "vanilla"}
     assert set(ratios["baseline"]) == {"vanilla"}
     assert list(history["id"]) == [f"#{b}", f"#{a}"] and list(history["message"]) == ["–", "–"]
-    assert list(comparison["B/A req/s"]) == ["1.25"] * 8
+    assert list(comparison[benchruns.MORE]) == ["1.25"] * 8
     assert not any("None" in t.to_string() for t in tables)
     assert len(at.get("download_button")) == 2

@@ -352,10 +352,17 @@ from bench.store import Store
 from tests.test_console_support import make_point
 db, mode = sys.argv[1], sys.argv[2]
 store = Store(db)
-run_id = store.create_run("run", task="text-classification", target="http://127.0.0.1:1")
+asked = 20.0 if mode == "slow" else 2.0  # seconds per point
+grid = {"duration_s": asked}
+run_id = store.create_run("run", task="text-classification", target="http://127.0.0.1:1", settings={"grid": grid})
 def emit(event, **kw):
     print(json.dumps({"event": event, **kw}), flush=True)
+current = None
 def cancelled(*_):
+    if current is not None:  # as the bench does: the point being measured is kept with what it measured
+        p = make_point(run_id, current, "hare", 16, 1, duration_s=1.0, requests=10, ok=10)
+        store.add_point(p)
+        emit("point", k=current, n=2, point=p.to_dict())
     store.finish_run(run_id, "cancelled", "stopped by the operator")
     emit("done", run_id=run_id, status="cancelled", message="stopped by the operator")
     sys.exit(130)
@@ -365,13 +372,16 @@ if mode == "fail":
     print("hare bench: error: cannot reach http://127.0.0.1:1 (connection refused)", file=sys.stderr, flush=True)
     sys.exit(1)
 for k, seq in enumerate((16, 64), start=1):
-    emit("point_start", k=k, n=2, target="hare", settings={"seq_len": seq, "batch": 1, "concurrency": 1})
+    settings = {"seq_len": seq, "batch": 1, "concurrency": 1, "duration_s": asked}
+    emit("point_start", k=k, n=2, target="hare", settings=settings)
+    current = k
     emit("tick", k=k, n=2, elapsed_s=0.5, duration_s=1.0, requests=10, errors=0, req_s=20.0, p50_ms=4.0, p99_ms=9.0)
     if mode == "slow":
         time.sleep(60)
-    p = make_point(run_id, k - 1, "hare", seq, 1)
+    p = make_point(run_id, k, "hare", seq, 1)  # the bench numbers its points from 1
     store.add_point(p)
     emit("point", k=k, n=2, point=p.to_dict())
+    current = None
 store.finish_run(run_id, "done")
 emit("done", run_id=run_id, status="done", message="")
 """

@@ -9,15 +9,17 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
-from admin_ui import benchdata, charts, state
-from admin_ui.benchdata import Plan, Progress
+from admin_ui import benchpoints, benchruns, charts, state
 from admin_ui.benchjob import BASELINES, BenchConfig, BenchJob, bundle_for, parse_ints, parse_seq_lens
+from admin_ui.benchprogress import Plan, Progress, live_point_rows
+from admin_ui.percentiles import needed_answers, resolved
 from admin_ui.tables import figure
 from admin_ui.views import common
 from bench.store import Store
@@ -32,7 +34,7 @@ def _slot() -> dict[str, Any]:
 
 
 def render() -> None:
-    st.title("Benchmarks")
+    common.title_and_appliance("Benchmarks")
     db = state.bench_db()
     st.caption(f"Results are kept in the bench store {db}")
     run_tab, results_tab, history_tab = st.tabs(["Run", "Results", "History and comparison"])
@@ -58,6 +60,8 @@ def _store(db: Path) -> Store | None:
 # -- starting and following a run ---------------------------------------------------------------------------
 
 FORM = "hare.bench.form"  # the values of the last form sent in this session (the slot keeps the console's last)
+DRAFT = "hare.bench.draft"  # the form as the user left it, sent or not
+WIDGET = "hare-bench-"  # the form's widget keys: WIDGET + field name
 DEFAULTS: dict[str, Any] = {
     "name": "",
     "seq": "16, 64",
@@ -98,63 +102,91 @@ def _served_bundle(url: str | None) -> str:
 
 
 def _saved_form() -> dict[str, Any]:
-    """What the form showed when it was last sent (this session's, else the console's last run's): a run, a
-    cancel or a visit to another page then leaves the form as the user left it."""
+    """What the form showed when it was last sent (this session's, else the console's last run's)."""
     saved = st.session_state.get(FORM) or _slot().get("form") or {}
     return {**DEFAULTS, **saved}
 
 
+def _draft(url: str | None) -> dict[str, Any]:
+    """The form as the user left it, sent or not. Streamlit forgets a widget's value once a page without it
+    has been shown (and while a run hides the form), so every edit is copied here, under a key of its own, and
+    the widgets start from it: a visit to another page, a run or a cancel leaves the form as it was."""
+    draft: dict[str, Any] | None = st.session_state.get(DRAFT)
+    if draft is None:
+        draft = st.session_state[DRAFT] = dict(_saved_form())
+    if draft.get("url") != url:  # another appliance: measure it, with the bundle it serves
+        draft |= {"url": url, "target": url or "", "bundle": _served_bundle(url)}
+        for name in ("target", "bundle"):
+            st.session_state[WIDGET + name] = draft[name]
+    elif not draft["bundle"] and "bundle" not in draft.get("edited", ()):
+        draft["bundle"] = st.session_state[WIDGET + "bundle"] = _served_bundle(url)  # the appliance was starting
+    return draft
+
+
+def _field(draft: dict[str, Any], name: str, widget: Callable[..., Any], label: str, *args: Any, **kw: Any) -> Any:
+    """A form widget that starts from the draft and copies every edit back to it."""
+    key = WIDGET + name
+    if key not in st.session_state:
+        st.session_state[key] = draft[name]
+
+    def keep() -> None:
+        draft[name] = st.session_state[key]
+        draft.setdefault("edited", set()).add(name)
+
+    value = widget(label, *args, key=key, on_change=keep, **kw)
+    draft[name] = value
+    return value
+
+
+@st.fragment
 def _config_form(db: Path) -> None:
+    """The run's settings (a fragment: an edit redraws the form, not the whole page) and the Start button."""
     url = state.selected()
-    saved = _saved_form()
-    same = saved.get("url") == url  # the target and bundle typed for this appliance, else its own
-    with st.form("hare-bench-config"):
-        top = st.columns([3, 2])
-        target = top[0].text_input(
+    draft = _draft(url)
+    # Rows that wrap: at 800 pixels a field moves to the next line instead of squeezing its label.
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        target = _field(
+            draft,
+            "target",
+            st.text_input,
             "Appliance URL or bundle folder",
-            value=saved["target"] if same and "target" in saved else url or "",
-            key="hare-bench-target",
+            width=420,
             help="a URL is measured as it runs; for a bundle folder the bench starts `hare serve` itself",
         )
-        name = top[1].text_input("Run name (optional)", value=saved["name"], key="hare-bench-name")
-        grid = st.columns(5)
-        seq = grid[0].text_input("Sequence lengths (tokens)", value=saved["seq"], key="hare-bench-seq")
-        batches = grid[1].text_input("Batch sizes", value=saved["batches"], key="hare-bench-batch")
-        conc = grid[2].text_input("Concurrency", value=saved["conc"], key="hare-bench-conc")
-        duration = grid[3].number_input(
-            "Seconds per point", 0.5, 600.0, float(saved["duration"]), step=1.0, key="hare-bench-duration"
-        )
-        warmup = grid[4].number_input(
-            "Warm-up seconds", 0.0, 60.0, float(saved["warmup"]), step=0.5, key="hare-bench-warmup"
-        )
-        more = st.columns([2, 3, 3])
-        baselines = more[0].multiselect(
-            "Baselines in the same run",
-            BASELINES,
-            default=[b for b in saved["baselines"] if b in BASELINES],
-            key="hare-bench-baselines",
-        )
-        bundle = more[1].text_input(
+        name = _field(draft, "name", st.text_input, "Run name (optional)", width=260)
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        seq = _field(draft, "seq", st.text_input, "Sequence lengths (tokens)", width=200)
+        batches = _field(draft, "batches", st.text_input, "Batch sizes", width=130)
+        conc = _field(draft, "conc", st.text_input, "Concurrency", width=130)
+        duration = _field(draft, "duration", st.number_input, "Seconds per point", 0.5, 600.0, step=1.0, width=170)
+        warmup = _field(draft, "warmup", st.number_input, "Warm-up seconds", 0.0, 60.0, step=0.5, width=170)
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        draft["baselines"] = [b for b in draft["baselines"] if b in BASELINES]
+        baselines = _field(draft, "baselines", st.multiselect, "Baselines in the same run", BASELINES, width=260)
+        bundle = _field(
+            draft,
+            "bundle",
+            st.text_input,
             "Bundle the URL serves (for exact token lengths)",
-            value=saved["bundle"] if same and "bundle" in saved else _served_bundle(url),
-            key=f"hare-bench-bundle-{url}",
+            width=460,
             help="exact token counts, the model-only figure, and the model folder the baselines load",
         )
-        model = more[2].text_input(
+        model = _field(
+            draft,
+            "model",
+            st.text_input,
             "Model folder for the baselines (optional)",
-            value=saved["model"],
-            key="hare-bench-model",
+            width=340,
             help="default: the folder the bundle was built from",
         )
-        model_only = st.checkbox(
-            "Also measure the model alone, in process (adds points after the HTTP ones)",
-            value=bool(saved["model_only"]),
-            key="hare-bench-model-only",
-            help="needs the bundle: its model called in the bench's own process, without HTTP, at each sequence "
-            "length and batch size, with 1 stream and as many side by side as the concurrency asks, at most one "
-            "per core of this machine. It shows what the server adds to the model's own time.",
-        )
-        start = st.form_submit_button("Start benchmark", type="primary")
+    model_only = _field(
+        draft, "model_only", st.checkbox,
+        "Also measure the model alone, in process (adds points after the HTTP ones)",
+        help="needs the bundle: its model called in the bench's own process, without HTTP, at each sequence "
+        "length and batch size, with 1 stream and as many side by side as the concurrency asks, at most one "
+        "per core of this machine. It shows what the server adds to the model's own time.",
+    )  # fmt: skip
+    start = st.button("Start benchmark", type="primary")
     if not start:
         return
     values = {
@@ -235,7 +267,7 @@ def _cancelled_here(job: BenchJob, progress: Progress, db: Path) -> None:
     slot = _slot()
     if progress.run_id is not None and slot.get("noted") != progress.run_id:
         slot["noted"] = progress.run_id
-        done = f"after {progress.done_points} of {progress.planned} points" if progress.planned else ""
+        done = f"after {progress.measured} of {progress.planned} points" if progress.planned else ""
         with contextlib.suppress(OSError, sqlite3.Error):
             Store(db).update_run(progress.run_id, message=" ".join(["cancelled from the console", done]).strip())
 
@@ -257,9 +289,9 @@ def _progress(job: BenchJob, plan: Plan | None, db: Path) -> None:
         st.warning(progress.outcome())
     else:
         st.error(f"The benchmark failed: {progress.message or 'see the log below'}")
-    points = benchdata.live_point_rows(progress)
+    points = live_point_rows(progress)
     if points:
-        _point_table(points)
+        _point_table(points, progress.cut(), progress.asked_s)
     if progress.log or progress.status == "failed":
         with st.expander("Bench log", expanded=progress.status == "failed"):
             st.code("\n".join([*progress.log, job.stderr_tail()]).strip() or "(empty)", language=None)
@@ -271,9 +303,9 @@ def _progress(job: BenchJob, plan: Plan | None, db: Path) -> None:
         st.rerun()  # redraw the whole page: Results and History now include the finished run
 
 
-def _point_table(points: list[Any]) -> None:
+def _point_table(points: list[Any], cut: Any = None, asked_s: float | None = None) -> None:
     """The points as a table: latency in ms, shared settings said once, marks and what they mean below."""
-    t = benchdata.point_table(points)
+    t = benchpoints.point_table(points, cut, asked_s)
     shared = t.shared_text()
     st.caption("Latency in ms." + (f" Every point: {shared}." if shared else ""))
     common.table(t.rows, t.numeric)
@@ -294,52 +326,54 @@ def _results_panel(store: Store) -> None:
     ids = list(by_id)
     index = ids.index(followed) if followed in by_id else 0
     run_id = st.selectbox(
-        "Run", ids, index=index, format_func=lambda i: benchdata.run_label(by_id[i]), key="hare-bench-run"
+        "Run", ids, index=index, format_func=lambda i: benchruns.run_label(by_id[i]), key="hare-bench-run"
     )
     run = by_id[run_id]
     if run.status in ("failed", "cancelled") and run.message:
-        st.warning(benchdata.run_outcome(run))
+        st.warning(benchruns.run_outcome(run))
     points = store.points(run.id)
     if not points:
         st.info("This run has no measured point.")
         return
-    _headline(points)
+    asked = benchpoints.asked_seconds(run)
+    cut = benchpoints.cut_short(points, asked, run.status == "cancelled")
+    full = benchpoints.complete(points, cut)
+    _headline(full)
     st.markdown("**Latency and throughput per point**")
-    _point_table(points)
+    _point_table(points, cut, asked)
     st.download_button(
         "Download CSV",
-        benchdata.to_csv(benchdata.point_rows(points)),
+        benchpoints.to_csv(benchpoints.point_rows(points)),
         file_name=f"hare-bench-{run.id}.csv",
         mime="text/csv",
         key="hare-csv",
     )
-    errors = benchdata.error_summary(points)
+    errors = benchpoints.error_summary(points)
     if errors:
         st.warning("Failed requests: " + ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())))
-    _charts(points)
-    ratios = benchdata.ratio_rows(store.ratios(run.id))
+    if full:
+        _charts(full)
+    ratios = benchpoints.ratio_rows(store.ratios(run.id))
     if ratios:
         st.markdown("**hare against its baselines (same run, same settings; above 1 means hare is ahead)**")
         common.rows_table(ratios)
-        st.altair_chart(charts.target_bars(benchdata.throughput_rows(points)), width="stretch")
+        st.altair_chart(charts.target_bars(benchpoints.throughput_rows(full)), width="stretch")
     with st.expander("Machine, versions and settings of this run"):
         st.json({"machine": run.machine, "versions": run.versions, "settings": run.settings}, expanded=False)
 
 
 def _headline(points: list[Any]) -> None:
-    h = benchdata.headline(points)
+    h = benchpoints.headline(points)
     if h is None:
         return
     p = h.point
     cols = st.columns(4)
     for col, q in zip(cols, ("p50", "p95", "p99"), strict=False):
-        few = not benchdata.resolved(q, p.ok)
+        few = not resolved(q, p.ok)
         col.metric(
             q,
             h.latency(q),
-            help=f"{p.ok:,} answers: {q} needs {benchdata.needed_answers(q)}, so this is about the slowest one"
-            if few
-            else None,
+            help=f"{p.ok:,} answers: {q} needs {needed_answers(q)}, so this is about the slowest one" if few else None,
         )
     cols[3].metric("peak throughput", f"{figure(h.peak_req_s)} req/s")
     st.caption(
@@ -357,20 +391,20 @@ def _pick(label: str, options: list[Any], key: str) -> Any:
 
 
 def _charts(points: list[Any]) -> None:
-    batch = _pick("Batch size", benchdata.values(points, "batch"), "hare-chart-batch")
+    batch = _pick("Batch size", benchpoints.values(points, "batch"), "hare-chart-batch")
     shown = [p for p in points if p.batch == batch or p.load == "in-process"]
     left, right = st.columns(2)
     with left:
         st.markdown("**Latency percentiles against sequence length**")
-        concurrency = _pick("Concurrency", benchdata.values(shown, "concurrency"), "hare-chart-conc")
-        latency = benchdata.latency_rows(p for p in shown if p.concurrency == concurrency)
+        concurrency = _pick("Concurrency", benchpoints.values(shown, "concurrency"), "hare-chart-conc")
+        latency = benchpoints.latency_rows(p for p in shown if p.concurrency == concurrency)
         if latency:
             st.altair_chart(charts.latency_lines(latency), width="stretch")
-            if any(not benchdata.resolved(r["percentile"], r["answers"]) for r in latency):
+            if any(not resolved(r["percentile"], r["answers"]) for r in latency):
                 st.caption("Some of these percentiles come from too few answers (marked ~ in the table).")
     with right:
         st.markdown("**Throughput against concurrency**")
-        throughput = benchdata.throughput_rows(shown)
+        throughput = benchpoints.throughput_rows(shown)
         if throughput:
             st.altair_chart(charts.throughput_lines(throughput), width="stretch")
 
@@ -380,21 +414,23 @@ def _history_panel(store: Store) -> None:
     if not runs:
         st.info("No benchmark run yet.")
         return
-    common.rows_table(benchdata.run_rows(runs), widths=benchdata.RUN_WIDTHS)
+    common.rows_table(benchruns.run_rows(runs))
     if len(runs) < 2:
         st.caption("Two runs are needed for a comparison.")
         return
     by_id = {r.id: r for r in runs}
     ids = list(by_id)
     cols = st.columns(2)
-    a = cols[0].selectbox("Run A", ids, index=1, format_func=lambda i: benchdata.run_label(by_id[i]), key="hare-cmp-a")
-    b = cols[1].selectbox("Run B", ids, index=0, format_func=lambda i: benchdata.run_label(by_id[i]), key="hare-cmp-b")
-    rows = benchdata.comparison_rows(store.compare(a, b))
-    if not rows:
+    a = cols[0].selectbox("Run A", ids, index=1, format_func=lambda i: benchruns.run_label(by_id[i]), key="hare-cmp-a")
+    b = cols[1].selectbox("Run B", ids, index=0, format_func=lambda i: benchruns.run_label(by_id[i]), key="hare-cmp-b")
+    comparisons = store.compare(a, b)
+    if not comparisons:
         st.info("Neither run has points.")
         return
     st.markdown(f"**Run #{a} (A) against run #{b} (B) at matching settings**")
-    common.rows_table(rows)
-    st.download_button(
-        "Download comparison CSV", benchdata.to_csv(rows), file_name=f"hare-bench-{a}-vs-{b}.csv", mime="text/csv"
-    )
+    rows, numeric, notes = benchruns.comparison_table(comparisons)
+    common.table(rows, numeric)
+    for note in notes:
+        st.caption(note)
+    csv = benchpoints.to_csv(benchruns.comparison_rows(comparisons))
+    st.download_button("Download comparison CSV", csv, file_name=f"hare-bench-{a}-vs-{b}.csv", mime="text/csv")

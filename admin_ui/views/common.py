@@ -1,4 +1,5 @@
-"""What several pages draw the same way: tables of text cells, numbers right-aligned."""
+"""What several pages draw the same way: the page's title with the appliance it works on, tables of text cells
+with numbers right-aligned."""
 
 from __future__ import annotations
 
@@ -8,7 +9,32 @@ from typing import Any, Literal
 
 import streamlit as st
 
+from admin_ui import state
 from admin_ui.tables import MISSING, numeric_columns, text_rows
+
+PICKER = "hare-appliance-picker"  # the picker's widget key; the choice itself lives in state.SELECTED
+
+
+def title_and_appliance(title: str) -> str | None:
+    """The page's title with the appliance picker beside it (the Playground, Benchmarks and Live metrics pages
+    work on the appliance picked here); None when the console watches none."""
+    head = st.columns([3, 2], vertical_alignment="bottom")
+    head[0].title(title, anchor=False)
+    urls = state.appliances()
+    if not urls:
+        return None
+    current = state.selected() or urls[0]
+    # Streamlit forgets a widget's value once a page without it has been shown, so the choice is copied to a
+    # key of its own (state.SELECTED) and the picker starts from it on every page.
+    head[1].selectbox(
+        "Appliance",
+        urls,
+        index=urls.index(current),
+        key=PICKER,
+        on_change=lambda: state.select(st.session_state[PICKER]),
+        help="the appliance the Playground, Benchmarks and Live metrics pages work on",
+    )
+    return current
 
 
 def table(

@@ -9,13 +9,13 @@ import streamlit as st
 from admin_ui import charts, prom, state
 from admin_ui.client import ApplianceError
 from admin_ui.tables import figure
+from admin_ui.views import common
 
 HISTORIES = "hare.live.histories"
 
 
 def render() -> None:
-    st.title("Live metrics")
-    url = state.selected()
+    url = common.title_and_appliance("Live metrics")
     if url is None:
         st.info("Add an appliance on the Overview page first.")
         return

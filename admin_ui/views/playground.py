@@ -11,13 +11,13 @@ import streamlit as st
 from admin_ui import charts, state
 from admin_ui import playground as pg
 from admin_ui.client import ApplianceError, Prediction
+from admin_ui.views import common
 
 RESULT = "hare.playground.result"
 
 
 def render() -> None:
-    st.title("Playground")
-    url = state.selected()
+    url = common.title_and_appliance("Playground")
     if url is None:
         st.info("Add an appliance on the Overview page first.")
         return
