@@ -18,6 +18,7 @@ COMMANDS = {
     "optimize": ("container.optimize.cli", "turn a Hugging Face model folder into a checked ONNX bundle"),
     "tune": ("container.optimize.tune", "measure a CPU bundle's batch budget on this machine"),
     "serve": ("api.process.serve", "serve a bundle on /predict (gunicorn + uvicorn workers)"),
+    "run": ("api.bulk.cli", "run a bundle over a corpus file (JSONL, CSV, Parquet) into Parquet or JSONL"),
     "bench": ("bench.cli", "benchmark a server end to end against the vanilla baseline"),
     "console": ("admin_ui.cli", "start the Streamlit admin console"),
 }

@@ -37,10 +37,12 @@ API_ALLOWED: dict[str, set[str]] = {
     "engine": {"config"},
     "web": {"config", "engine"},
     "process": {"config", "engine", "web"},
+    "bulk": {"config", "engine"},  # offline jobs over a corpus: the engine's model call, no HTTP
 }
 SERVING = {"starlette", "uvicorn", "uvicorn_worker", "gunicorn", "prometheus_client"}
 API_FORBIDDEN: dict[str, set[str]] = {
     "engine": SERVING,  # no HTTP: plain callables in, its own errors out (the web room maps them to statuses)
+    "bulk": SERVING,
     "config": SERVING | {"onnxruntime", "numpy", "tokenizers"},  # the images' health check imports it
 }
 

@@ -1,0 +1,183 @@
+"""`hare run [BUNDLE] --input PATH --output PATH`: a corpus through a bundle (docs/bulk.md).
+
+The batch budget, target, cores and the default size limit and truncation are the server's settings for the
+bundle (api/config.py: HARE_MAX_BATCH_TOKENS, HARE_MAX_BATCH_SIZE, HARE_TARGET, HARE_CORES,
+HARE_MAX_INPUT_CHARS, HARE_TRUNCATE), so a job batches as `hare serve` would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
+from rich.table import Table
+from rich.text import Text
+
+from api.bulk.job import CHUNK_ROWS, BulkOptions, Summary, run_job
+from api.bulk.job import Progress as JobProgress
+from api.bulk.model import LONG_INPUTS
+from api.bulk.reader import FORMATS, Columns
+from api.bulk.writer import OUTPUT_FORMATS
+from api.config import Settings
+from tasks.errors import InvalidRequest
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", nargs="?", type=Path, help="bundle folder (default: the server's, HARE_BUNDLE)")
+    parser.add_argument("--input", "-i", type=Path, required=True, help="JSONL, CSV or Parquet file")
+    parser.add_argument("--output", "-o", type=Path, required=True, help="Parquet file (or .jsonl)")
+    parser.add_argument("--input-format", choices=FORMATS, help="the input's format (default: from its suffix)")
+    parser.add_argument("--output-format", choices=OUTPUT_FORMATS, help="default: jsonl for .jsonl, else parquet")
+    parser.add_argument("--text-column", default="text", help="the texts' column (default: text)")
+    parser.add_argument("--query-column", default="query", help="text-ranking: the queries' column")
+    parser.add_argument("--document-column", default="document", help="text-ranking: the documents' column")
+    parser.add_argument("--id-column", help="the rows' ids (default: id if there is one, else row numbers)")
+    parser.add_argument(
+        "--param",
+        "-p",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a /predict parameter of the task (VALUE read as JSON, else as text), e.g. encoding_format=int8",
+    )
+    parser.add_argument(
+        "--long-input",
+        choices=LONG_INPUTS,
+        help="texts over the model's maximum: cut them, read them in windows, or reject them "
+        "(default: truncate unless HARE_TRUNCATE=0)",
+    )
+    parser.add_argument("--max-chars", type=int, help="characters per text; longer rows are rejected")
+    parser.add_argument("--chunk-rows", type=int, default=CHUNK_ROWS, help="rows per chunk (the unit of resuming)")
+    parser.add_argument("--streams", type=int, default=0, help="model threads (default: one per core)")
+    parser.add_argument("--rejects", type=Path, help="rejected rows, JSONL (default: OUTPUT's stem + .rejects.jsonl)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar; the summary only")
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    if args.bundle is not None:
+        settings = dataclasses.replace(settings, bundle=args.bundle)
+    options = BulkOptions(
+        input=args.input,
+        output=args.output,
+        input_format=args.input_format,
+        output_format=args.output_format,
+        columns=Columns(args.text_column, args.query_column, args.document_column, args.id_column),
+        parameters=parameters(args.param),
+        long_input=args.long_input,
+        max_chars=args.max_chars,
+        chunk_rows=max(args.chunk_rows, 1),
+        rejects=args.rejects,
+        overwrite=args.overwrite,
+        streams=args.streams,
+    )
+    console = Console(stderr=True)
+    bar = Bar(console, quiet=args.quiet or not console.is_terminal)
+    try:
+        summary = run_job(settings, options, bar)
+    finally:
+        bar.close()
+    Console().print(report(summary))
+    return 0
+
+
+def parameters(pairs: list[str]) -> dict[str, Any]:
+    """NAME=VALUE pairs as /predict's parameters: each VALUE read as JSON (3, true, null, "x"), else as text."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise InvalidRequest(f"--param takes NAME=VALUE, got {pair!r}")
+        try:
+            out[name] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            out[name] = value
+    return out
+
+
+class Bar(JobProgress):
+    """A rich progress bar: rows, rows a second in this run, and the time left at that rate."""
+
+    def __init__(self, console: Console, quiet: bool) -> None:
+        self.quiet = quiet
+        self.rich = Progress(
+            TextColumn("[bold]hare run"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            _Rate(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.rich.add_task("rows", total=None, visible=not quiet)
+        self.rows = self.rows_run = 0
+        self.position = self.first = 0
+        self.start_time = 0.0
+
+    def start(self, total: int, unit: str, streams: int, batching: tuple[int, int]) -> None:
+        self.rich.update(self.task, total=max(total, 1))
+        self.start_time = time.perf_counter()
+        if not self.quiet:
+            self.rich.start()
+            self.rich.console.print(
+                f"{streams} model thread(s), calls of at most {batching[0]} sequences and {batching[1]} padded tokens",
+                style="dim",
+            )
+
+    def advance(self, position: int, rows: int, skipped: bool) -> None:
+        self.rows += rows
+        if skipped:  # an earlier run's chunk: no part of this run's rate
+            self.first = position
+        else:
+            self.rows_run += rows
+        self.position = max(self.position, position)
+        elapsed = time.perf_counter() - self.start_time
+        speed = (self.position - self.first) / elapsed if elapsed > 0 else 0.0
+        total = self.rich.tasks[0].total or 0
+        left = (total - self.position) / speed if speed > 0 else None
+        self.rich.update(
+            self.task, completed=self.position, rows=self.rows, rate=self.rows_run / max(elapsed, 1e-9), left=left
+        )
+
+    def close(self) -> None:
+        self.rich.stop()
+
+
+class _Rate(ProgressColumn):
+    """rows, rows/s and the time left."""
+
+    def render(self, task: Task) -> Text:
+        rows, rate, left = task.fields.get("rows", 0), task.fields.get("rate", 0.0), task.fields.get("left")
+        eta = "-:--:--" if left is None else time.strftime("%H:%M:%S", time.gmtime(left))
+        return Text(f"{rows:,} rows  {rate:,.0f} rows/s  {eta} left")
+
+
+def report(summary: Summary) -> Table:
+    """The summary at the end of a job."""
+    table = Table(title="hare run", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("output", f"{summary.output} ({_size(summary.output)})")
+    table.add_row("rows", f"{summary.rows:,} run, {summary.written:,} written")
+    if summary.resumed:
+        table.add_row("resumed", f"{summary.skipped:,} rows were done by an earlier run")
+    table.add_row("rejected", f"{summary.rejected:,}" + (f" -> {summary.rejects}" if summary.rejected else ""))
+    for reason, count in summary.reasons.most_common(5):
+        table.add_row("", f"{count:,} {reason}")
+    table.add_row("time", f"{summary.seconds:,.1f} s, {summary.rate:,.1f} rows/s, {summary.tokens:,} tokens")
+    return table
+
+
+def _size(path: Path) -> str:
+    size = float(path.stat().st_size) if path.is_file() else 0.0
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:,.1f} {unit}"
+        size /= 1024
+    return ""

@@ -1,0 +1,243 @@
+"""`run_job`: a corpus file through a bundle into one output file, at the machine's full rate, resumable.
+
+    reader thread        model threads (one per core)          writer thread
+    read a chunk ──> tokenize ──> batches ──> queue ──> backend.run + post-process ──> part file (atomic)
+    (api/bulk/reader.py)  (api/bulk/model.py)                    (api/bulk/writer.py)
+
+Reading, tokenizing and writing overlap the model calls; at most IN_FLIGHT chunks are between the reader and
+the writer, so memory stays flat however long the corpus is. The model threads take the calls of every chunk in
+flight from one queue, so no core waits at a chunk's end. Any thread's error stops the others, and the first
+error is raised here (an InputError names what to fix).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from api.bulk import checkpoint
+from api.bulk.model import BulkModel, Work
+from api.bulk.reader import Chunk, Columns, Corpus
+from api.bulk.writer import Parts, output_format
+from api.config import Settings
+
+IN_FLIGHT = 4  # chunks between reading and writing: one tokenized ahead, two on the model, one being written
+CHUNK_ROWS = 4096  # rows per chunk: the unit of resuming, and of length-sorting (more rows, less padding)
+POLL = 0.1  # seconds a blocked thread waits before it looks whether the job was stopped
+
+
+@dataclass(frozen=True)
+class BulkOptions:
+    """One job. parameters: the task's /predict parameters; max_chars: characters per text at most (None: the
+    server's HARE_MAX_INPUT_CHARS); streams: model threads (0: one per core, one on a GPU)."""
+
+    input: Path
+    output: Path
+    input_format: str | None = None
+    output_format: str | None = None
+    columns: Columns = field(default_factory=Columns)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    long_input: str | None = None
+    max_chars: int | None = None
+    chunk_rows: int = CHUNK_ROWS
+    rejects: Path | None = None
+    overwrite: bool = False
+    streams: int = 0
+
+    @property
+    def rejects_path(self) -> Path:
+        """Where rejected rows go: as asked, else beside the output (out.parquet -> out.rejects.jsonl)."""
+        return self.rejects or self.output.with_name(self.output.stem + ".rejects.jsonl")
+
+
+@dataclass
+class Summary:
+    """What a job did. rows: rows read and run in this run; skipped: rows of chunks an earlier run finished."""
+
+    output: Path
+    rejects: Path
+    rows: int = 0
+    written: int = 0
+    rejected: int = 0
+    skipped: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    resumed: bool = False
+    reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    @property
+    def rate(self) -> float:
+        """Rows a second in this run."""
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+class Progress:
+    """What a job tells its watcher (the CLI's progress bar); this one tells no one."""
+
+    def start(self, total: int, unit: str, streams: int, batching: tuple[int, int]) -> None:
+        """The input's size in `unit` (bytes or rows), before the first chunk."""
+
+    def advance(self, position: int, rows: int, skipped: bool) -> None:
+        """A chunk is done: the input stands at `position`; it held `rows` rows (skipped: an earlier run's)."""
+
+
+def run_job(settings: Settings, options: BulkOptions, progress: Progress | None = None) -> Summary:
+    """Run `options.input` through the bundle of `settings` into `options.output`; see the module docstring."""
+    progress = progress or Progress()
+    long_input = options.long_input or ("truncate" if settings.truncate else "reject")
+    model = BulkModel(settings, options.parameters, long_input)
+    corpus = Corpus(options.input, options.columns, model.task.pairs, options.input_format)
+    fmt = output_format(options.output, options.output_format)
+    max_chars = options.max_chars or settings.max_input_chars
+    job = {
+        "input": checkpoint.describe_input(options.input),
+        "bundle": str(settings.bundle.resolve()),
+        "variant": model.manifest.variant,
+        "task": model.task.name,
+        "columns": [*corpus.names, corpus.id_column],
+        "parameters": options.parameters,
+        "long_input": long_input,
+        "max_chars": max_chars,
+        "chunk_rows": options.chunk_rows,
+        "format": fmt,
+    }
+    folder, resumed = checkpoint.open_folder(options.output, job, options.overwrite)
+    parts = Parts(folder, fmt)
+    done = parts.done()
+    model.probe()
+    streams = options.streams or model.streams
+    summary = Summary(options.output, options.rejects_path, resumed=resumed)
+    progress.start(corpus.size, "rows" if corpus.format == "parquet" else "bytes", streams, model.batching)
+    start = time.perf_counter()
+    pipeline = _Pipeline(model, parts, corpus.id_type, streams, progress, summary)
+    chunks = pipeline.run(corpus.chunks(options.chunk_rows, max_chars, done))
+    summary.seconds = time.perf_counter() - start
+    summary.rejected = parts.merge(chunks, options.output, summary.rejects)
+    checkpoint.close_folder(folder)
+    return summary
+
+
+class _Pipeline:
+    """The threads of one job (see the module docstring)."""
+
+    def __init__(
+        self, model: BulkModel, parts: Parts, id_type: pa.DataType, streams: int, progress: Progress, summary: Summary
+    ) -> None:
+        self.model = model
+        self.parts = parts
+        self.id_type = id_type
+        self.streams = streams
+        self.progress = progress
+        self.summary = summary
+        self.calls: queue.Queue[tuple[Work, list[int]] | None] = queue.Queue()
+        self.answered: queue.Queue[Work | None] = queue.Queue()
+        self.slots = threading.Semaphore(IN_FLIGHT)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.chunks = 0
+
+    def run(self, chunks: Iterator[Chunk]) -> int:
+        """Run every chunk; returns how many the input has."""
+        reader = self._thread("hare-bulk-reader", lambda: self._read(chunks))
+        model = [self._thread(f"hare-bulk-model-{k}", self._model) for k in range(self.streams)]
+        writer = self._thread("hare-bulk-writer", self._write)
+        try:
+            for thread in (reader, *model):
+                _join(thread)
+            self.answered.put(None)
+            _join(writer)
+        except BaseException:  # Ctrl-C: stop the threads, leave the committed parts for the next run
+            self.stop.set()
+            raise
+        if self.error is not None:
+            raise self.error
+        return self.chunks
+
+    def _thread(self, name: str, body: Callable[[], None]) -> threading.Thread:
+        def guarded() -> None:
+            try:
+                body()
+            except BaseException as exc:
+                with self.lock:
+                    self.error = self.error or exc
+                self.stop.set()
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def _read(self, chunks: Iterator[Chunk]) -> None:
+        try:
+            for chunk in chunks:
+                self.chunks = chunk.index + 1
+                if chunk.skipped:
+                    self.summary.skipped += chunk.rows
+                    self.progress.advance(chunk.end, chunk.rows, True)
+                    continue
+                while not self.slots.acquire(timeout=POLL):
+                    if self.stop.is_set():
+                        return
+                work = self.model.encode(chunk)
+                calls = self.model.batches(work)
+                work.pending = len(calls)
+                if not calls:  # every row rejected: straight to the writer
+                    self.answered.put(work)
+                for call in calls:
+                    self.calls.put((work, call))
+                if self.stop.is_set():
+                    return
+        finally:
+            for _ in range(self.streams):
+                self.calls.put(None)
+
+    def _model(self) -> None:
+        while not self.stop.is_set():
+            taken = self.calls.get()
+            if taken is None:
+                return
+            work, rows = taken
+            self.model.run(work, rows)
+            with self.lock:
+                work.pending -= 1
+                finished = work.pending == 0
+            if finished:
+                self.answered.put(work)
+
+    def _write(self) -> None:
+        while not self.stop.is_set():
+            try:
+                work = self.answered.get(timeout=POLL)
+            except queue.Empty:
+                continue
+            if work is None:
+                return
+            chunk = work.chunk
+            answers = self.model.answer(work, self.id_type)
+            rejects = sorted(chunk.rejects, key=lambda r: r.row)
+            self.parts.write(chunk.index, answers, rejects)
+            self.slots.release()
+            s = self.summary
+            s.rows += chunk.rows
+            s.written += len(answers.ids)
+            s.tokens += work.tokens
+            s.reasons.update(_reason_kind(r.reason) for r in rejects)
+            self.progress.advance(chunk.end, chunk.rows, False)
+
+
+def _join(thread: threading.Thread) -> None:
+    while thread.is_alive():  # in slices, so that Ctrl-C reaches the main thread
+        thread.join(POLL)
+
+
+def _reason_kind(reason: str) -> str:
+    """A reason without its particulars (lengths, line numbers), for the summary's counts."""
+    return " ".join(w for w in reason.split() if not any(c.isdigit() for c in w))

@@ -1,0 +1,189 @@
+"""The bundle as a bulk job runs it: the server's own pieces (api/engine's Encoder and Backend, the task's
+parse_params, prepare and postprocess), without HTTP and without the server's queue.
+
+A chunk's way through it: `encode` tokenizes its good rows as /predict's requests would be (all the texts as
+one request; for ranking, one request per query with its documents); `batches` packs the rows into
+length-sorted model calls within the bundle's batch budget; `run` makes one call and post-processes its rows
+as one request at once (every task answers each input on its own, so the answers are /predict's), keeping
+answers rather than token states; `answer` gives the chunk's rows back in input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from tokenizers import Encoding, Tokenizer
+
+from api.bulk.columns import Answers, item_name, per_input
+from api.bulk.reader import Chunk, Reject
+from api.config import Settings
+from api.engine.backend import Backend
+from api.engine.encoder import Encoder, vocab
+from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
+from container.runtime import bound_malloc
+from tasks.base import Inputs, ModelInfo, Outputs, TaskSpec
+from tasks.errors import InputError, InvalidRequest
+from tasks.ops import length_batches
+from tasks.registry import TASKS
+
+LONG_INPUTS = ("truncate", "window", "reject")
+
+
+@dataclass(slots=True)
+class Work:
+    """A chunk on its way through the model, per good row: its text as the task prepared it (what was
+    tokenized), its sequences (one, or several windows; none for a row rejected as too long), whether it was
+    cut, and, once its batch has run, its answer item. sent: the texts as sent where prepare rewrote them."""
+
+    chunk: Chunk
+    texts: list[str]
+    sent: list[str] | None
+    windows: list[list[Encoding]]
+    truncated: list[bool]
+    items: list[Any]
+    tokens: int
+    pending: int = 0  # model calls not yet answered (the job's count)
+
+
+def model_info(bundle: Path, manifest: Manifest, task: TaskSpec, tokenizer: Tokenizer) -> ModelInfo:
+    """The served model as post-processing sees it, from the bundle (as api/web/app.py builds it)."""
+    labels = (
+        tuple(manifest.labels.get(i, f"LABEL_{i}") for i in range(max(manifest.labels) + 1)) if manifest.labels else ()
+    )
+    return ModelInfo(
+        labels=labels,
+        multi_label=manifest.multi_label,
+        pooling=manifest.pooling or task.default_pooling or "mean",
+        normalize=manifest.normalize,
+        max_length=manifest.max_length,
+        vocab=vocab(tokenizer),
+        **model_head(bundle, manifest),
+    )
+
+
+class BulkModel:
+    """A bundle loaded for a bulk job. `raw` holds the task's request parameters (as /predict's
+    "parameters"); `long_input`: truncate (at the model's maximum), window (read whole in overlapping
+    windows, tasks that allow it) or reject (a too-long row goes to the rejects). `settings` gives the
+    batch budget and the target, as `hare serve` resolves them for this bundle."""
+
+    def __init__(self, settings: Settings, raw: Mapping[str, object], long_input: str = "truncate") -> None:
+        manifest = read_manifest(settings.bundle)
+        if manifest.task not in TASKS:
+            raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
+        self.settings = settings = settings.for_bundle(manifest)
+        self.manifest = manifest
+        self.task = task = TASKS[manifest.task]
+        if long_input not in LONG_INPUTS:
+            raise InputError(f"--long-input must be one of {', '.join(LONG_INPUTS)}, got {long_input!r}")
+        if long_input == "window" and not task.windows:
+            raise InputError(f"{task.name} reads every input whole: --long-input window does not apply")
+        unknown = sorted(set(raw) - set(task.parameters))
+        if unknown:
+            raise InvalidRequest(
+                f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {', '.join(task.parameters)}"
+            )
+        tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
+        self.model = model_info(settings.bundle, manifest, task, tokenizer)
+        self.params = task.parse_params(raw, self.model)
+        self.encoder = Encoder(tokenizer, manifest.max_length, task.windows)
+        self.long_input = long_input
+        self.stride = self.encoder.content_length // 4 if long_input == "window" else None
+        bound_malloc()
+        # One-thread sessions, called from one model thread per core: how the bundle's batch budget was measured.
+        target = settings.target or manifest.target
+        self.backend = Backend(
+            settings.bundle / MODEL_FILE,
+            target,
+            (1,),
+            manifest.output,
+            arena=settings.cpu_arena,
+            pad_id=manifest.pad_id,
+        )
+        self.streams = 1 if target == "gpu" else settings.cores
+        self.name = item_name(task)
+
+    @property
+    def batching(self) -> tuple[int, int]:
+        """Sequences and padded tokens per model call at most."""
+        return self.settings.max_batch_size, self.settings.max_batch_tokens
+
+    def probe(self) -> None:
+        """One text through the whole path before the job starts, so that parameters the model cannot answer
+        (dimensions above its width) stop it at once rather than at its first chunk."""
+        chunk = Chunk(0, 0, 1, 0, ids=[0], positions=[0], values=[["hello"]] * (2 if self.task.pairs else 1))
+        work = self.encode(chunk)
+        self.run(work, [0])
+        self.answer(work, pa.int64())
+
+    def encode(self, chunk: Chunk) -> Work:
+        """Tokenize the chunk's good rows as /predict's requests would be (all texts as one request; for
+        ranking, one per query); with long_input reject, rows the model would have to cut become rejects."""
+        n = len(chunk.ids)
+        texts = [""] * n
+        windows: list[list[Encoding]] = [[] for _ in range(n)]
+        sent: list[str] | None = None
+        truncated = [False] * n
+        for rows, inputs in self._requests(chunk):
+            prepared = self.task.prepare(inputs, self.params) if self.task.prepare is not None else inputs
+            encoded = self.encoder.encode(prepared, True, self.stride)
+            if prepared.sent is not None:
+                sent = sent or [""] * n
+            for k, row in enumerate(rows):
+                texts[row], windows[row], truncated[row] = prepared.texts[k], encoded.windows[k], encoded.truncated[k]
+                if sent is not None and prepared.sent is not None:
+                    sent[row] = prepared.sent[k]
+        if self.long_input == "reject":
+            limit = self.encoder.max_length
+            for row in (r for r in range(n) if truncated[r]):
+                reason = f"it is longer than the model's {limit} tokens (--long-input reject)"
+                chunk.rejects.append(Reject(chunk.positions[row], chunk.ids[row], reason))
+                windows[row] = []
+        tokens = sum(len(s) for w in windows for s in w)
+        return Work(chunk, texts, sent, windows, truncated, [None] * n, tokens)
+
+    def batches(self, work: Work) -> list[list[int]]:
+        """The chunk's rows in model calls: nearest lengths together, within the batch budget. A row read as
+        windows counts as its longest window times their number, so that it costs what it pads to."""
+        rows = [r for r, w in enumerate(work.windows) if w]
+        lengths = [max(len(s) for s in work.windows[r]) * len(work.windows[r]) for r in rows]
+        max_items, max_tokens = self.batching
+        return [[rows[i] for i in call] for call in length_batches(lengths, max_items, max_tokens)]
+
+    def run(self, work: Work, rows: list[int]) -> None:
+        """One model call over `rows` of the chunk, post-processed at once as one /predict request of those
+        rows (every task answers each input on its own), so only answers, not token states, are kept."""
+        windows = [work.windows[r] for r in rows]
+        outputs = self.backend.run([s for w in windows for s in w])
+        grouped, at = [], 0
+        for w in windows:
+            grouped.append(outputs[at : at + len(w)])
+            at += len(w)
+        sent = None if work.sent is None else [work.sent[r] for r in rows]
+        inputs = Inputs([work.texts[r] for r in rows], single=False, sent=sent)
+        out = Outputs(inputs, windows, grouped, [work.truncated[r] for r in rows], self.stride or 0)
+        body = self.task.postprocess(out, self.params, self.model).body
+        for row, item in zip(rows, per_input(body, self.task, len(rows)), strict=True):
+            work.items[row] = item
+
+    def answer(self, work: Work, id_type: pa.DataType) -> Answers:
+        """The chunk's answered rows in input order (not those rejected as too long)."""
+        kept = [r for r, w in enumerate(work.windows) if w]
+        ids = [work.chunk.ids[r] for r in kept]
+        return Answers(ids, id_type, [work.items[r] for r in kept], [work.truncated[r] for r in kept], self.name)
+
+    def _requests(self, chunk: Chunk) -> list[tuple[list[int], Inputs]]:
+        """The chunk's good rows as requests: one of all texts, or (ranking) one per query, in first-seen order."""
+        if not chunk.ids:
+            return []
+        if not self.task.pairs:
+            return [(list(range(len(chunk.ids))), Inputs(chunk.values[0], single=False))]
+        by_query: dict[str, list[int]] = {}
+        for i, query in enumerate(chunk.values[0]):
+            by_query.setdefault(query, []).append(i)
+        documents = chunk.values[1]
+        return [(rows, Inputs([documents[i] for i in rows], single=False, query=q)) for q, rows in by_query.items()]

@@ -1,0 +1,350 @@
+"""A corpus file as chunks of exactly `chunk_rows` rows, streamed: JSONL (one object a line), CSV (a header
+line) or Parquet. Chunk k is always the same rows of the same file, so a restarted job can skip the chunks an
+earlier run finished (api/bulk/checkpoint.py).
+
+Each row is checked here: an empty, non-text, over-long or undecodable value makes the row a Reject with its
+reason, and the job goes on. A bad file (not Parquet, a column that is not there, not text) raises InputError
+at once, with one sentence naming the file and what to fix.
+
+Positions: `row` is a row's 0-based place among the file's rows (a JSONL line that is not JSON counts as a row;
+blank lines do not); the ids are the id column's values, or these positions when the file has no id column.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from tasks.errors import InputError
+from tasks.params import kind
+
+FORMATS = ("jsonl", "csv", "parquet")
+SUFFIXES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+TEXT_TYPES = (pa.string(), pa.large_string(), pa.string_view(), pa.binary(), pa.large_binary(), pa.binary_view())
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The input's column names. `id` None: "id" if the file has one, else row positions."""
+
+    text: str = "text"
+    query: str = "query"
+    document: str = "document"
+    id: str | None = None
+
+    def values(self, pairs: bool) -> tuple[str, ...]:
+        """The columns the task reads: (query, document) for ranking, (text,) otherwise."""
+        return (self.query, self.document) if pairs else (self.text,)
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """A row the job could not run, and why."""
+
+    row: int
+    id: Any
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bad:
+    """A row that could not even be read (a JSONL line that is not JSON); it becomes a Reject."""
+
+    reason: str
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Rows [first, first + rows) of the input. ids/positions/values: the good rows' ids, places in the input
+    and values (one list per column the task reads); rejects: the others. end: where the input stands after
+    it (bytes for JSONL and CSV, rows for Parquet), for progress; skipped: an earlier run finished it, so it
+    was not checked."""
+
+    index: int
+    first: int
+    rows: int
+    end: int
+    ids: list[Any] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    values: list[list[str]] = field(default_factory=list)
+    rejects: list[Reject] = field(default_factory=list)
+    skipped: bool = False
+
+
+@dataclass(slots=True)
+class _Piece:
+    """Some consecutive rows as a format read them: the id column (None: none) and the value columns."""
+
+    ids: list[Any] | None
+    values: list[list[Any]]
+    end: int
+
+
+class Corpus:
+    """An open input file: its format, its size for progress, the type of its ids, and its chunks."""
+
+    def __init__(self, path: Path, columns: Columns, pairs: bool, fmt: str | None = None) -> None:
+        self.path = path
+        self.format = fmt or _format(path)
+        if not path.is_file():
+            raise InputError(f"the input {path} does not exist or is not a file")
+        self.names = columns.values(pairs)
+        self.columns = columns
+        self.pairs = pairs
+        self._rows = 0  # Parquet's row count, from its footer
+        self.id_type: pa.DataType = pa.int64()  # row positions, unless the file has an id column
+        self._id: str | None = None
+        opened = {"jsonl": self._open_jsonl, "csv": self._open_csv, "parquet": self._open_parquet}[self.format]
+        self._pieces: Iterator[_Piece] = opened()
+        # Progress runs over bytes for text files (their row count is unknown until read), rows for Parquet.
+        self.size = self._rows if self.format == "parquet" else path.stat().st_size
+
+    @property
+    def id_column(self) -> str | None:
+        """The column the ids come from (None: row positions)."""
+        return self._id
+
+    def chunks(self, chunk_rows: int, max_chars: int, done: set[int] | frozenset[int] = frozenset()) -> Iterator[Chunk]:
+        """The file in chunks of `chunk_rows` rows (the last may be shorter); chunks in `done` come unchecked."""
+        first = index = end = 0
+        ids: list[Any] = []
+        values: list[list[Any]] = [[] for _ in self.names]
+        for piece in self._pieces:
+            at, n = 0, len(piece.values[0])
+            while at < n:
+                take = min(chunk_rows - len(ids), n - at)
+                start = first + len(ids)
+                ids.extend(piece.ids[at : at + take] if piece.ids is not None else range(start, start + take))
+                for mine, theirs in zip(values, piece.values, strict=True):
+                    mine.extend(theirs[at : at + take])
+                at += take
+                if len(ids) == chunk_rows:
+                    yield self._chunk(index, first, ids, values, piece.end, max_chars, index in done)
+                    first, index = first + chunk_rows, index + 1
+                    ids, values = [], [[] for _ in self.names]
+            end = piece.end
+        if ids:
+            yield self._chunk(index, first, ids, values, end, max_chars, index in done)
+
+    def _chunk(
+        self, index: int, first: int, ids: list[Any], values: list[list[Any]], end: int, max_chars: int, skip: bool
+    ) -> Chunk:
+        chunk = Chunk(index, first, len(values[0]), end, skipped=skip)
+        if skip:
+            return chunk
+        chunk.values = [[] for _ in self.names]
+        for i, row in enumerate(zip(*values, strict=True)):
+            reason = next(
+                (r for name, v in zip(self.names, row, strict=True) if (r := check(v, name, max_chars))), None
+            )
+            if reason is None and self._id is not None and ids[i] is None:
+                reason = f"its {self._id} is empty (null)"
+            if reason is not None:
+                chunk.rejects.append(Reject(first + i, ids[i], reason))
+                continue
+            chunk.ids.append(ids[i])
+            chunk.positions.append(first + i)
+            for column, v in zip(chunk.values, row, strict=True):
+                column.append(v if isinstance(v, str) else v.decode())
+        return chunk
+
+    # ---- the formats -------------------------------------------------------------------------------------
+
+    def _open_jsonl(self) -> Iterator[_Piece]:
+        file = self.path.open("rb")
+        first = self._first_object(file)
+        self._id = self._id_column(list(first))
+        if self._id is not None:
+            self.id_type = pa.string()
+        missing = [name for name in self.names if name not in first]
+        if missing:
+            file.close()
+            raise InputError(self._missing(missing, list(first), "field"))
+        file.seek(0)
+        return self._jsonl(file)
+
+    def _first_object(self, file: io.BufferedReader) -> dict[str, Any]:
+        """The first line that is a JSON object (the file's fields are named by it)."""
+        for line in file:
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+        raise InputError(f"{self.path} holds no JSON object on any line; JSONL input is one object per line")
+
+    def _jsonl(self, file: io.BufferedReader, rows: int = 4096) -> Iterator[_Piece]:
+        with file:
+            ids: list[Any] = []
+            values: list[list[Any]] = [[] for _ in self.names]
+            read = 0
+            for line in file:
+                read += len(line)
+                if not line.strip():
+                    continue
+                try:
+                    row = orjson.loads(line)
+                    if not isinstance(row, dict):
+                        row = Bad(f"the line is {kind(row)}, not a JSON object")
+                except orjson.JSONDecodeError as exc:
+                    row = Bad(f"the line is not valid JSON (UTF-8): {exc}")
+                if isinstance(row, Bad):
+                    ids.append(None)
+                    for column in values:
+                        column.append(row)
+                else:
+                    ids.append(_text_id(row.get(self._id)) if self._id is not None else None)
+                    for name, column in zip(self.names, values, strict=True):
+                        column.append(row.get(name, Bad(f'the row has no "{name}" field')))
+                if len(ids) == rows:
+                    yield _Piece(ids if self._id is not None else None, values, read)
+                    ids, values = [], [[] for _ in self.names]
+            if ids:
+                yield _Piece(ids if self._id is not None else None, values, read)
+
+    def _open_csv(self) -> Iterator[_Piece]:
+        with self.path.open(newline="", encoding="utf-8", errors="replace") as f:
+            header = next(csv.reader(f), None)
+        if not header:
+            raise InputError(f"{self.path} is empty; CSV input needs a header line naming its columns")
+        missing = [name for name in self.names if name not in header]
+        if missing:
+            raise InputError(self._missing(missing, header, "column"))
+        self._id = self._id_column(header)
+        if self._id is not None:
+            self.id_type = pa.string()
+        # Text columns as bytes, decoded per row, so that one undecodable value rejects its row, not the file.
+        types = {name: pa.binary() for name in self.names} | ({self._id: pa.string()} if self._id else {})
+        pending: list[Any] = []
+
+        def bad_line(row: Any) -> str:
+            pending.append(Bad(f"line {row.number} has {row.actual_columns} fields, the header {row.expected_columns}"))
+            return "skip"
+
+        file = self.path.open("rb")
+        try:
+            reader = pacsv.open_csv(
+                file,
+                read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 20),
+                parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line, newlines_in_values=True),
+                convert_options=pacsv.ConvertOptions(
+                    column_types=types, include_columns=[*self.names, *([self._id] if self._id else [])]
+                ),
+            )
+        except pa.ArrowInvalid as exc:
+            file.close()
+            raise InputError(f"{self.path} is not a CSV file this job can read: {_first_line(exc)}") from None
+        return self._csv(file, reader, pending)
+
+    def _csv(self, file: io.BufferedReader, reader: Any, pending: list[Any]) -> Iterator[_Piece]:
+        with file:
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                except pa.ArrowInvalid as exc:
+                    raise InputError(f"{self.path} stops being readable CSV: {_first_line(exc)}") from None
+                bad, pending[:] = list(pending), []
+                ids = batch.column(self._id).to_pylist() if self._id else None
+                values = [batch.column(name).to_pylist() for name in self.names]
+                if bad:  # lines the parser skipped: rows of their own, ahead of the batch they were found in
+                    ids = [None] * len(bad) + ids if ids is not None else None
+                    values = [list(bad) + column for column in values]
+                yield _Piece(ids, values, file.tell())
+
+    def _open_parquet(self) -> Iterator[_Piece]:
+        try:
+            parquet = pq.ParquetFile(self.path)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{self.path} is not a Parquet file ({_first_line(exc)})") from None
+        schema = parquet.schema_arrow
+        missing = [name for name in self.names if name not in schema.names]
+        if missing:
+            raise InputError(self._missing(missing, schema.names, "column"))
+        for name in self.names:
+            kind_ = schema.field(name).type
+            if pa.types.is_dictionary(kind_):
+                kind_ = kind_.value_type
+            if kind_ not in TEXT_TYPES:
+                raise InputError(f"column {name} of {self.path} holds {kind_}, not text; name a text column")
+        self._id = self._id_column(schema.names)
+        if self._id is not None:
+            self.id_type = schema.field(self._id).type
+        self._rows = parquet.metadata.num_rows
+        return self._parquet(parquet)
+
+    def _parquet(self, parquet: pq.ParquetFile) -> Iterator[_Piece]:
+        read = 0
+        columns = [*self.names, *([self._id] if self._id else [])]
+        for batch in parquet.iter_batches(batch_size=4096, columns=columns):
+            read += batch.num_rows
+            ids = batch.column(self._id).to_pylist() if self._id else None
+            yield _Piece(ids, [batch.column(name).to_pylist() for name in self.names], read)
+
+    def _id_column(self, names: list[str]) -> str | None:
+        if self.columns.id is None:
+            return "id" if "id" in names else None
+        if self.columns.id not in names:
+            raise InputError(self._missing([self.columns.id], names, "column", option="--id-column"))
+        return self.columns.id
+
+    def _missing(self, missing: list[str], found: list[str], what: str, option: str | None = None) -> str:
+        shown = ", ".join(found[:12]) + (", ..." if len(found) > 12 else "")
+        options = option or ("--query-column and --document-column" if self.pairs else "--text-column")
+        return f"{self.path} has no {what} {', '.join(missing)} (it has: {shown}); name it with {options}"
+
+
+def check(value: Any, name: str, max_chars: int) -> str | None:
+    """Why a row's value cannot be run (None: it can)."""
+    if isinstance(value, Bad):
+        return value.reason
+    if value is None:
+        return f"its {name} is empty (null)"
+    if isinstance(value, bytes):
+        try:
+            value = value.decode()
+        except UnicodeDecodeError as exc:
+            return f"its {name} is not valid UTF-8 (byte {exc.start})"
+    if not isinstance(value, str):
+        return f"its {name} is {kind(value)}, not text"
+    if not value:
+        return f"its {name} is an empty string"
+    if len(value) > max_chars:
+        return f"its {name} is {len(value)} characters long, over the limit of {max_chars} (--max-chars)"
+    return None
+
+
+def _text_id(value: Any) -> str | None:
+    """A JSONL id as text (ids of a text format are written as strings: 7 becomes "7")."""
+    if value is None or isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+def _format(path: Path) -> str:
+    fmt = SUFFIXES.get(path.suffix.lower())
+    if fmt is None:
+        raise InputError(f"cannot tell the format of {path} from its suffix; pass --input-format {'|'.join(FORMATS)}")
+    return fmt
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

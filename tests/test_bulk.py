@@ -1,0 +1,222 @@
+"""`hare run`: a corpus through a real bundle (tiny random models from the real optimizer) gives /predict's own
+answers row by row, bad rows go to the rejects with their reason, and a bad file stops with one sentence."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from api.bulk.job import BulkOptions, run_job
+from api.bulk.reader import Columns, Corpus
+from api.config import Settings
+from hare.cli import main as hare
+from tests.api_helpers import serve
+from tests.conftest import ModelFactory
+
+pytestmark = pytest.mark.anyio
+WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "went", "to", "sleep", "while", "dogs", "barked",
+         "loudly", "outside", "near", "old", "river")  # fmt: skip
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def texts(n: int, seed: int = 0, longest: int = 40) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, rng.integers(1, longest))) for _ in range(n)]
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_bytes(b"".join(r if isinstance(r, bytes) else orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+def settings(bundle: Path) -> Settings:
+    return dataclasses.replace(Settings.from_env({}), bundle=bundle)
+
+
+async def predict(bundle: Path, inputs: Any, **parameters: Any) -> Any:
+    async with serve(bundle) as client:
+        answer = await client.post("/predict", json={"inputs": inputs, "parameters": parameters})
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+
+async def test_embeddings_are_predicts_and_bad_rows_are_rejected(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    bundle = fp32_bundle("feature-extraction")
+    good = texts(300)
+    rows: list[Any] = [{"id": f"r{i}", "text": t} for i, t in enumerate(good)]
+    rows[3:3] = [{"id": "empty", "text": ""}, b"{not json\n", {"id": "number", "text": 7}, {"id": "none"}]
+    rows.insert(100, {"id": "long", "text": "x" * 5001})
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.parquet"
+    summary = run_job(settings(bundle), BulkOptions(source, out, max_chars=5000, chunk_rows=64))
+    table = pq.read_table(out)
+    assert table.column_names == ["id", "embeddings", "truncated"]
+    assert pa.types.is_fixed_size_list(table.schema.field("embeddings").type)
+    assert table.column("id").to_pylist() == [f"r{i}" for i in range(len(good))]  # every good row once, in order
+    expected = np.asarray(await predict(bundle, good), np.float32)
+    assert np.allclose(np.stack(table.column("embeddings").to_numpy(zero_copy_only=False)), expected, atol=1e-5)
+    rejects = [json.loads(line) for line in (tmp_path / "out.rejects.jsonl").read_text().splitlines()]
+    assert [(r["row"], r["id"]) for r in rejects] == [
+        (3, "empty"),
+        (4, None),
+        (5, "number"),
+        (6, "none"),
+        (100, "long"),
+    ]
+    assert "empty string" in rejects[0]["reason"] and "not valid JSON" in rejects[1]["reason"]
+    assert "a number, not text" in rejects[2]["reason"] and 'no "text" field' in rejects[3]["reason"]
+    assert "5001 characters" in rejects[4]["reason"]
+    assert (summary.rows, summary.written, summary.rejected) == (len(rows), len(good), 5)
+    assert not (tmp_path / "out.parquet.parts").exists()
+
+
+async def test_int8_vectors_and_jsonl_output(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    bundle = fp32_bundle("feature-extraction")
+    good = texts(40, seed=1)
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in good])
+    run_job(settings(bundle), BulkOptions(source, tmp_path / "q.parquet", parameters={"encoding_format": "int8"}))
+    table = pq.read_table(tmp_path / "q.parquet")
+    assert table.schema.field("embeddings").type.value_type == pa.int8()
+    assert table.column("id").to_pylist() == list(range(40))  # no id column: row numbers
+    codes = np.stack(table.column("embeddings").to_numpy(zero_copy_only=False))
+    expected = np.asarray(await predict(bundle, good, encoding_format="int8"))
+    assert np.abs(codes.astype(int) - expected).max() <= 1  # a float ulp from batching may move one level
+    run_job(settings(bundle), BulkOptions(source, tmp_path / "v.jsonl", parameters={"encoding_format": "ubinary"}))
+    lines = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert [line["id"] for line in lines] == list(range(40))
+    assert all(len(line["embeddings"]) == len(expected[0]) // 8 for line in lines)
+
+
+@pytest.mark.parametrize("task", ["text-classification", "token-classification"])
+async def test_labels_and_entities_are_predicts(fp32_bundle: ModelFactory, tmp_path: Path, task: str) -> None:
+    bundle = fp32_bundle(task)
+    good = texts(50, seed=2, longest=200)  # some over the tiny model's maximum: cut, and marked so
+    with (tmp_path / "in.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["key", "body"])
+        writer.writerows([f"k{i}", t] for i, t in enumerate(good))
+    out = tmp_path / "out.parquet"
+    options = BulkOptions(tmp_path / "in.csv", out, columns=Columns(text="body", id="key"), chunk_rows=16)
+    run_job(
+        settings(bundle), dataclasses.replace(options, parameters={"top_k": 2} if task == "text-classification" else {})
+    )
+    table = pq.read_table(out).to_pylist()
+    answers = await predict(bundle, good, **({"top_k": 2} if task == "text-classification" else {}))
+    assert [row["id"] for row in table] == [f"k{i}" for i in range(len(good))]
+    column = "labels" if task == "text-classification" else "entities"
+    for row, answer in zip(table, answers, strict=True):
+        assert row["truncated"] == any(item.get("truncated", False) for item in answer) or not answer
+        expected = [{k: v for k, v in item.items() if k != "truncated"} for item in answer]
+        assert [item.keys() for item in row[column]] == [item.keys() for item in expected]
+        for got, want in zip(row[column], expected, strict=True):
+            assert got.pop("score") == pytest.approx(want.pop("score"), abs=1e-5)
+            assert got == want
+    assert any(row["truncated"] for row in table)
+
+
+async def test_ranking_reads_query_and_document_columns(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    bundle = fp32_bundle("text-ranking")
+    documents = texts(30, seed=3)
+    queries = ["where is the cat", "dogs barked"]
+    rows = [{"query": queries[i % 2], "document": d, "id": i * 10} for i, d in enumerate(documents)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    run_job(settings(bundle), BulkOptions(tmp_path / "in.parquet", tmp_path / "out.parquet", chunk_rows=7))
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.schema.field("id").type == pa.int64()  # Parquet ids keep their type
+    assert table.column("id").to_pylist() == [i * 10 for i in range(30)]
+    scores = table.column("score").to_pylist()
+    for q, query in enumerate(queries):
+        mine = [i for i in range(30) if i % 2 == q]
+        ranked = await predict(bundle, {"query": query, "documents": [documents[i] for i in mine]})
+        for entry in ranked:
+            assert scores[mine[entry["index"]]] == pytest.approx(entry["score"], abs=1e-5)
+
+
+async def test_windows_read_long_texts_whole(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    bundle = fp32_bundle("feature-extraction")
+    good = texts(12, seed=4, longest=300)
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in good])
+    run_job(settings(bundle), BulkOptions(source, tmp_path / "w.parquet", long_input="window"))
+    table = pq.read_table(tmp_path / "w.parquet")
+    expected = np.asarray(await predict(bundle, good, long_input="window"), np.float32)
+    assert np.allclose(np.stack(table.column("embeddings").to_numpy(zero_copy_only=False)), expected, atol=1e-5)
+    assert not any(table.column("truncated").to_pylist())
+    run_job(settings(bundle), BulkOptions(source, tmp_path / "r.parquet", long_input="reject"))
+    kept = pq.read_table(tmp_path / "r.parquet").column("id").to_pylist()
+    rejected = [json.loads(line)["row"] for line in (tmp_path / "r.rejects.jsonl").read_text().splitlines()]
+    assert rejected and sorted(kept + rejected) == list(range(12))
+
+
+def test_chunks_are_the_same_rows_however_the_file_is_read(tmp_path: Path) -> None:
+    rows = [{"text": f"row {i}", "id": f"i{i}"} for i in range(1000)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet", row_group_size=77)
+    corpus = Corpus(tmp_path / "in.parquet", Columns(), pairs=False)
+    chunks = list(corpus.chunks(300, 100, done={1}))
+    assert [(c.index, c.first, c.rows, c.skipped) for c in chunks] == [
+        (0, 0, 300, False), (1, 300, 300, True), (2, 600, 300, False), (3, 900, 100, False)
+    ]  # fmt: skip
+    assert chunks[2].ids == [f"i{i}" for i in range(600, 900)] and chunks[3].values[0][-1] == "row 999"
+
+
+def test_undecodable_csv_values_are_rejected_rows(tmp_path: Path) -> None:
+    (tmp_path / "in.csv").write_bytes(b'text\nfine\n\xff\xfe bad\n""\nalso fine\n')
+    [chunk] = Corpus(tmp_path / "in.csv", Columns(), pairs=False).chunks(100, 100)
+    assert chunk.values == [["fine", "also fine"]] and chunk.ids == [0, 3]
+    assert [(r.row, r.reason) for r in chunk.rejects] == [
+        (1, "its text is not valid UTF-8 (byte 0)"), (2, "its text is an empty string")
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "args", "said"),
+    [
+        ("in.parquet", b"PAR1 this is no parquet", [], "is not a Parquet file"),
+        ("in.jsonl", b'{"body": "x"}\n', [], "has no field text (it has: body); name it with --text-column"),
+        ("in.csv", b"body\nx\n", [], "has no column text (it has: body)"),
+        ("in.csv", b"text\nx\n", ["--id-column", "k"], "no column k (it has: text); name it with --id-column"),
+        ("in.txt", b"x\n", [], "cannot tell the format"),
+    ],
+)  # fmt: skip
+def test_a_bad_file_stops_with_one_sentence(
+    fp32_bundle: ModelFactory,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    content: bytes,
+    args: list[str],
+    said: str,
+) -> None:
+    (tmp_path / name).write_bytes(content)
+    code = hare(
+        [
+            "run",
+            str(fp32_bundle("feature-extraction")),
+            "-i",
+            str(tmp_path / name),
+            "-o",
+            str(tmp_path / "o.parquet"),
+            *args,
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_parquet_column_that_is_not_text_stops(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "in.parquet")
+    with pytest.raises(Exception, match=r"column text of .* holds int64, not text"):
+        Corpus(tmp_path / "in.parquet", Columns(), pairs=False)
