@@ -25,6 +25,7 @@ import pytest
 import uvicorn
 
 from api.config import Settings
+from api.web.metrics import FLUSH_SECONDS
 from api.process.worker import PacedServer
 from api.web.app import create_app
 from container.optimize.textset import SENTENCES
@@ -75,6 +76,7 @@ def test_concurrent_clients_each_get_their_own_answer_and_batches_form(
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(words, size=3 + i % 20)) for i in range(48)]  # 48 quite different texts
     alone = np.array([httpx.post(f"{url}/predict", json={"inputs": t}, timeout=30).json() for t in texts])
+    time.sleep(2 * FLUSH_SECONDS)  # each worker writes its samples to the shared values within FLUSH_SECONDS
     before = httpx.get(f"{url}/metrics").text
 
     async def together() -> list[httpx.Response]:
@@ -88,6 +90,7 @@ def test_concurrent_clients_each_get_their_own_answer_and_batches_form(
     # scales activations over the whole batch, so batch company moves the last digits.
     assert np.abs(mine - alone).max() < 1e-3
     assert ((mine @ alone.T).argmax(axis=1) == np.arange(48)).all()
+    time.sleep(2 * FLUSH_SECONDS)
     after = httpx.get(f"{url}/metrics").text
     sequences = metric(after, "hare_batch_size_sum") - metric(before, "hare_batch_size_sum")
     batches = metric(after, "hare_batch_size_count") - metric(before, "hare_batch_size_count")
