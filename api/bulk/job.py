@@ -16,7 +16,7 @@ import collections
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,6 +198,8 @@ class _Pipeline:
         finally:
             for _ in range(self.streams):
                 self.calls.put(None)
+            if isinstance(chunks, Generator):
+                chunks.close()  # the input file, when the job stopped before its end
 
     def _model(self) -> None:
         while not self.stop.is_set():

@@ -166,18 +166,19 @@ class Corpus:
 
     # ---- the formats -------------------------------------------------------------------------------------
 
+    # Each _open_* checks the file's head and returns a generator, which opens the file when first read (so a
+    # job refused before reading leaves no file open).
+
     def _open_jsonl(self) -> Iterator[_Piece]:
-        file = self.path.open("rb")
-        first = self._first_object(file)
+        with self.path.open("rb") as file:
+            first = self._first_object(file)
         self._id = self._id_column(list(first))
         if self._id is not None:
             self.id_type = pa.string()
         missing = [name for name in self.names if name not in first]
         if missing:
-            file.close()
             raise InputError(self._missing(missing, list(first), "field"))
-        file.seek(0)
-        return self._jsonl(file)
+        return self._jsonl()
 
     def _first_object(self, file: io.BufferedReader) -> dict[str, Any]:
         """The first line that is a JSON object (the file's fields are named by it)."""
@@ -190,8 +191,8 @@ class Corpus:
                 return value
         raise InputError(f"{self.path} holds no JSON object on any line; JSONL input is one object per line")
 
-    def _jsonl(self, file: io.BufferedReader, rows: int = 4096) -> Iterator[_Piece]:
-        with file:
+    def _jsonl(self, rows: int = 4096) -> Iterator[_Piece]:
+        with self.path.open("rb") as file:
             ids: list[Any] = []
             values: list[list[Any]] = [[] for _ in self.names]
             read = 0
@@ -230,6 +231,9 @@ class Corpus:
         self._id = self._id_column(header)
         if self._id is not None:
             self.id_type = pa.string()
+        return self._csv()
+
+    def _csv(self) -> Iterator[_Piece]:
         # Text columns as bytes, decoded per row, so that one undecodable value rejects its row, not the file.
         types = {name: pa.binary() for name in self.names} | ({self._id: pa.string()} if self._id else {})
         pending: list[Any] = []
@@ -238,23 +242,18 @@ class Corpus:
             pending.append(Bad(f"line {row.number} has {row.actual_columns} fields, the header {row.expected_columns}"))
             return "skip"
 
-        file = self.path.open("rb")
-        try:
-            reader = pacsv.open_csv(
-                file,
-                read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 20),
-                parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line, newlines_in_values=True),
-                convert_options=pacsv.ConvertOptions(
-                    column_types=types, include_columns=[*self.names, *([self._id] if self._id else [])]
-                ),
-            )
-        except pa.ArrowInvalid as exc:
-            file.close()
-            raise InputError(f"{self.path} is not a CSV file this job can read: {_first_line(exc)}") from None
-        return self._csv(file, reader, pending)
-
-    def _csv(self, file: io.BufferedReader, reader: Any, pending: list[Any]) -> Iterator[_Piece]:
-        with file:
+        with self.path.open("rb") as file:
+            try:
+                reader = pacsv.open_csv(
+                    file,
+                    read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 20),
+                    parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line, newlines_in_values=True),
+                    convert_options=pacsv.ConvertOptions(
+                        column_types=types, include_columns=[*self.names, *([self._id] if self._id else [])]
+                    ),
+                )
+            except pa.ArrowInvalid as exc:
+                raise InputError(f"{self.path} is not a CSV file this job can read: {_first_line(exc)}") from None
             while True:
                 try:
                     batch = reader.read_next_batch()
@@ -272,10 +271,10 @@ class Corpus:
 
     def _open_parquet(self) -> Iterator[_Piece]:
         try:
-            parquet = pq.ParquetFile(self.path)
+            with pq.ParquetFile(self.path) as parquet:
+                schema, self._rows = parquet.schema_arrow, parquet.metadata.num_rows
         except (pa.ArrowInvalid, OSError) as exc:
             raise InputError(f"{self.path} is not a Parquet file ({_first_line(exc)})") from None
-        schema = parquet.schema_arrow
         missing = [name for name in self.names if name not in schema.names]
         if missing:
             raise InputError(self._missing(missing, schema.names, "column"))
@@ -288,16 +287,16 @@ class Corpus:
         self._id = self._id_column(schema.names)
         if self._id is not None:
             self.id_type = schema.field(self._id).type
-        self._rows = parquet.metadata.num_rows
-        return self._parquet(parquet)
+        return self._parquet()
 
-    def _parquet(self, parquet: pq.ParquetFile) -> Iterator[_Piece]:
+    def _parquet(self) -> Iterator[_Piece]:
         read = 0
         columns = [*self.names, *([self._id] if self._id else [])]
-        for batch in parquet.iter_batches(batch_size=4096, columns=columns):
-            read += batch.num_rows
-            ids = batch.column(self._id).to_pylist() if self._id else None
-            yield _Piece(ids, [batch.column(name).to_pylist() for name in self.names], read)
+        with pq.ParquetFile(self.path) as parquet:
+            for batch in parquet.iter_batches(batch_size=4096, columns=columns):
+                read += batch.num_rows
+                ids = batch.column(self._id).to_pylist() if self._id else None
+                yield _Piece(ids, [batch.column(name).to_pylist() for name in self.names], read)
 
     def _id_column(self, names: list[str]) -> str | None:
         if self.columns.id is None:
