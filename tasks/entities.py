@@ -3,6 +3,12 @@ TokenClassificationPipeline (gather_pre_entities, aggregate, aggregate_word(s), 
 
 Strategies: none (one entry per token), simple (adjacent tokens with the same tag grouped), and the
 word-level first / average / max, which first force one label per word, then group.
+
+Spans are the tokenizer's offsets (the bundle's tokenizer is the one transformers 5 builds for the model,
+container/optimize/tokenizer.py) with whitespace at either edge left out: `text[start:end]` is the entity's
+own text. transformers' spans already are for WordPiece, XLM-R's metaspace and RoBERTa's byte-level BPE; where
+its tokenizer leaves the space before a word in the word's first token (DeBERTa-v2's metaspace, GPT-2-style
+byte-level BPE), or a group ends in a token of whitespace alone, hare's span starts or ends one space inside.
 """
 
 from __future__ import annotations
@@ -142,4 +148,16 @@ def aggregate(
     else:
         for e in entities:
             e["score"] = float(e["score"])
+    for e in entities:
+        e["start"], e["end"] = _inside_spaces(text, e["start"], e["end"])
     return [e for e in entities if e.get("entity", e.get("entity_group")) not in ignore]
+
+
+def _inside_spaces(text: str, start: int, end: int) -> tuple[int, int]:
+    """The span without whitespace at its edges; a span of whitespace alone becomes empty at its end (where
+    RoBERTa's trimmed offsets put a token of spaces)."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end

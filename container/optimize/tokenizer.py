@@ -15,30 +15,36 @@ from container.optimize.source import SourceModel
 
 
 def _load(folder: Path, trust_remote_code: bool = False) -> Tokenizer:
-    if (folder / "tokenizer.json").is_file():
-        return Tokenizer.from_file(str(folder / "tokenizer.json"))
-    # No fast tokenizer file: let transformers convert the slow one (sentencepiece or vocab files).
+    """The tokenizer transformers 5 reads the folder with, which is what the reference pipelines feed the
+    model: its tokenizer class rebuilds the pipeline around the folder's vocabulary (XLM-R's splits at
+    whitespace before its metaspace, so no token's span starts at a space; Qwen2's splits digits one by one),
+    and the folder's tokenizer.json may say otherwise. The file as it is where transformers cannot read it."""
     from transformers import AutoTokenizer
 
+    file = folder / "tokenizer.json"
     try:
-        slow_or_fast = AutoTokenizer.from_pretrained(str(folder), use_fast=True, trust_remote_code=trust_remote_code)
+        loaded = AutoTokenizer.from_pretrained(str(folder), use_fast=True, trust_remote_code=trust_remote_code)
     except Exception as exc:
+        if file.is_file():
+            return Tokenizer.from_file(str(file))
         raise UnsupportedModel(
             f"{folder} has no tokenizer.json and transformers could not load its tokenizer ({exc}); "
             "save one with `AutoTokenizer.from_pretrained(folder).save_pretrained(folder)`"
         ) from exc
-    if not set(slow_or_fast.get_vocab()) - set(slow_or_fast.all_special_tokens):
+    if loaded.is_fast and (file.is_file() or set(loaded.get_vocab()) - set(loaded.all_special_tokens)):
+        return Tokenizer.from_str(loaded.backend_tokenizer.to_str())
+    if file.is_file():
+        return Tokenizer.from_file(str(file))
+    if loaded.is_fast:
         # transformers 5 builds its class's tokenizer from no files at all: a vocabulary of specials only.
         raise UnsupportedModel(
             f"{folder} has no tokenizer files (tokenizer.json, or a vocabulary such as vocab.txt or spm.model "
             "with tokenizer_config.json); copy them from the model's original folder"
         )
-    if not slow_or_fast.is_fast:
-        raise UnsupportedModel(
-            f"{folder} has only a slow (Python) tokenizer that transformers cannot convert to a fast one; "
-            "hare serves Rust tokenizers only"
-        )
-    return Tokenizer.from_str(slow_or_fast.backend_tokenizer.to_str())
+    raise UnsupportedModel(
+        f"{folder} has only a slow (Python) tokenizer that transformers cannot convert to a fast one; "
+        "hare serves Rust tokenizers only"
+    )
 
 
 def around(tokenizer: Tokenizer, prefix: str, suffix: str) -> processors.TemplateProcessing:
