@@ -169,11 +169,14 @@ class Tensors:
     inputs/outputs: the tensors' metadata; pair tasks take "query" and "documents", the others one BYTES
       tensor of texts under any name.
     convert: the task's /predict answer body (a list per input) -> its output tensors.
+    parameters: task parameters narrowed to what the output tensors carry (feature extraction's FP32 tensor:
+      float sentence vectors); the route states and checks these in place of the task's.
     """
 
     inputs: tuple[dict[str, Any], ...]
     outputs: tuple[dict[str, Any], ...]
     convert: Callable[[Any], list[Tensor]]
+    parameters: Mapping[str, Spec] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,13 @@ def tensors(body: list[Any]) -> list[Tensor]:
     return [Tensor("embeddings", "FP32", list(vectors.shape), vectors)]
 
 
+# An FP32 tensor carries float sentence vectors (decode above): KServe's route takes these values only.
+TENSOR_PARAMETERS = {
+    "encoding_format": params.Choice("float (default) or base64: the tensor is FP32 either way", quantize.FLOATS),
+    "output_value": params.Choice("sentence_embedding: one vector per text", ("sentence_embedding",)),
+}
+
+
 def baseline(model: Any, inputs: Any) -> Any:
     """sentence-transformers' `SentenceTransformer.encode`, as its users run an embedding folder: its own
     pooling, prompts and normalization (a folder without sentence-transformers files gets mean pooling)."""
@@ -226,7 +233,7 @@ SPEC = TaskSpec(
     prepare=prepare,
     embeddings=True,
     answer=ANSWER,
-    tensors=Tensors((TEXT_TENSOR,), (tensor_io("embeddings", "FP32", [-1, -1]),), tensors),
+    tensors=Tensors((TEXT_TENSOR,), (tensor_io("embeddings", "FP32", [-1, -1]),), tensors, TENSOR_PARAMETERS),
     playground=Playground(
         "sentences", "similarity", "A cat sits on the mat.\nA kitten rests on a rug.\nThe stock market fell today."
     ),

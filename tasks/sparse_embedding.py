@@ -246,11 +246,11 @@ ANSWER = {"anyOf": [SPARSE, {"type": "array", "items": SPARSE}, M3_ONE, M3_MANY]
 
 def tensors(body: list[Any] | dict[str, list[Any]]) -> list[Tensor]:
     """One JSON text per input: its sparse entries (SPLADE), or its asked bge-m3 outputs as an object."""
-    rows = (
-        body
-        if isinstance(body, list)
-        else [dict(zip(body, each, strict=True)) for each in zip(*body.values(), strict=True)]
-    )
+    if isinstance(body, list):
+        rows = body
+    else:  # the outputs not asked are null in the answer, and left out of each input's object
+        asked = {key: values for key, values in body.items() if values is not None}
+        rows = [dict(zip(asked, each, strict=True)) for each in zip(*asked.values(), strict=True)]
     texts = [orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY).decode() for row in rows]
     return [Tensor("sparse", "BYTES", [len(rows)], texts)]
 

@@ -75,6 +75,23 @@ async def test_routes_for_other_tasks_answer_404_naming_the_task(ranker: AppClie
             422,
             ("shape",),
         ),
+        (  # a shape whose product is 2**64 + 2: counted exactly, not wrapped to 2 as in int64
+            "/v2/models/tiny/infer",
+            {
+                "inputs": [
+                    {"name": "query", "shape": [1], "datatype": "BYTES", "data": ["q"]},
+                    {"name": "documents", "shape": [3, 6148914691236517206], "datatype": "BYTES", "data": ["a", "b"]},
+                ]
+            },
+            422,
+            ("shape", "18446744073709551618"),
+        ),
+        (
+            "/v2/models/tiny/infer",
+            {"inputs": [{"name": "query", "shape": [1], "datatype": "BYTES", "data": ["q"]}] * 2},
+            422,
+            ("two tensors named 'query'",),
+        ),
         (
             "/v2/models/tiny/infer",
             {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["q"]}]},

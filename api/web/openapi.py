@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.web.openapi_parts import Shapes
-from api.web.protocols import cohere_embed
+from api.web.protocols import cohere_embed, kserve
 from api.web.routes import ROUTES, Documented
 from api.web.state import Resources
 
@@ -33,14 +33,17 @@ def paths(res: Resources) -> dict[str, Any]:
             if operation is not None:
                 item[method.lower()] = operation
         if item:
-            found[route.path_format] = {**item, **_path_parameters(route)}
+            found[route.path_format] = {**item, **_path_parameters(route, res)}
     return found
 
 
-def _path_parameters(route: Documented) -> dict[str, Any]:
-    # Every path parameter of the table is a string ({model:path} included: a model name may hold slashes).
+def _path_parameters(route: Documented, res: Resources) -> dict[str, Any]:
+    # Each path parameter takes one value on this server, its model's name or KServe's version; any other
+    # answers 404. ({model:path} may hold slashes: a model name may.)
+    only = {"name": res.model_name, "model": res.model_name, "version": kserve.VERSION}
     named = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}} for name in route.param_convertors
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string", "enum": [only[name]]}}
+        for name in route.param_convertors
     ]
     return {"parameters": named} if named else {}
 

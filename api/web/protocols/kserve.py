@@ -16,6 +16,7 @@ are {"error": "..."} with the status of hare's table.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,18 @@ from starlette.responses import Response
 from api.engine.pipeline import PredictRequest
 from api.web import schemas
 from api.web.errors import NotFound
-from api.web.openapi_parts import INFER_ERRORS, MODEL_ERRORS, Shapes, closed, errors, get, ok, post, response
+from api.web.openapi_parts import (
+    INFER_ERRORS,
+    MODEL_ERRORS,
+    Shapes,
+    closed,
+    errors,
+    get,
+    nullable,
+    ok,
+    post,
+    response,
+)
 from api.web.protocols import base
 from api.web.protocols.base import Call, guarded, json_response, reply
 from api.web.state import Resources
@@ -104,15 +116,15 @@ class Asked:
 
 def strings(tensor: dict[str, Any], binary: memoryview, at: int) -> tuple[list[str], int]:
     """A BYTES input's strings, from its JSON data or its binary_data_size bytes of `binary` from `at`."""
-    name = f"inputs[{tensor.get('name')}]"
+    if not isinstance(tensor.get("name"), str):
+        raise InvalidRequest(f"inputs[].name must be a string, got {params.kind(tensor.get('name'))}")
+    name = f"inputs[{tensor['name']}]"
     unknown = sorted(set(tensor) - {"name", "shape", "datatype", "parameters", "data"})
     if unknown:
         raise InvalidRequest(f"{name} has unknown field(s) {', '.join(unknown)}")
     if tensor.get("datatype") != "BYTES":
         raise InvalidRequest(f"{name} must have datatype BYTES (text), got {tensor.get('datatype')!r}")
-    shape = tensor.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise InvalidRequest(f"{name}.shape must be a list of non-negative integers")
+    shape = _shape(tensor.get("shape"), name)
     size = schemas.parameters(tensor.get("parameters"), f"{name}.parameters").get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0 or at + size > len(binary):
@@ -120,9 +132,20 @@ def strings(tensor: dict[str, Any], binary: memoryview, at: int) -> tuple[list[s
         values, at = _unpack(binary[at : at + size], name), at + size
     else:
         values = _flat(tensor.get("data"), name)
-    if int(np.prod(shape)) != len(values):
-        raise InvalidRequest(f"{name} has {len(values)} element(s) but its shape {shape} says {int(np.prod(shape))}")
+    if math.prod(shape) != len(values):  # Python's integers: a product past int64 cannot wrap to a count
+        raise InvalidRequest(f"{name} has {len(values)} element(s) but its shape {shape} says {math.prod(shape)}")
     return values, at
+
+
+def _shape(value: object, name: str) -> list[int]:
+    """A tensor's dimensions: non-negative integers (2.0 is one, as in JSON Schema and hare's parameters)."""
+    dims: list[int] = []
+    for d in value if isinstance(value, list) else [None]:
+        whole = int(d) if isinstance(d, float) and d.is_integer() else d
+        if not isinstance(whole, int) or isinstance(whole, bool) or not 0 <= whole <= params.INT64:
+            raise InvalidRequest(f"{name}.shape must be a list of integers from 0 to {params.INT64}")
+        dims.append(whole)
+    return dims
 
 
 def _unpack(data: memoryview, name: str) -> list[str]:
@@ -164,7 +187,10 @@ def _texts(tensors: Sequence[dict[str, Any]], binary: memoryview, pairs: bool) -
     for tensor in tensors:
         if not isinstance(tensor, dict):
             raise InvalidRequest(f"inputs must be a list of tensor objects, got {params.kind(tensor)} in it")
-        found[str(tensor.get("name"))], at = strings(tensor, binary, at)
+        texts, at = strings(tensor, binary, at)
+        if tensor["name"] in found:
+            raise InvalidRequest(f"inputs has two tensors named {tensor['name']!r}")
+        found[tensor["name"]] = texts
     if pairs:
         if set(found) != {"query", "documents"}:
             raise InvalidRequest('text-ranking takes two inputs, "query" (one string) and "documents"')
@@ -186,6 +212,9 @@ def _parse(body: bytes, res: Resources, header: int | None) -> tuple[PredictRequ
     binary_all = params.boolean(raw, "binary_data_output", False)
     for name in ("binary_data_output", *IGNORED):
         raw.pop(name, None)
+    for name, spec in res.task.tensors.parameters.items():
+        if name in raw:  # before the model runs: the answer could not be these tensors
+            spec.read(raw, name, None)
     tensors = data.get("inputs")
     if not isinstance(tensors, list) or not tensors:
         raise InvalidRequest("inputs must be a non-empty list of tensors")
@@ -290,39 +319,61 @@ def model_ready_operation(s: Shapes) -> dict[str, Any]:
 
 def infer_operation(s: Shapes) -> dict[str, Any]:
     signature = s.task.tensors
-    scalars = {"type": ["object", "null"], "additionalProperties": {"type": ["string", "number", "boolean", "null"]}}
-    tensor = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["name", "shape", "datatype"],
-        "properties": {
-            "name": {"type": "string"},
-            "shape": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": params.INT64}},
-            "datatype": {"const": "BYTES"},
-            "parameters": scalars,
-            "data": {"type": "array", "items": {"type": "string"}},
-        },
-    }
+    # The request's parameters are the task's, besides tritonclient's: binary_data_output and the ignored ones.
+    extra = {"binary_data_output": {"type": "boolean"}, **{name: {"description": "ignored"} for name in IGNORED}}
+    narrowed = {name: spec.schema(s.bounds) for name, spec in signature.parameters.items()}
+    request_parameters = nullable(closed({**s.parameters(), **narrowed, **extra}))
+    # An output's binary_data: its tensor follows the JSON in a binary answer; other parameters are ignored.
+    output_parameters = {"type": ["object", "null"], "properties": {"binary_data": {"type": "boolean"}}}
+    if s.task.pairs:  # exactly a "query" tensor of one text and a "documents" tensor, in either order
+        query = _tensor(s, {"const": "query"}, 1)
+        documents = _tensor(s, {"const": "documents"}, s.res.limits.max_inputs)
+        named = [{"contains": {"properties": {"name": {"const": n}}}} for n in ("query", "documents")]
+        inputs = {"type": "array", "items": {"oneOf": [query, documents]}, "minItems": 2, "maxItems": 2, "allOf": named}
+    else:
+        inputs = {"type": "array", "items": _tensor(s, {"type": "string"}, s.res.limits.max_inputs), "minItems": 1}
+        inputs["maxItems"] = 1
     body = {
         "type": "object",
         "required": ["inputs"],
         "additionalProperties": False,
         "properties": {
             "id": {"type": ["string", "null"]},
-            "parameters": scalars,
-            "inputs": {"type": "array", "items": tensor, "minItems": 1},
+            "parameters": request_parameters,
+            "inputs": inputs,
             "outputs": {
                 "type": ["array", "null"],
-                "items": closed({"name": {"type": "string"}, "parameters": scalars}, ["name"]),
+                "items": closed(
+                    {"name": {"enum": [t["name"] for t in signature.outputs]}, "parameters": output_parameters},
+                    ["name"],
+                ),
             },
         },
         "description": "inputs: "
         + ", ".join(f"{t['name']} {t['datatype']} {t['shape']}" for t in signature.inputs)
         + "; outputs: "
         + ", ".join(f"{t['name']} {t['datatype']} {t['shape']}" for t in signature.outputs)
-        + "; the shape must count the data's elements; parameters are the task's",
+        + "; a tensor's shape must count its data's elements (JSON Schema cannot say so: 422 when it does not); "
+        "data may also be nested row-major lists, or, with the binary tensor extension (an "
+        f"{HEADER} header), sit after the JSON in the body (parameters.binary_data_size); parameters are the task's",
     }
     done = ok({"type": "object", "required": ["model_name", "outputs"]}, "the output tensors")
     done["content"]["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
     summary = "KServe v2 infer (BYTES text tensors; binary tensor extension)"
     return post(summary, body, done, (*INFER_ERRORS, NotFound))
+
+
+def _tensor(s: Shapes, name: dict[str, Any], most: int) -> dict[str, Any]:
+    """A request tensor of the Open Inference Protocol: name, shape, datatype and data are required (data holds
+    at most `most` texts); parameters are optional."""
+    dimension = {"type": "integer", "minimum": 0, "maximum": params.INT64}
+    properties = {
+        "name": name,
+        "shape": {"type": "array", "items": {"const": 1} if most == 1 else dimension},
+        "datatype": {"const": "BYTES"},
+        # binary_data_size points into the binary part of a body with the binary extension, which a JSON
+        # body has not (the description says so); other tensor parameters are ignored.
+        "parameters": {"type": ["object", "null"], "properties": {"binary_data_size": False}},
+        "data": {"type": "array", "items": s.text, "minItems": 1, "maxItems": most},
+    }
+    return closed(properties, ["name", "shape", "datatype", "data"])

@@ -1,0 +1,29 @@
+"""schemathesis hooks for tests/test_openapi.py (loaded through SCHEMATHESIS_HOOKS).
+
+A KServe request tensor's shape must count its data's elements (api/web/protocols/kserve.py refuses it with
+422 otherwise): a rule across two fields that JSON Schema cannot state, so the fuzzer's bodies would nearly
+always break it and never reach the model. This hook states it before each call: every tensor whose shape is a list of
+non-negative integers and whose data is a list gets the shape [number of elements]. schemathesis revalidates a
+case a hook changed, so a negative case stays negative only where something else is wrong with it; the
+refusal of a shape that miscounts is tested directly (tests/test_api_protocols.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import schemathesis
+
+
+@schemathesis.hook
+def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
+    # before_call, not map_body: the coverage phase's cases skip the map hooks; every case is sent
+    tensors = (
+        case.body.get("inputs") if case.operation.path.endswith("/infer") and isinstance(case.body, dict) else None
+    )
+    for tensor in tensors if isinstance(tensors, list) else ():
+        if not isinstance(tensor, dict) or not isinstance(tensor.get("data"), list):
+            continue
+        shape = tensor.get("shape")
+        if isinstance(shape, list) and all(type(d) in (int, float) and d >= 0 for d in shape):
+            tensor["shape"] = [len(tensor["data"])]
