@@ -98,6 +98,7 @@ class Batcher(Generic[T]):
         self._on_idle = on_idle
         self._idle_after = policy.idle_after
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_finish = 0.0  # when the last batch came back (the idle timer re-arms until idle_after since)
         self._queue: LengthQueue[T] = LengthQueue(policy.bucket)
         self._pool = pool
         self._narrow, self._wide = min(widths), max(widths)
@@ -274,9 +275,6 @@ class Batcher(Generic[T]):
         lone = not (self._running or self._queue.pending or self._arriving) and (
             self._pool is None or self._pool.quiet()
         )
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
         self._batches += 1
         self._running[self._batches] = jobs
         padded = max(e.length for e in batch) * len(batch)
@@ -348,7 +346,9 @@ class Batcher(Generic[T]):
         if self._queue.pending:
             self._wake.set()
         elif not self._running and self._on_idle is not None and self._idle_timer is None:
+            # One timer per quiet spell, not one made and cancelled per batch: it checks the time when it fires.
             self._idle_timer = asyncio.get_running_loop().call_later(self._idle_after, self._went_idle)
+        self._last_finish = time.perf_counter()
         if error is None:
             try:
                 self._deliver(batch, jobs, start, rows, width, ran)
@@ -362,7 +362,12 @@ class Batcher(Generic[T]):
     def _went_idle(self) -> None:
         """No batch for `idle_after` seconds: `on_idle` (the backend trims its memory) off the event loop."""
         self._idle_timer = None
-        if self._on_idle is not None and not self._running and not self._queue.pending and not self._closed:
+        if self._on_idle is None or self._running or self._queue.pending or self._closed:
+            return  # busy: the batch that finishes next arms the timer again
+        quiet = time.perf_counter() - self._last_finish
+        if quiet < self._idle_after:  # batches came back since the timer was armed
+            self._idle_timer = asyncio.get_running_loop().call_later(self._idle_after - quiet, self._went_idle)
+        else:
             done = asyncio.get_running_loop().run_in_executor(None, self._on_idle)
             done.add_done_callback(_log_idle_failure)
 

@@ -90,6 +90,7 @@ class ModelThreads(Generic[T]):
         for _ in self._threads:
             self._jobs.put(None)
         if self._loop_seat is not None:
+            self._loop_seat.unpin()
             self._loop_seat.close()
             self._loop_seat = None
 
