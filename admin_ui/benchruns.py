@@ -38,11 +38,10 @@ def run_outcome(run: Run) -> str:
 
 
 def run_label(run: Run) -> str:
-    """How a run is named in pickers: `#7 done · text-classification · 2025-01-01T10:00`."""
-    parts = [f"#{run.id}", run.status, run.task or run.kind, run.created_at[:16]]
-    if run.name:
-        parts.insert(1, run.name)
-    return " · ".join(p for p in parts if p)
+    """How a run is named in pickers, short enough for an 800-pixel window: `#7 nightly · done · 2025-01-01
+    10:00` (the task and the target are in the History table)."""
+    head = f"#{run.id} {run.name}".strip()
+    return " · ".join(p for p in (head, run.status, run.created_at.replace("T", " ")[:16]) if p)
 
 
 TARGET_ORDER = ("hare", "vanilla", "comet", "model-only")  # as the bench measures them

@@ -140,7 +140,7 @@ def timing_bar(rows: Rows) -> alt.Chart:
                 "phase:N",
                 sort=phases,
                 scale=alt.Scale(domain=phases, range=palette(phases)),
-                legend=alt.Legend(title="phase", orient="bottom"),
+                legend=alt.Legend(title="phase", orient="bottom", columns=2),
             ),
             order=alt.Order("order:Q"),
             tooltip=["phase:N", alt.Tooltip("ms:Q", format=".3f")],
@@ -270,7 +270,8 @@ def timeline(rows: Rows, columns: Sequence[str], title: str, height: int = 220, 
             sort=names,
             scale=alt.Scale(domain=names, range=palette(names)),
             # One series is named by the chart's title; several get a legend.
-            legend=alt.Legend(title=None, orient="bottom", symbolType="circle" if stacked else "stroke")
+            # Two entries a row: a legend in one row ran past a half-width chart at 1,280 pixels.
+            legend=alt.Legend(title=None, orient="bottom", columns=2, symbolType="circle" if stacked else "stroke")
             if len(names) > 1
             else None,
         ),

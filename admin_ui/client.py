@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -77,6 +78,8 @@ class Prediction:
     compute_time_s: float | None  # x-compute-time
     phases_ms: dict[str, float] = field(default_factory=dict)  # server-timing
     round_trip_s: float = 0.0
+    tokens: int | None = None  # x-compute-tokens: tokens fed to the model (special tokens included)
+    truncated: bool = False  # x-truncated: an input was cut to the model's maximum length
 
 
 class ApplianceClient:
@@ -181,12 +184,26 @@ class ApplianceClient:
         response = self._request("POST", "/predict", json=payload)
         elapsed = time.perf_counter() - start
         body = self._checked(response, "POST /predict")
-        compute = response.headers.get("x-compute-time")
-        try:
-            compute_s = float(compute) if compute is not None else None
-        except ValueError:
-            compute_s = None
-        return Prediction(body, compute_s, parse_server_timing(response.headers.get("server-timing")), elapsed)
+        headers = response.headers
+        return Prediction(
+            body,
+            _number(headers.get("x-compute-time"), float),
+            parse_server_timing(headers.get("server-timing")),
+            elapsed,
+            tokens=_number(headers.get("x-compute-tokens"), int),
+            truncated=headers.get("x-truncated", "").lower() == "true",
+        )
+
+
+N = TypeVar("N", int, float)
+
+
+def _number(header: str | None, kind: Callable[[str], N]) -> N | None:
+    """A numeric header, None when it is absent or not a number (an older or foreign server)."""
+    try:
+        return kind(header) if header is not None else None
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

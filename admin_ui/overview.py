@@ -72,8 +72,44 @@ def versions_rows(info: Mapping[str, Any]) -> list[dict[str, str]]:
     ]
 
 
+# What the optimizer's parity metrics mean, in words (tasks/*.py compute them; /info reports them by name).
+METRICS = {
+    "cosine_p1": "cosine to PyTorch, 1st percentile",
+    "cosine_min": "cosine to PyTorch, lowest",
+    "top1_agreement": "top label agrees with PyTorch",
+    "token_agreement": "token labels agree with PyTorch",
+    "max_score_diff": "largest score difference",
+    "max_abs_prob_diff": "largest probability difference",
+    "max_abs_diff": "largest raw output difference",
+    "top20_overlap_p1": "top-20 terms kept, 1st percentile",
+    "spearman_min": "rank correlation, lowest query",
+    "spearman_mean": "rank correlation, mean over queries",
+}
+INFORMATION = "for information"  # the verdict of a figure no gate checks: it decides nothing
+
+
+def metric_label(name: str) -> str:
+    """ "cosine_p1" -> "cosine to PyTorch, 1st percentile"; an unknown metric keeps its name, in words."""
+    return METRICS.get(name, name.replace("_", " "))
+
+
+def failure(variant: Mapping[str, Any]) -> str:
+    """Why a candidate may not ship: its build error, or the gates it missed with their figures."""
+    if variant.get("error"):
+        return f"build failed: {variant['error']}"
+    found = variant.get("gates")
+    gates: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    missed = [
+        f"{metric_label(str(m))} {_fmt(g.get('value'))} (needs {_fmt(g.get('threshold'))})"
+        for m, g in gates.items()
+        if isinstance(g, Mapping) and not g.get("passed")
+    ]
+    return "failed: " + "; ".join(missed) if missed else "failed"
+
+
 def variant_rows(info: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every candidate the optimizer tried: size, gate verdict, and median milliseconds per timing point."""
+    """Every candidate the optimizer tried: size, whether it may ship (and why not), and median milliseconds
+    per timing point."""
     out = []
     for v in info.get("variants") or []:
         if not isinstance(v, Mapping):
@@ -82,7 +118,7 @@ def variant_rows(info: Mapping[str, Any]) -> list[dict[str, Any]]:
             "variant": ("★ " if v.get("chosen") else "") + str(v.get("name", "?")),
             "precision": v.get("precision"),
             "size MB": v.get("size_mb"),
-            "passed": bool(v.get("passed")),
+            "gates": "passed" if v.get("passed") else failure(v),
         }
         for point, ms in sorted((v.get("timings_ms") or {}).items(), key=lambda kv: (len(kv[0]), kv[0])):
             row[f"{point} ms"] = ms
@@ -99,7 +135,8 @@ def chosen_variant(info: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def gate_rows(variant: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """The chosen variant's validation figures: each metric, its gate threshold and verdict when gated."""
+    """The chosen variant's validation figures, named in words: each metric, its gate threshold and verdict
+    when a gate checks it, else "for information" (such a figure decides nothing, whatever its size)."""
     if not variant:
         return []
     gates = variant.get("gates") or {}
@@ -110,10 +147,10 @@ def gate_rows(variant: Mapping[str, Any] | None) -> list[dict[str, Any]]:
         value = gate.get("value") if isinstance(gate, Mapping) else metrics.get(metric)
         rows.append(
             {
-                "metric": metric,
+                "metric": metric_label(str(metric)),
                 "value": value,
                 "threshold": gate.get("threshold") if isinstance(gate, Mapping) else None,
-                "verdict": ("pass" if gate.get("passed") else "FAIL") if isinstance(gate, Mapping) else "not gated",
+                "verdict": ("pass" if gate.get("passed") else "FAIL") if isinstance(gate, Mapping) else INFORMATION,
             }
         )
     return rows

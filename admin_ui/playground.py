@@ -231,3 +231,17 @@ def timing_rows(phases_ms: dict[str, float]) -> list[dict[str, Any]]:
     """Server-Timing phases in pipeline order (known phases first), for a one-bar breakdown."""
     order = [p for p in PHASES if p in phases_ms] + sorted(p for p in phases_ms if p not in PHASES)
     return [{"phase": p, "ms": phases_ms[p], "order": k} for k, p in enumerate(order)]
+
+
+def truncation_note(truncated: bool, tokens: int | None, max_length: Any) -> str:
+    """What the page says when the server cut an input to the model's maximum length (its x-truncated
+    header): the answer is about the beginning of the text only."""
+    if not truncated:
+        return ""
+    limit = f" of {max_length:,} tokens" if isinstance(max_length, int) else ""
+    read = f" ({tokens:,} tokens read in all)" if tokens is not None else ""
+    return (
+        f"The input was longer than the model's maximum length{limit} and was cut to it{read}: the answer is "
+        'about its beginning only. Send `"truncate": false` to be refused instead, or `"long_input": "window"` '
+        "(where the task takes it) to read all of it."
+    )

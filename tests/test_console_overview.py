@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -51,9 +53,27 @@ def test_variants_and_gates_of_the_chosen_variant() -> None:
     chosen = overview.chosen_variant(data)
     assert chosen is not None and chosen["name"] == "int8"
     gates = overview.gate_rows(chosen)
-    assert gates[0] == {"metric": "token_agreement", "value": 0.995, "threshold": 0.98, "verdict": "pass"}
-    assert gates[1]["metric"] == "max_abs_diff" and gates[1]["verdict"] == "not gated"
+    # Named in words; a figure no gate checks is information, not a verdict that reads as a fault.
+    assert gates[0] == {
+        "metric": "token labels agree with PyTorch", "value": 0.995, "threshold": 0.98, "verdict": "pass",
+    }  # fmt: skip
+    assert gates[1]["metric"] == "largest raw output difference" and gates[1]["verdict"] == "for information"
     assert overview.gate_rows(None) == []
+    assert overview.metric_label("new_metric_p5") == "new metric p5"
+
+
+def test_a_failed_variant_says_why() -> None:
+    gated = {"name": "int8", "passed": False, "gates": {
+        "cosine_p1": {"value": 0.981, "threshold": 0.99, "passed": False},
+        "max_abs_diff": {"value": 0.5, "threshold": 1.0, "passed": True},
+    }}  # fmt: skip
+    broken = {"name": "fp16", "passed": False, "error": "ORT refused the graph", "gates": {}}
+    rows = overview.variant_rows({"variants": [gated, broken, {"name": "fp32", "passed": True, "chosen": True}]})
+    assert [r["gates"] for r in rows] == [
+        "failed: cosine to PyTorch, 1st percentile 0.981 (needs 0.99)",
+        "build failed: ORT refused the graph",
+        "passed",
+    ]
 
 
 def test_versions_of_server_and_bundle_side_by_side() -> None:
@@ -73,18 +93,14 @@ def test_chosen_variant_falls_back_to_the_served_name() -> None:
     assert overview.chosen_variant(data) == {"name": "fp16"}
 
 
-def test_markdown_tables_escape_what_markdown_would_eat() -> None:
-    from admin_ui.views.common import escape_markdown, markdown_table
+def test_small_tables_escape_their_text_and_scroll_rather_than_spill() -> None:
+    from admin_ui.views.common import NUMBER_CELL, TEXT_CELL, html_table
 
-    assert escape_markdown("my_model_v2 *x* a|b\nc") == "my\\_model\\_v2 \\*x\\* a\\|b c"
-    table = markdown_table([{"name": "a_b", "n": 1.5, "none": None}, {"name": "c", "n": 12, "none": None}])
-    assert table.splitlines() == [
-        "| name | n | none |",
-        "| --- | ---: | --- |",
-        "| a\\_b | 1.50 | – |",
-        "| c | 12 | – |",
-    ]
-    assert markdown_table([]) == ""
+    table = html_table([{"name": "a_b <x>", "n": 1.5, "none": None}, {"name": "c", "n": 12, "none": None}])
+    assert table.startswith('<div class="hare-table" style="overflow-x:auto"><table><thead><tr>')
+    assert f'<td style="{TEXT_CELL}">a_b &lt;x&gt;</td><td style="{NUMBER_CELL}">1.50</td>' in table
+    assert f'<td style="{NUMBER_CELL}">12</td><td style="{TEXT_CELL}">–</td>' in table
+    assert html_table([]) == ""
 
 
 def test_page_shows_each_appliance_or_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,14 +114,18 @@ def test_page_shows_each_appliance_or_why_not(monkeypatch: pytest.MonkeyPatch) -
     errors = [e.value for e in at.error]
     assert any(dead in e and "cannot reach" in e for e in errors)
     assert any(foreign.url in e and "is this a hare appliance" in e for e in errors)
-    # Small Markdown tables: long values wrap rather than being cut, empty cells read "–", never "None".
-    tables = [m.value for m in at.markdown if m.value.startswith("| ")]
-    summary, gates = tables[0].splitlines(), tables[1].splitlines()
-    assert summary[:2] == ["| field | value |", "| --- | --- |"]
-    assert "| task | text-classification |" in summary
-    assert "| batching | max batch size 32, max batch tokens 8192, max wait ms 2, max queue 256 |" in summary
-    assert gates[:2] == ["| metric | value | threshold | verdict |", "| --- | ---: | ---: | --- |"]
-    assert gates[2:] == ["| top1\\_agreement | 0.995 | 0.98 | pass |", "| max\\_abs\\_diff | 0.012 | – | not gated |"]
+    # Small HTML tables: long values wrap rather than being cut, empty cells read "–", never "None".
+    tables = [m.value for m in at.markdown if "<table>" in m.value]
+    summary, gates = tables[0], tables[1]
+    assert "<th" in summary and ">field</th>" in summary and ">text-classification</td>" in summary
+    assert ">max batch size 32, max batch tokens 8192, max wait ms 2, max queue 256</td>" in summary
+    heads = re.findall(r"<th[^>]*>([^<]*)</th>", gates)
+    assert heads == ["metric", "value", "threshold", "verdict"]
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", gates)
+    assert cells == [
+        "top label agrees with PyTorch", "0.995", "0.98", "pass",
+        "largest raw output difference", "0.012", "–", "for information",
+    ]  # fmt: skip
     assert not at.dataframe and not any("None" in t for t in tables)
 
 

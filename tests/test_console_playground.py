@@ -129,3 +129,26 @@ def test_page_reports_an_answer_of_the_wrong_shape(monkeypatch: pytest.MonkeyPat
         monkeypatch.setattr("tests.test_console_support.predict_output", lambda task, inputs: [[0.1, 0.9]])
         at = _send(AppTest.from_function(playground_page, default_timeout=30).run())
     assert "does not fit its task" in at.error[0].value and not at.exception
+
+
+def test_page_says_when_the_server_cut_the_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2,000-word text is answered about its first 128 tokens: the page says so, and how many were read."""
+    with fake_appliance("text-classification") as fake:
+        monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
+        at = AppTest.from_function(playground_page, default_timeout=30).run()
+        at.text_area(key="hare-pg-text-text-classification").input("word " * 2000)
+        at = _send(at)
+        assert not at.exception and not at.error
+        assert at.warning[0].value.startswith(
+            "The input was longer than the model's maximum length of 128 tokens and was cut to it "
+            "(128 tokens read in all)"
+        )
+        assert {m.label: m.value for m in at.metric}["tokens read"] == "128"
+        at.text_area(key="hare-pg-text-text-classification").input("a short text")
+        at = _send(at)
+    assert not at.warning and {m.label: m.value for m in at.metric}["tokens read"] == "5"
+
+
+def test_truncation_note() -> None:
+    assert pg.truncation_note(False, 12, 128) == ""
+    assert "maximum length and was cut to it:" in pg.truncation_note(True, None, None)

@@ -367,15 +367,18 @@ def _headline(points: list[Any]) -> None:
     if h is None:
         return
     p = h.point
-    cols = st.columns(4)
-    for col, q in zip(cols, ("p50", "p95", "p99"), strict=False):
-        few = not resolved(q, p.ok)
-        col.metric(
-            q,
-            h.latency(q),
-            help=f"{p.ok:,} answers: {q} needs {needed_answers(q)}, so this is about the slowest one" if few else None,
-        )
-    cols[3].metric("peak throughput", f"{figure(h.peak_req_s)} req/s")
+    with st.container(horizontal=True, gap="large"):  # wraps at 800 pixels rather than cutting a figure
+        for q in ("p50", "p95", "p99"):
+            few = not resolved(q, p.ok)
+            st.metric(
+                q,
+                h.latency(q),
+                help=f"{p.ok:,} answers: {q} needs {needed_answers(q)}, so this is about the slowest one"
+                if few
+                else None,
+                width="content",
+            )
+        st.metric("peak throughput", f"{figure(h.peak_req_s)} req/s", width="content")
     st.caption(
         f"Latency of hare at {p.seq_len} tokens, batch {p.batch}, {p.concurrency} concurrent client(s), from "
         f"{p.ok:,} answers; peak throughput at {h.peak_at.seq_len} tokens and {h.peak_at.concurrency} client(s). "

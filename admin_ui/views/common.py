@@ -3,7 +3,7 @@ with numbers right-aligned."""
 
 from __future__ import annotations
 
-import re
+import html
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -64,28 +64,33 @@ def table(
 
 
 def static_table(rows: Sequence[Mapping[str, Any]], header: bool = True) -> None:
-    """A small table drawn as Markdown: long values wrap instead of being cut, every cell is text ("–" for
-    nothing), and the page needs none of the data frame's JavaScript, so it paints sooner."""
-    st.markdown(markdown_table(rows, header))
+    """A small table drawn as HTML in a Markdown block: text wraps inside its cell instead of being cut, numbers
+    stay on one line, right-aligned; a table still too wide for its place scrolls sideways inside it, never
+    under its neighbour. Every cell is text ("–" for nothing), and the page needs none of the data frame's
+    JavaScript, so it paints sooner."""
+    st.markdown(html_table(rows, header), unsafe_allow_html=True)
 
 
-def markdown_table(rows: Sequence[Mapping[str, Any]], header: bool = True) -> str:
-    """Rows as a Markdown table (without a header row, the first row's keys stay unsaid); numbers right-aligned."""
+def html_table(rows: Sequence[Mapping[str, Any]], header: bool = True) -> str:
+    """Rows as an HTML table in a box that scrolls sideways when the table is wider than its place (without a
+    header row, the first row's keys stay unsaid)."""
     if not rows:
         return ""
     columns = list(dict.fromkeys(k for r in rows for k in r))
     numeric = set(numeric_columns(rows))
     cells = text_rows(rows)
-    head = [escape_markdown(c) for c in columns] if header else [" " for _ in columns]
-    rule = ["---:" if c in numeric else "---" for c in columns]
-    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(rule) + " |"]
-    lines += ["| " + " | ".join(escape_markdown(r.get(c, MISSING)) for c in columns) + " |" for r in cells]
-    return "\n".join(lines)
+
+    def td(tag: str, column: str, text: str) -> str:
+        style = NUMBER_CELL if column in numeric else TEXT_CELL
+        return f'<{tag} style="{style}">{html.escape(text)}</{tag}>'
+
+    head = "<thead><tr>" + "".join(td("th", c, c) for c in columns) + "</tr></thead>" if header else ""
+    body = "".join("<tr>" + "".join(td("td", c, r.get(c, MISSING)) for c in columns) + "</tr>" for r in cells)
+    return f'<div class="hare-table" style="overflow-x:auto"><table>{head}<tbody>{body}</tbody></table></div>'
 
 
-def escape_markdown(text: str) -> str:
-    """Text that Markdown shows as it is (model names with underscores stay unitalicised)."""
-    return re.sub(r"([\\`*_{}\[\]<>()#+!|~$])", r"\\\1", " ".join(text.splitlines()))
+NUMBER_CELL = "text-align:right;white-space:nowrap"
+TEXT_CELL = "overflow-wrap:anywhere"  # a long path or class name breaks inside its cell
 
 
 def rows_table(

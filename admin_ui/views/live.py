@@ -19,11 +19,13 @@ def render() -> None:
     if url is None:
         st.info("Add an appliance on the Overview page first.")
         return
-    cols = st.columns([2, 2, 1], vertical_alignment="bottom")
-    every = cols[0].select_slider("Scrape every", options=[1, 2, 5, 10, 30], value=2, format_func=lambda s: f"{s} s")
-    auto = cols[1].toggle("Auto-refresh", value=True)
-    if cols[2].button("Clear history"):
-        _histories().pop(url, None)
+    with st.container(horizontal=True, vertical_alignment="bottom", gap="large"):
+        every = st.select_slider(
+            "Scrape every", options=[1, 2, 5, 10, 30], value=2, format_func=lambda s: f"{s} s", width=300
+        )
+        auto = st.toggle("Auto-refresh", value=True)
+        if st.button("Clear history"):
+            _histories().pop(url, None)
     st.caption(
         f"{url}/metrics · rates are differences between successive scrapes, as Prometheus' rate() computes them; "
         "the charts start when this page begins watching"
@@ -76,19 +78,26 @@ def _scrape_and_draw(url: str) -> None:
     origin = history.snapshots[0].at
     rows = prom.timeline_rows(intervals, origin)
     last = intervals[-1]
-    top = st.columns(6)
-    top[0].metric("requests/s", f"{last.requests_per_s:,.1f}")
-    top[1].metric("errors/s", f"{last.errors_per_s:,.2f}")
-    window = f"over the last {last.window_s:.0f} s, from {last.latency_count:,.0f} requests"
-    for col, q in ((top[2], 0.5), (top[3], 0.99)):
-        few = last.latency_count < prom.needed_requests(q)
-        col.metric(
-            f"latency {prom.quantile_label(q)}",
-            _ms(last.latency_ms.get(q), approximate=few),
-            help=window + (f"; {prom.quantile_label(q)} needs {prom.needed_requests(q)}" if few else ""),
+    # A row that wraps: each figure keeps its width, its unit and its "~" instead of being cut to "~29.…".
+    with st.container(horizontal=True, gap="large"):
+        st.metric("requests/s", f"{last.requests_per_s:,.1f}", width="content")
+        st.metric("errors/s", f"{last.errors_per_s:,.2f}", width="content")
+        window = f"over the last {last.window_s:.0f} s, from {last.latency_count:,.0f} requests"
+        for q in (0.5, 0.99):
+            few = last.latency_count < prom.needed_requests(q)
+            st.metric(
+                f"latency {prom.quantile_label(q)}",
+                _ms(last.latency_ms.get(q), approximate=few),
+                help=window + (f"; {prom.quantile_label(q)} needs {prom.needed_requests(q)}" if few else ""),
+                width="content",
+            )
+        st.metric("queue depth", f"{last.queue_depth:g}", width="content")
+        st.metric(
+            "requests since start",
+            f"{life.requests:,.0f}",
+            help="inference requests the appliance answered",
+            width="content",
         )
-    top[4].metric("queue depth", f"{last.queue_depth:g}")
-    top[5].metric("requests since start", f"{life.requests:,.0f}", help="inference requests the appliance answered")
     st.caption(_quantile_note(last))
 
     left, right = st.columns(2)

@@ -33,7 +33,6 @@ def _add_form() -> None:
 
 
 def _appliance(p: Probe, url: str) -> None:
-    head = st.columns([6, 1], vertical_alignment="center")
     badges = ""
     if p.error is None:
         badges = " ".join(
@@ -42,27 +41,34 @@ def _appliance(p: Probe, url: str) -> None:
                 ":green-badge[ready]" if p.ready else ":orange-badge[not ready]",
             ]
         )
-    head[0].subheader(f"`{url}` {badges}", anchor=False)
-    if head[1].button("Remove", key=f"hare-remove-{url}", width="stretch"):
-        state.remove_appliance(url)
-        st.rerun()
+    with st.container(horizontal=True, vertical_alignment="center"):
+        st.subheader(f"`{url}` {badges}", anchor=False)
+        if st.button("Remove", key=f"hare-remove-{url}"):
+            state.remove_appliance(url)
+            st.rerun()
     if p.error is not None or p.info is None:
         st.error(p.error or "no description")
         return
     info = p.info
-    left, right = st.columns(2)
-    with left:
-        st.markdown("**What it serves**")
-        common.static_table(overview.summary_rows(info))
-    with right:
-        chosen = overview.chosen_variant(info)
-        name = chosen.get("name") if chosen else info.get("variant", "?")
-        st.markdown(f"**Chosen variant `{name}`: validation against PyTorch**")
-        gates = overview.gate_rows(chosen)
-        if gates:
-            common.static_table(gates)
-        else:
-            st.caption("The appliance reports no validation figures for its variant.")
+    # Side by side where both fit, one under the other where they do not (a row that wraps, not two columns
+    # that squeeze their tables into each other).
+    with st.container(horizontal=True, gap="large"):
+        with st.container(width=TABLE_WIDTH):
+            st.markdown("**What it serves**")
+            common.static_table(overview.summary_rows(info))
+        with st.container(width=TABLE_WIDTH):
+            chosen = overview.chosen_variant(info)
+            name = chosen.get("name") if chosen else info.get("variant", "?")
+            st.markdown(f"**Chosen variant `{name}`: validation against PyTorch**")
+            gates = overview.gate_rows(chosen)
+            if gates:
+                common.static_table(gates)
+                st.caption(
+                    "A gate's threshold decides whether a variant may ship; a figure without one is shown "
+                    f'"{overview.INFORMATION}" and decides nothing.'
+                )
+            else:
+                st.caption("The appliance reports no validation figures for its variant.")
     with st.expander("Every candidate variant and the versions it runs"):
         variants = overview.variant_rows(info)
         if variants:
@@ -72,3 +78,6 @@ def _appliance(p: Probe, url: str) -> None:
             common.static_table(versions)
         if "pid" in info:
             st.caption(f"server pid {info['pid']}")
+
+
+TABLE_WIDTH = 500  # pixels: two fit side by side in a 1,280-pixel window; at 800 they stack

@@ -45,7 +45,7 @@ def render() -> None:
         _send(url, task, text, documents, raw_params)
     result = st.session_state.get(RESULT)
     if result and result["url"] == url and result["task"] == task:
-        _show(task, result["request"], result["prediction"])
+        _show(task, result["request"], result["prediction"], p.info.get("max_length"))
 
 
 def _inputs(task: str) -> tuple[str, str]:
@@ -132,8 +132,11 @@ VIEWS: dict[str, Callable[[Any, Any], None]] = {
 }
 
 
-def _show(task: str, request: Any, prediction: Prediction) -> None:
+def _show(task: str, request: Any, prediction: Prediction, max_length: Any) -> None:
     st.subheader("Answer", anchor=False)
+    note = pg.truncation_note(prediction.truncated, prediction.tokens, max_length)
+    if note:
+        st.warning(note)
     try:
         VIEWS[pg.form(task).view](request, prediction.output)
     except pg.ShapeError as exc:
@@ -144,11 +147,18 @@ def _show(task: str, request: Any, prediction: Prediction) -> None:
 
 
 def _timing(prediction: Prediction) -> None:
-    cols = st.columns(3)
     compute = prediction.compute_time_s
-    cols[0].metric("x-compute-time", f"{compute * 1000:.2f} ms" if compute is not None else "-")
-    cols[1].metric("round trip (console)", f"{prediction.round_trip_s * 1000:.1f} ms")
     phases = pg.timing_rows(prediction.phases_ms)
-    cols[2].metric("server phases", f"{sum(r['ms'] for r in phases):.2f} ms" if phases else "-")
+    # A row that wraps: each figure keeps its width (and its unit) instead of being squeezed to "11.8 …".
+    with st.container(horizontal=True, gap="large"):
+        st.metric("x-compute-time", f"{compute * 1000:.2f} ms" if compute is not None else "–", width="content")
+        st.metric("round trip (console)", f"{prediction.round_trip_s * 1000:.1f} ms", width="content")
+        st.metric("server phases", f"{sum(r['ms'] for r in phases):.2f} ms" if phases else "–", width="content")
+        st.metric(
+            "tokens read",
+            f"{prediction.tokens:,}" if prediction.tokens is not None else "–",
+            help="x-compute-tokens: tokens fed to the model, special tokens and every window included",
+            width="content",
+        )
     if phases:
         st.altair_chart(charts.timing_bar(phases), width="stretch")
