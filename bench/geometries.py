@@ -56,6 +56,22 @@ GEOMETRIES: dict[str, Geometry] = {
         hidden=lambda s: int(s["dim"]),
         labels=LABELS,
     ),
+    # No real checkpoint: a classifier whose call takes well under 0.1 ms on one core, so that what a run
+    # measures with it is the server's own cost per request (the ceiling: req/s with next to no model).
+    "tiny-classifier": Geometry(
+        "text-classification",
+        "BertConfig",
+        "BertForSequenceClassification",
+        dict(
+            vocab_size=30522,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=512,
+        ),
+        labels=LABELS,
+    ),
     # sentence-transformers/all-mpnet-base-v2.
     "mpnet-base": Geometry(
         "feature-extraction",

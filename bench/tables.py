@@ -34,10 +34,13 @@ LATENCIES = ("min", "avg", "p50", "p90", "p95", "p99", "max")
 POINT_COLUMNS = (
     *("target", "load", "w", "thr", "seq", "batch", "conc/rate", "req/s", "seq/s", "tokens/s"),
     *LATENCIES,
-    *("errors", "server p50", "client cpu", "server cpu"),
+    *("errors", "server p50", "client cpu", "server cpu", "server ms/req"),
 )
 RATIO_COLUMNS = ("baseline", "seq", "batch", "conc/rate", "hare req/s", "baseline req/s", "throughput x", "p50 x")
-POINTS_CAPTION = "latency in ms (client side; server p50 from x-compute-time); cpu in cores"
+POINTS_CAPTION = (
+    "latency in ms (client side; server p50 from x-compute-time); cpu in cores; server ms/req: the server's CPU "
+    "time per answer (on the tiny-classifier geometry, the server's own cost: its ceiling is 1000 / that per core)"
+)
 RATIOS_CAPTION = "p50 x: baseline p50 / hare p50 (above 1: hare answers faster)"
 
 
@@ -54,7 +57,15 @@ def point_row(p: Point) -> list[str]:
         *(fmt(getattr(p, f"lat_{k}"), 2) for k in LATENCIES),
         ", ".join(f"{k}: {v}" for k, v in p.errors.items()) or "0",
         *(fmt(p.server.get("compute_p50"), 2), fmt(p.client_cpu, 2), fmt(p.server_cpu, 2)),
+        fmt(server_ms_per_request(p), 3),
     ]
+
+
+def server_ms_per_request(p: Point) -> float | None:
+    """The server's CPU milliseconds per answer (all its processes; None where it was not measured)."""
+    if p.server_cpu is None or not p.req_s:
+        return None
+    return p.server_cpu / p.req_s * 1000.0
 
 
 def ratio_row(r: Ratio) -> list[str]:
