@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from container.bundle import BATCH_TOKENS, MAX_BATCH_SIZE, Manifest
+from container.bundle import MAX_BATCH_SIZE, MAX_BATCH_TOKENS, Manifest, resolve_max_batch_tokens
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
 from tasks.errors import InputError
@@ -26,7 +26,6 @@ PROFILES = ("throughput", "latency")
 # beat 1 x 2 at every point (1,843 vs 1,505 req/s at 16 users, 8 tokens, when the connections spread), and
 # 2 x 1 ran at half speed whenever both clients landed on one worker.
 MIN_STREAMS = 2
-# Padded tokens per model call for a bundle whose budget was not measured (a GPU bundle, an older bundle).
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _UNSET = object()
 
@@ -174,9 +173,9 @@ class Settings:
     max_batch_tokens: int = _setting(
         "HARE_MAX_BATCH_TOKENS",
         _int(0),
-        "padded tokens per model call at most (longest sequence x sequences); one sequence always fits (0: the "
-        "budget `hare optimize` or `hare tune` measured for the bundle, the smallest batch within 5% of the best "
-        f"token rate with every core busy; {BATCH_TOKENS} for a bundle without one)",
+        "padded tokens per model call at most (longest sequence x sequences); one sequence always fits (0: what "
+        "`hare optimize` or `hare tune` measured for the bundle on its target, the smallest batch within 5% of "
+        f"the best token rate with every core busy; {MAX_BATCH_TOKENS} for a bundle without one)",
         0,
     )
     max_wait_ms: float = _setting(
@@ -297,10 +296,10 @@ class Settings:
         return (self.target or manifest.target) == manifest.target
 
     def for_bundle(self, manifest: Manifest) -> Settings:
-        """These settings with what was left to the bundle filled from its manifest. The bundle's batch budget
-        was measured on its own target: a CPU budget served on a GPU (HARE_TARGET) would starve the device."""
-        measured = manifest.max_batch_tokens if self.on_bundle_target(manifest) else None
-        return dataclasses.replace(self, max_batch_tokens=self.max_batch_tokens or measured or BATCH_TOKENS)
+        """These settings with what was left to the bundle filled from its manifest: max_batch_tokens
+        (container/bundle.py resolve_max_batch_tokens)."""
+        resolved = resolve_max_batch_tokens(manifest, self.max_batch_tokens, self.target)
+        return dataclasses.replace(self, max_batch_tokens=resolved.max_batch_tokens)
 
     def to_env(self) -> dict[str, str]:
         """The HARE_* variables that reproduce these settings (what `hare serve` hands to gunicorn)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -29,9 +29,10 @@ PARITY_FILE = "parity.npz"
 FORMAT_VERSION = 1
 # How a server batches a bundle unless told otherwise (api/config.py's HARE_MAX_BATCH_SIZE and
 # HARE_MAX_BATCH_TOKENS defaults), here so that the optimizer's gate and the bench batch as it does: sequences
-# per model call at most, and padded tokens per call where the bundle carries no measured budget.
+# per model call at most, and padded tokens per call where the bundle carries no measured max_batch_tokens.
 MAX_BATCH_SIZE = 32
-BATCH_TOKENS = 8192
+MAX_BATCH_TOKENS = 8192
+BATCH_TOKENS = MAX_BATCH_TOKENS  # the old name, while bench/bulk.py (being written) still imports it
 
 
 @dataclass
@@ -155,3 +156,23 @@ def model_head(bundle: Path, manifest: Manifest) -> dict[str, Any]:
         "pair_template": {k: v for k, v in manifest.pair_template.items() if k in ("format", "instruction")},
         "heads": tuple(manifest.heads),
     }
+
+
+class Resolved(NamedTuple):
+    """max_batch_tokens as resolved, and where it came from: "setting" (HARE_MAX_BATCH_TOKENS), "bundle" (what
+    `hare optimize` or `hare tune` measured, on the bundle's own target) or "default" (MAX_BATCH_TOKENS)."""
+
+    max_batch_tokens: int
+    source: Literal["setting", "bundle", "default"]
+
+
+def resolve_max_batch_tokens(manifest: Manifest, setting: int = 0, target: str | None = None) -> Resolved:
+    """The padded tokens per model call a server of `manifest` batches up to: `setting` when set (not 0), else
+    the bundle's measured value when served on its own target (`target`; None: the bundle's: a CPU's value
+    served on a GPU would starve the device), else MAX_BATCH_TOKENS. The server, its bulk job and the peers
+    bench all resolve it here."""
+    if setting:
+        return Resolved(setting, "setting")
+    if manifest.max_batch_tokens and (target or manifest.target) == manifest.target:
+        return Resolved(manifest.max_batch_tokens, "bundle")
+    return Resolved(MAX_BATCH_TOKENS, "default")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -18,6 +19,9 @@ Pooling = Literal["mean", "cls", "max", "mean_sqrt_len", "weightedmean", "lastto
 # sentence-transformers' pooling modes: weightedmean weighs token i by i+1 (SGPT), lasttoken takes the last
 # real token (decoder embedders).
 POOLINGS: tuple[str, ...] = ("mean", "cls", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
+# Tokens per bucket of the packing rule (next_call): sequences whose lengths share a bucket are equals there.
+BUCKET = 16
+T = TypeVar("T")
 
 
 def softmax(x: Array, axis: int = -1) -> Array:
@@ -121,25 +125,54 @@ def pad_batch(
     return {name: feeds[name] for name in input_names}
 
 
+def next_call(
+    queued: Mapping[int, Iterable[T]],
+    first: int,
+    length: Callable[[T], int],
+    max_batch_size: int,
+    max_batch_tokens: int,
+) -> list[T]:
+    """The packing rule: the sequences of the next model call. `queued`: the waiting sequences by bucket (their
+    length // BUCKET), each bucket oldest first; `first`: the bucket of the oldest. A call starts from the
+    oldest and takes the heads of the buckets nearest in length to it (nearest first, the shorter on a tie)
+    while it holds fewer than `max_batch_size` sequences and its padded tokens (its longest x its count) stay
+    within `max_batch_tokens`; one sequence always fits. A bucket whose next sequence would pass the tokens is
+    left for the next call, and nearer buckets on the other side may still fill this one.
+
+    The server's queue takes its batches with it (api/engine/lengthqueue.py); length_batches applies it to
+    sequences that arrive together (the optimizer's gate, the peers bench, the bulk job)."""
+    call: list[T] = []
+    longest = 0
+    for key in sorted(queued, key=lambda k: (abs(k - first), k)):
+        for item in queued[key]:
+            if len(call) == max_batch_size:
+                return call
+            top = max(longest, length(item))
+            if call and top * (len(call) + 1) > max_batch_tokens:
+                break
+            call.append(item)
+            longest = top
+    return call
+
+
 def length_batches(
-    lengths: Sequence[int], max_items: int, max_tokens: int, spread: int | None = None
+    lengths: Sequence[int], max_batch_size: int, max_batch_tokens: int, bucket: int = BUCKET
 ) -> list[list[int]]:
-    """Sequence indices grouped into model calls as the server's length queue forms them
-    (api/engine/lengthqueue.py): shortest first, each call up to `max_items` sequences and `max_tokens` padded
-    tokens (its longest times its count; one sequence always fits), and, with `spread`, lengths within that
-    many tokens of the call's shortest."""
+    """Sequence indices (their lengths in tokens, in arrival order) grouped into model calls as the server's
+    queue groups sequences that reach it together: next_call's rule, call after call."""
+    queued: dict[int, deque[int]] = {}
+    for i, n in enumerate(lengths):
+        queued.setdefault(n // bucket, deque()).append(i)
     calls: list[list[int]] = []
-    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
-        last = calls[-1] if calls else []
-        if (
-            last
-            and len(last) < max_items
-            and (spread is None or lengths[i] - lengths[last[0]] <= spread)
-            and (len(last) + 1) * lengths[i] <= max_tokens
-        ):
-            last.append(i)
-        else:
-            calls.append([i])
+    while queued:
+        first = min(queued, key=lambda k: queued[k][0])
+        call = next_call(queued, first, lambda i: lengths[i], max_batch_size, max_batch_tokens)
+        for i in call:  # the call took each bucket's heads
+            key = lengths[i] // bucket
+            queued[key].popleft()
+            if not queued[key]:
+                del queued[key]
+        calls.append(call)
     return calls
 
 

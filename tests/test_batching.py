@@ -42,7 +42,7 @@ def echo(calls: Calls) -> Callable[[list[str], int], Rows]:
 
 def policy(**limits: Any) -> BatchPolicy:
     """The tests' policy: 8 sequences, no token budget to speak of, no waiting, 64 places, one stream."""
-    return BatchPolicy(**{"max_items": 8, "max_tokens": 10_000, "capacity": 64} | limits)
+    return BatchPolicy(**{"max_items": 8, "max_batch_tokens": 10_000, "capacity": 64} | limits)
 
 
 def make(run: Callable[[list[str], int], Rows], **limits: Any) -> Batcher[str]:
@@ -55,7 +55,7 @@ def test_the_policy_is_the_settings_batching_knobs_in_seconds() -> None:
     env = {"HARE_MAX_BATCH_SIZE": "4", "HARE_MAX_BATCH_TOKENS": "512", "HARE_MAX_WAIT_MS": "2", "HARE_QUEUE_SIZE": "9"}
     settings = Settings.from_env(env | {"HARE_MAX_QUEUE_MS": "1500", "HARE_STREAMS": "3", "HARE_INLINE_MS": "20"})
     got = BatchPolicy.from_settings(settings)
-    assert (got.max_items, got.max_tokens, got.max_wait, got.capacity) == (4, 512, 0.002, 9)
+    assert (got.max_items, got.max_batch_tokens, got.max_wait, got.capacity) == (4, 512, 0.002, 9)
     assert (got.max_queue, got.streams, got.inline_seconds, got.idle_priority) == (1.5, 3, 0.02, False)
 
 
@@ -76,7 +76,7 @@ async def test_a_client_batch_larger_than_max_items_is_split_and_answered_in_ord
 
 async def test_a_batch_closes_on_the_padded_token_budget_but_one_sequence_always_fits() -> None:
     calls: Calls = []
-    batcher = make(echo(calls), max_tokens=250)
+    batcher = make(echo(calls), max_batch_tokens=250)
     await ask(batcher, ["x" * 100] * 5)
     assert [len(c) for c in calls] == [2, 2, 1]  # 3 x 100 padded tokens would exceed 250
     calls.clear()
@@ -265,7 +265,7 @@ async def test_closing_fails_waiting_requests_and_refuses_new_ones(streams: int)
 
 async def test_batch_statistics_are_reported() -> None:
     seen: list[BatchStats] = []
-    batcher: Batcher[str] = Batcher(echo([]), policy(max_tokens=1000, capacity=8), on_batch=seen.append)
+    batcher: Batcher[str] = Batcher(echo([]), policy(max_batch_tokens=1000, capacity=8), on_batch=seen.append)
     batcher.start()
     await ask(batcher, ["ab", "abcd"])
     await asyncio.sleep(0)  # statistics are reported after the answers
@@ -363,7 +363,9 @@ async def test_the_idle_hook_runs_once_after_a_quiet_spell_not_while_busy() -> N
     """The backend gives a burst's memory back when the worker has had no batch for `idle_after` seconds."""
     idle = threading.Event()
     calls: Calls = []
-    batcher: Batcher[str] = Batcher(echo(calls), policy(max_tokens=1000, capacity=8, idle_after=0.5), on_idle=idle.set)
+    batcher: Batcher[str] = Batcher(
+        echo(calls), policy(max_batch_tokens=1000, capacity=8, idle_after=0.5), on_idle=idle.set
+    )
     batcher.start()
     for _ in range(5):  # busy: requests 50 ms apart keep putting the hook off
         await ask(batcher, ["abc"])

@@ -2,8 +2,9 @@
 of similar length (little padding).
 
 - A batch starts from the oldest waiting sequence and fills with its nearest-length neighbours (buckets of
-  `bucket` tokens, nearest first), up to a count and a padded-token budget (longest x count); one sequence
-  always fits.
+  `bucket` tokens, nearest first), up to a count and max_batch_tokens padded tokens (longest x count); one
+  sequence always fits. The rule is tasks/ops.py's next_call, which the optimizer's gate and the benches
+  apply to sequences that arrive together (length_batches).
 - Sequences of a request that went away (its future is done) are dropped when their turn comes.
 - `tokens` is the padded work waiting (each sequence rounded up to its bucket): admission's estimate of the
   wait divides it by the measured token rate.
@@ -20,6 +21,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
+
+from tasks.ops import BUCKET, next_call
 
 T = TypeVar("T", bound=Sized)
 Array = NDArray[np.float32]
@@ -59,8 +62,12 @@ class Entry(Generic[T]):
         self.job, self.index, self.item, self.length, self.order = job, index, item, length, order
 
 
+def _length(entry: Entry[T]) -> int:
+    return entry.length
+
+
 class LengthQueue(Generic[T]):
-    def __init__(self, bucket: int = 16) -> None:
+    def __init__(self, bucket: int = BUCKET) -> None:
         self._bucket = bucket
         self._buckets: dict[int, deque[Entry[T]]] = {}
         self._order = 0
@@ -93,30 +100,21 @@ class LengthQueue(Generic[T]):
         first = self.prune()
         return None if first is None else self._buckets[first][0].job
 
-    def take(self, limit: int, max_tokens: int) -> list[Entry[T]]:
-        """The next batch: the oldest live sequence, then its nearest-length neighbours within the limits."""
+    def take(self, limit: int, max_batch_tokens: int) -> list[Entry[T]]:
+        """The next batch, by the packing rule (tasks/ops.py next_call) over the live sequences."""
         first = self.prune()
         if first is None:
             return []
-        batch: list[Entry[T]] = []
-        longest = 0
-        for key in sorted(self._buckets, key=lambda k: (abs(k - first), k)):
+        live = {key: (e for e in queue if not e.job.future.done()) for key, queue in self._buckets.items()}
+        batch = next_call(live, first, _length, limit, max_batch_tokens)
+        for entry in batch:  # each bucket's live heads, with the withdrawn ones among them
+            key = entry.length // self._bucket
             queue = self._buckets[key]
-            while queue and len(batch) < limit:
-                entry = queue[0]
-                if entry.job.future.done():
-                    self._pop(queue)
-                    continue
-                top = max(longest, entry.length)
-                if batch and top * (len(batch) + 1) > max_tokens:
-                    break
+            while queue[0] is not entry:
                 self._pop(queue)
-                batch.append(entry)
-                longest = top
+            self._pop(queue)
             if not queue:
                 del self._buckets[key]
-            if len(batch) >= limit:
-                break
         return batch
 
     def drain(self) -> list[Entry[T]]:

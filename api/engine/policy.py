@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.config import Settings
+from tasks.ops import BUCKET
 
 
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
-    """max_items, max_tokens: a batch's sequences and padded tokens (longest x count) at most; one sequence
+    """max_items, max_batch_tokens: a batch's sequences and padded tokens (longest x count) at most; one sequence
     always fits. max_wait: seconds the last free model thread waits for requests still being read or
     tokenized. capacity: requests a worker holds. max_queue: the longest expected wait (seconds) at which a
     request is admitted, and the age at which a waiting one is shed (0: no time bound). streams: model
@@ -20,7 +21,7 @@ class BatchPolicy:
     bucket: the length queue's bucket, in tokens."""
 
     max_items: int
-    max_tokens: int
+    max_batch_tokens: int
     max_wait: float = 0.0
     capacity: int = 256
     max_queue: float = 0.0
@@ -28,15 +29,15 @@ class BatchPolicy:
     idle_priority: bool = False
     inline_seconds: float = 0.0
     idle_after: float = 1.0
-    bucket: int = 16
+    bucket: int = BUCKET
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BatchPolicy:
         """The policy of `settings` (the HARE_* batching, queue and stream variables; api/config.py), read
-        after `Settings.for_bundle` has settled the token budget."""
+        after `Settings.for_bundle` has resolved max_batch_tokens."""
         return cls(
             max_items=settings.max_batch_size,
-            max_tokens=settings.max_batch_tokens,
+            max_batch_tokens=settings.max_batch_tokens,
             max_wait=settings.max_wait_ms / 1000,
             capacity=settings.queue_size,
             max_queue=settings.max_queue_ms / 1000,

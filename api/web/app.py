@@ -32,7 +32,7 @@ from api.web.metrics import Metrics, MetricsMiddleware
 from api.web.public import RateLimiter
 from api.web.schemas import COMMON, Limits
 from api.web.state import Resources
-from container.bundle import BATCH_TOKENS, MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
+from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest, resolve_max_batch_tokens
 from container.machine import int8_check, same_cpu, versions
 from container.runtime import bound_malloc
 from tasks.base import ModelInfo
@@ -186,19 +186,20 @@ async def load(settings: Settings) -> Resources:
 
 
 def _check_machine(settings: Settings, manifest: Manifest) -> None:
-    """Say so at start when the bundle's batch budget or its int8 figures were measured on another CPU."""
-    if not settings.max_batch_tokens and manifest.target == "cpu" and settings.on_bundle_target(manifest):
+    """Say so at start when the bundle's max_batch_tokens or its int8 figures were measured on another CPU."""
+    resolved = resolve_max_batch_tokens(manifest, settings.max_batch_tokens, settings.target)
+    if manifest.target == "cpu" and resolved.source != "setting":
         if manifest.max_batch_tokens is None:
             log.info(
-                "%s has no measured batch budget (built before hare measured one): batching up to %d padded "
+                "%s has no measured max_batch_tokens (built before hare measured it): batching up to %d padded "
                 "tokens; `hare tune %s` measures this machine's, or set HARE_MAX_BATCH_TOKENS",
                 settings.bundle,
-                BATCH_TOKENS,
+                resolved.max_batch_tokens,
                 settings.bundle,
             )
-        elif not same_cpu(measured_on := manifest.budget_machine or manifest.machine):
+        elif resolved.source == "bundle" and not same_cpu(measured_on := manifest.budget_machine or manifest.machine):
             log.warning(
-                "%s's batch budget (%d padded tokens) was measured on another machine (%s, %s cores): "
+                "%s's max_batch_tokens (%d padded tokens) was measured on another machine (%s, %s cores): "
                 "`hare tune %s` measures this one's, or set HARE_MAX_BATCH_TOKENS",
                 settings.bundle,
                 manifest.max_batch_tokens,

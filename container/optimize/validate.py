@@ -96,18 +96,16 @@ def reference_outputs(
 # The server batches waiting sequences of near lengths (api/engine/lengthqueue.py), and a dynamic int8 graph
 # quantizes a whole batch's activations with one scale: all-MiniLM-L6-v2's int8-mixed gave cosine p1 0.9952
 # alone and 0.9895 in such batches of the same texts. So every candidate is judged both ways: each sample
-# alone, and each in a batch of up to SERVED_BATCH samples whose lengths lie within SERVED_SPREAD tokens and
-# whose padded tokens stay within SERVED_TOKENS (batch budgets measured on CPUs run 128-2048). SERVED_BATCH is
-# the server's HARE_MAX_BATCH_SIZE default: the most sequences it puts in one call.
+# alone, and each in the batch the server's packing rule (tasks/ops.py next_call) puts it in when the samples
+# arrive together: up to SERVED_BATCH sequences and SERVED_TOKENS padded tokens (max_batch_tokens measured on
+# CPUs run 128-2048). SERVED_BATCH is the server's HARE_MAX_BATCH_SIZE default.
 SERVED_BATCH = MAX_BATCH_SIZE
-SERVED_SPREAD = 16
 SERVED_TOKENS = 512
 
 
 def served_batches(lengths: Sequence[int]) -> list[list[int]]:
-    """Sample indices grouped as the server's queue groups sequences: shortest first, each batch up to
-    SERVED_BATCH of lengths within SERVED_SPREAD tokens of its shortest, and SERVED_TOKENS padded tokens."""
-    return length_batches(lengths, SERVED_BATCH, SERVED_TOKENS, SERVED_SPREAD)
+    """Sample indices grouped as the server's queue groups sequences that reach it together."""
+    return length_batches(lengths, SERVED_BATCH, SERVED_TOKENS)
 
 
 Run = Callable[[dict[str, NDArray[np.int64]]], NDArray[np.float32]]

@@ -11,7 +11,14 @@ from tokenizers import Encoding, Tokenizer
 
 from bench.peers.candidates.base import Encoder, Skip, Vectors
 from bench.peers.candidates.workspace import Workspace
-from container.bundle import BATCH_TOKENS, MAX_BATCH_SIZE, MODEL_FILE, TOKENIZER_FILE, read_dense, read_manifest
+from container.bundle import (
+    MAX_BATCH_SIZE,
+    MODEL_FILE,
+    TOKENIZER_FILE,
+    read_dense,
+    read_manifest,
+    resolve_max_batch_tokens,
+)
 from container.runtime import OnnxModel
 from tasks.ops import length_batches, normalize_vector, pad_batch, pool_tokens
 
@@ -21,8 +28,8 @@ class HareEncoder:
     session options, pad_batch, pooling, Dense modules and normalizing as the manifest says.
 
     Scheduled as a server worker on `threads` cores schedules it (api/engine/batching.py): one text is a lone
-    request, run with every core; several are split into model calls of at most the bundle's batch budget
-    (`max_batch_tokens`, padded tokens) and the server's default of sequences per call, nearest lengths
+    request, run with every core; several are split into model calls of at most the bundle's max_batch_tokens
+    (padded tokens) and the server's default of sequences per call, nearest lengths
     together, and those calls run on one-thread sessions, `threads` at once (the worker's model streams)."""
 
     def __init__(self, bundle: Path, threads: int) -> None:
@@ -32,7 +39,7 @@ class HareEncoder:
         self.wide = OnnxModel(bundle / MODEL_FILE, manifest.target, threads, manifest.output)
         self.narrow = self.wide if threads == 1 else OnnxModel(bundle / MODEL_FILE, manifest.target, 1, manifest.output)
         self.streams = ThreadPoolExecutor(threads)
-        self.max_tokens = manifest.max_batch_tokens or BATCH_TOKENS
+        self.max_batch_tokens = resolve_max_batch_tokens(manifest).max_batch_tokens  # as `hare serve` would
         self.tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))  # truncating at max_length, as served
         self.tok.no_padding()
         self.pooling = manifest.pooling or "mean"
@@ -45,7 +52,7 @@ class HareEncoder:
         encodings = self.tok.encode_batch([self.prompt + t for t in texts] if self.prompt else texts)
         if len(encodings) == 1:
             return self._embed(self.wide, encodings)
-        calls = length_batches([len(e.ids) for e in encodings], MAX_BATCH_SIZE, self.max_tokens)
+        calls = length_batches([len(e.ids) for e in encodings], MAX_BATCH_SIZE, self.max_batch_tokens)
         done = list(self.streams.map(lambda call: self._embed(self.narrow, [encodings[i] for i in call]), calls))
         vectors = np.empty((len(encodings), done[0].shape[1]), np.float32)
         for call, rows in zip(calls, done, strict=True):
