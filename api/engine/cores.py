@@ -145,6 +145,7 @@ class CorePool:
             self._slot = self._claim(fd)
             self._others = np.arange(SLOTS) != self._slot
             # The columns as views of their own: a structured array's field lookup costs a view per call.
+            self._pids = self._slots["pid"]
             self._tokens = self._slots["tokens"]
             self._connections = self._slots["connections"]
         finally:
@@ -172,7 +173,7 @@ class CorePool:
 
     def fewest_connections_elsewhere(self) -> int | None:
         """The open connections of the least busy other worker (None: this worker is alone)."""
-        others = self._connections[(self._slots["pid"] != 0) & self._others]
+        others = self._connections[(self._pids != 0) & self._others]
         return int(others.min()) if others.size else None
 
     def queued(self) -> float:
@@ -182,7 +183,7 @@ class CorePool:
 
     def close(self) -> None:
         self._slots[self._slot] = (0, 0.0, 0)
-        del self._slots, self._tokens, self._connections  # the page cannot close while an array points into it
+        del self._slots, self._pids, self._tokens, self._connections  # the page cannot close while they point in
         self._page.close()
         if self._owned:
             shutil.rmtree(self.folder, ignore_errors=True)

@@ -157,6 +157,8 @@ class PacedServer(Server):
     def _overfull(self) -> bool:
         """Whether this worker holds REBALANCE_AT connections more than the least busy other worker, and has
         not asked a client to reconnect in the last REBALANCE_S (the reconnection takes that long to show)."""
+        if len(self.server_state.connections) < REBALANCE_AT:  # cannot be that many over anyone: no page read
+            return False
         if time.monotonic() - self._rebalanced < REBALANCE_S or self._surplus() < REBALANCE_AT:
             return False
         self._rebalanced = time.monotonic()
