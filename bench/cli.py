@@ -177,6 +177,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     peers.add_argument("--name", default="", help="a label for the run")
     _common(peers)
 
+    bulk = sub.add_parser("bulk", help="`hare run` over a corpus vs the model alone and torch encode (bench/bulk.py)")
+    bulk.add_argument(
+        "bundle", nargs="?", type=Path, default=Path("bundles/all-MiniLM-L6-v2"), help="an embedding bundle"
+    )
+    bulk.add_argument("--rows", type=int, default=20_000, help="texts in the corpus (default 20,000)")
+    bulk.add_argument("--model-dir", type=Path, help="torch's model folder (default: the default model's)")
+    bulk.add_argument("--no-torch", action="store_true", help="leave sentence-transformers out")
+
     model = sub.add_parser("model", help="write a random-weights model folder of a real checkpoint's geometry")
     model.add_argument("name", choices=sorted(GEOMETRIES), help="the geometry (see bench/geometries.py)")
     model.add_argument("folder", type=Path, help="where to write it (kept as it is if already built)")
@@ -244,6 +252,7 @@ def main(args: argparse.Namespace) -> int:
         "headline": _headline,
         "overload": _overload,
         "peers": _peers,
+        "bulk": _bulk,
         "model": _model,
         "ceiling": _ceiling,
         "list": _list,
@@ -377,6 +386,21 @@ def _peers(args: argparse.Namespace) -> int:
     run = store.run(run_id)
     _print_run(store, run_id)
     return CANCELLED if run.status == "cancelled" else (0 if run.status == "done" else 1)
+
+
+def _bulk(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from bench import bulk
+    from container.defaults import default_model_dir
+
+    model_dir = None if args.no_torch else (args.model_dir or default_model_dir())
+    figures = bulk.measure(args.bundle, args.rows, model_dir)
+    table = Table(title=f"hare bench bulk: {args.bundle}", show_header=False, title_justify="left")
+    for what, value in bulk.rows(figures):
+        table.add_row(what, value)
+    wide_console().print(table)
+    return 0
 
 
 def _model(args: argparse.Namespace) -> int:

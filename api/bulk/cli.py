@@ -58,6 +58,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rejects", type=Path, help="rejected rows, JSONL (default: OUTPUT's stem + .rejects.jsonl)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar; the summary only")
+    parser.add_argument("--summary", type=Path, help="also write the summary to this file, as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -85,6 +86,8 @@ def main(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     Console().print(report(summary))
+    if args.summary is not None:
+        args.summary.write_bytes(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2))
     return 0
 
 

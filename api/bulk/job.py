@@ -13,6 +13,7 @@ error is raised here (an InputError names what to fix).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import queue
 import threading
 import time
@@ -77,6 +78,11 @@ class Summary:
     def rate(self) -> float:
         """Rows a second in this run."""
         return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as JSON values (`hare run --summary`)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return fields | {"output": str(self.output), "rejects": str(self.rejects), "rows_per_second": self.rate}
 
 
 class Progress:
@@ -241,5 +247,5 @@ def _join(thread: threading.Thread) -> None:
 
 
 def _reason_kind(reason: str) -> str:
-    """A reason without its particulars (lengths, line numbers), for the summary's counts."""
-    return " ".join(w for w in reason.split() if not any(c.isdigit() for c in w))
+    """A reason without its particulars (a parser's message, lengths, line numbers), for the summary's counts."""
+    return " ".join(w for w in reason.split(":")[0].split() if not any(c.isdigit() for c in w))

@@ -25,7 +25,7 @@ from api.engine.backend import Backend
 from api.engine.encoder import Encoder, vocab
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
 from container.runtime import bound_malloc
-from tasks.base import Inputs, ModelInfo, Outputs, TaskSpec
+from tasks.base import TRUNCATE, Inputs, LongInput, ModelInfo, Outputs, TaskSpec
 from tasks.errors import InputError, InvalidRequest
 from tasks.ops import length_batches
 from tasks.registry import TASKS
@@ -92,7 +92,7 @@ class BulkModel:
         self.params = task.parse_params(raw, self.model)
         self.encoder = Encoder(tokenizer, manifest.max_length, task.windows)
         self.long_input = long_input
-        self.stride = self.encoder.content_length // 4 if long_input == "window" else None
+        self.reading = LongInput.window(None, self.encoder.window_tokens) if long_input == "window" else TRUNCATE
         bound_malloc()
         # One-thread sessions, called from one model thread per core: how the bundle's batch budget was measured.
         target = settings.target or manifest.target
@@ -130,7 +130,7 @@ class BulkModel:
         truncated = [False] * n
         for rows, inputs in self._requests(chunk):
             prepared = self.task.prepare(inputs, self.params) if self.task.prepare is not None else inputs
-            encoded = self.encoder.encode(prepared, True, self.stride)
+            encoded = self.encoder.encode(prepared, self.reading)
             if prepared.sent is not None:
                 sent = sent or [""] * n
             for k, row in enumerate(rows):
@@ -165,7 +165,7 @@ class BulkModel:
             at += len(w)
         sent = None if work.sent is None else [work.sent[r] for r in rows]
         inputs = Inputs([work.texts[r] for r in rows], single=False, sent=sent)
-        out = Outputs(inputs, windows, grouped, [work.truncated[r] for r in rows], self.stride or 0)
+        out = Outputs(inputs, windows, grouped, [work.truncated[r] for r in rows], self.reading.stride)
         body = self.task.postprocess(out, self.params, self.model).body
         for row, item in zip(rows, per_input(body, self.task, len(rows)), strict=True):
             work.items[row] = item

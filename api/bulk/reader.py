@@ -145,24 +145,9 @@ class Corpus:
     def _chunk(
         self, index: int, first: int, ids: list[Any], values: list[list[Any]], end: int, max_chars: int, skip: bool
     ) -> Chunk:
-        chunk = Chunk(index, first, len(values[0]), end, skipped=skip)
         if skip:
-            return chunk
-        chunk.values = [[] for _ in self.names]
-        for i, row in enumerate(zip(*values, strict=True)):
-            reason = next(
-                (r for name, v in zip(self.names, row, strict=True) if (r := check(v, name, max_chars))), None
-            )
-            if reason is None and self._id is not None and ids[i] is None:
-                reason = f"its {self._id} is empty (null)"
-            if reason is not None:
-                chunk.rejects.append(Reject(first + i, ids[i], reason))
-                continue
-            chunk.ids.append(ids[i])
-            chunk.positions.append(first + i)
-            for column, v in zip(chunk.values, row, strict=True):
-                column.append(v if isinstance(v, str) else v.decode())
-        return chunk
+            return Chunk(index, first, len(values[0]), end, skipped=True)
+        return checked_chunk(index, first, ids, dict(zip(self.names, values, strict=True)), max_chars, self._id, end)
 
     # ---- the formats -------------------------------------------------------------------------------------
 
@@ -309,6 +294,33 @@ class Corpus:
         shown = ", ".join(found[:12]) + (", ..." if len(found) > 12 else "")
         options = option or ("--query-column and --document-column" if self.pairs else "--text-column")
         return f"{self.path} has no {what} {', '.join(missing)} (it has: {shown}); name it with {options}"
+
+
+def checked_chunk(
+    index: int,
+    first: int,
+    ids: list[Any],
+    values: dict[str, list[Any]],
+    max_chars: int,
+    id_column: str | None = None,
+    end: int = 0,
+) -> Chunk:
+    """Rows [first, first + len(ids)) as a chunk: each row's values (by column) checked, the bad rows rejected
+    with their reason (a row with an id column and no id too)."""
+    names = list(values)
+    chunk = Chunk(index, first, len(ids), end, values=[[] for _ in names])
+    for i, row in enumerate(zip(*values.values(), strict=True)):
+        reason = next((r for name, v in zip(names, row, strict=True) if (r := check(v, name, max_chars))), None)
+        if reason is None and id_column is not None and ids[i] is None:
+            reason = f"its {id_column} is empty (null)"
+        if reason is not None:
+            chunk.rejects.append(Reject(first + i, ids[i], reason))
+            continue
+        chunk.ids.append(ids[i])
+        chunk.positions.append(first + i)
+        for column, v in zip(chunk.values, row, strict=True):
+            column.append(v if isinstance(v, str) else v.decode())
+    return chunk
 
 
 def check(value: Any, name: str, max_chars: int) -> str | None:
