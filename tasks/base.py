@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from tasks.errors import InvalidRequest
 from tasks.ops import Dense
 
 if TYPE_CHECKING:  # annotations only: the console reads the task specs without tokenizers
@@ -109,6 +110,31 @@ class Inputs:
 
 
 @dataclass(frozen=True, slots=True)
+class LongInput:
+    """How a text longer than the model's maximum is read, resolved once (a request's in api/web/schemas.py, a
+    bulk run's in api/bulk): "truncate" cuts it at the maximum, "refuse" answers 413 (InputTooLong), "window"
+    reads all of it in windows of the model's content tokens, neighbours sharing `stride` of them."""
+
+    mode: Literal["truncate", "refuse", "window"] = "truncate"
+    stride: int = 0
+
+    @classmethod
+    def window(cls, stride: int | None, window_tokens: int) -> LongInput:
+        """Windows of `window_tokens` content tokens sharing `stride` (None: a quarter of a window); the one
+        check of the stride's range."""
+        shared = window_tokens // 4 if stride is None else stride
+        if not 0 <= shared < window_tokens:
+            raise InvalidRequest(
+                f"parameters.stride must be from 0 to {window_tokens - 1} (tokens shared by neighbouring "
+                f"windows of {window_tokens}), got {shared}"
+            )
+        return cls("window", shared)
+
+
+TRUNCATE = LongInput("truncate")
+
+
+@dataclass(frozen=True, slots=True)
 class Outputs:
     """The model's outputs for one request, regrouped per input.
 
@@ -116,7 +142,7 @@ class Outputs:
     arrays: per input and window, the output row: [labels] for sequence heads, [tokens, dim] for token-level
       outputs (trimmed to the window's real tokens).
     truncated: per input, whether its text was cut to the model's maximum length.
-    stride: tokens shared by consecutive windows.
+    stride: tokens shared by consecutive windows (the request's LongInput).
     """
 
     inputs: Inputs

@@ -199,9 +199,11 @@ async def test_refusals_name_what_to_send(server: httpx.AsyncClient) -> None:
     assert "output_value" in error(wrong)
     name = server.resources.model_name  # type: ignore[attr-defined]
     tensor = {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["hi"]}
-    for shape in ({"encoding_format": "int8"}, {"output_value": "token_embeddings"}):  # an FP32 tensor a text
+    # An FP32 tensor carries float sentence vectors: refused before the model runs, naming what it takes.
+    refusals = (({"encoding_format": "int8"}, "float, base64"), ({"output_value": "token_embeddings"}, "sentence"))
+    for shape, accepted in refusals:
         wrong = await post(server, f"/v2/models/{name}/infer", {"inputs": [tensor], "parameters": shape}, 422)
-        assert "float vectors" in error(wrong)
+        assert accepted in error(wrong) and next(iter(shape)) in error(wrong)
     wrong = await post(server, "/embed_all", {"inputs": "hi", "normalize": True}, 422)
     assert "normalize" in error(wrong) and "prompt_name" in error(wrong)
     wrong = await post(server, "/embed_all", {"inputs": "hi", "prompt_name": "nope"}, 422)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from tokenizers import Encoding, Tokenizer
 
-from tasks.base import Inputs, Vocab
-from tasks.errors import InputTooLong, InvalidRequest
+from tasks.base import TRUNCATE, Inputs, LongInput, Vocab
+from tasks.errors import InputTooLong
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,8 @@ class Encoder:
         self._whole = Tokenizer.from_str(tokenizer.to_str())
         self._whole.no_truncation()
         self.max_length = max_length
-        self.content_length = max_length - tokenizer.num_special_tokens_to_add(False)
+        # A window's content tokens: the model's maximum less a single text's special tokens.
+        self.window_tokens = max_length - tokenizer.num_special_tokens_to_add(False)
         self._pair_budget = max_length - tokenizer.num_special_tokens_to_add(True)
         self._hint = ', or "long_input": "window" to read all of it' if windows else ""
 
@@ -45,13 +46,13 @@ class Encoder:
         """The tokenizer that never truncates (for /tokenize and /decode)."""
         return self._whole
 
-    def encode(self, inputs: Inputs, truncate: bool, stride: int | None = None) -> Encoded:
-        """Encode a request's inputs; with `stride`, long texts become overlapping windows instead of being cut."""
+    def encode(self, inputs: Inputs, long_input: LongInput = TRUNCATE) -> Encoded:
+        """Encode a request's inputs, a long text cut, refused or read in windows as `long_input` says."""
         if inputs.query is not None:
-            return self._pairs(inputs.query, inputs.texts, truncate)
-        if stride is not None:
-            return self._windows(inputs.texts, stride)
-        return self._singles(inputs, truncate)
+            return self._pairs(inputs.query, inputs.texts, long_input.mode == "truncate")
+        if long_input.mode == "window":
+            return self._windows(inputs.texts, long_input.stride)
+        return self._singles(inputs, long_input.mode == "truncate")
 
     def _singles(self, inputs: Inputs, truncate: bool) -> Encoded:
         texts = inputs.texts
@@ -70,16 +71,11 @@ class Encoder:
         return Encoded([[e] for e in encodings], truncated, encodings, tokens)
 
     def _windows(self, texts: list[str], stride: int) -> Encoded:
-        if not 0 <= stride < self.content_length:
-            raise InvalidRequest(
-                f"parameters.stride must be from 0 to {self.content_length - 1} (tokens shared by neighbouring "
-                f"windows of {self.content_length}), got {stride}"
-            )
         windows = []
         for text in texts:
             content = self._whole.encode(text, add_special_tokens=False)
-            if len(content) > self.content_length:
-                content.truncate(self.content_length, stride=stride)
+            if len(content) > self.window_tokens:
+                content.truncate(self.window_tokens, stride=stride)
             first = self._whole.post_process(content)  # adds special tokens to every window
             windows.append([first, *first.overflowing])
         flat = [w for ws in windows for w in ws]

@@ -18,7 +18,7 @@ from tokenizers import Encoding
 from api.engine.batching import Batcher, Result, Ticket
 from api.engine.encoder import Encoded, Encoder
 from api.engine.errors import ClientGone
-from tasks.base import Answer, Array, Inputs, ModelInfo, Outputs, TaskSpec
+from tasks.base import TRUNCATE, Answer, Array, Inputs, LongInput, ModelInfo, Outputs, TaskSpec
 
 # Above this many characters a request is tokenized off the event loop (about 1 ms of tokenizer work).
 OFFLOAD_CHARS = 20_000
@@ -29,23 +29,22 @@ Gone = Callable[[], Awaitable[object]]
 
 @dataclass(frozen=True, slots=True)
 class PredictRequest:
-    """A checked request (every protocol's body becomes one, api/web/schemas.py). stride: None unless
-    long_input is "window"."""
+    """A checked request (every protocol's body becomes one, api/web/schemas.py)."""
 
     inputs: Inputs
-    truncate: bool
-    stride: int | None
+    long_input: LongInput
     params: Any
 
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """An answered request. phases: tokenize, queue, inference and postprocess seconds."""
+    """An answered request. truncated: per input, whether it was cut; phases: tokenize, queue, inference and
+    postprocess seconds."""
 
     answer: Answer
     characters: int
     tokens: int
-    truncated: int
+    truncated: list[bool]
     phases: tuple[float, float, float, float]
 
 
@@ -63,20 +62,19 @@ class Pipeline:
         characters = sum(map(len, inputs.texts)) + (len(inputs.query) if inputs.query else 0)
         start = time.perf_counter()
         if characters > OFFLOAD_CHARS:
-            encoded = await asyncio.to_thread(self.encoder.encode, inputs, request.truncate, request.stride)
+            encoded = await asyncio.to_thread(self.encoder.encode, inputs, request.long_input)
         else:
-            encoded = self.encoder.encode(inputs, request.truncate, request.stride)
+            encoded = self.encoder.encode(inputs, request.long_input)
         queued = time.perf_counter()
         result = await self._wait(ticket, encoded, gone)
         answered = time.perf_counter()
-        outputs = Outputs(
-            inputs, encoded.windows, _regroup(result.outputs, encoded), encoded.truncated, request.stride or 0
-        )
+        stride = request.long_input.stride
+        outputs = Outputs(inputs, encoded.windows, _regroup(result.outputs, encoded), encoded.truncated, stride)
         answer = self.task.postprocess(outputs, request.params, self.model)
         done = time.perf_counter()
         inference = result.inference_seconds
         phases = (queued - start, max(answered - queued - inference, 0.0), inference, done - answered)
-        return Served(answer, characters, encoded.tokens, sum(encoded.truncated), phases)
+        return Served(answer, characters, encoded.tokens, encoded.truncated, phases)
 
     async def warm_up(self, streams: int, max_batch: int) -> None:
         """Answer a few requests through the real path (tokenize, queue, model, post-process) at a few
@@ -89,7 +87,7 @@ class Pipeline:
             text = " ".join(["hello"] * n)
             inputs = Inputs([text] * batch, single=False, query="hello" if self.task.pairs else None)
             with self.batcher.admit(checked=False) as ticket:  # other workers' load must not fail this boot
-                await self.run(ticket, PredictRequest(inputs, True, None, params))
+                await self.run(ticket, PredictRequest(inputs, TRUNCATE, params))
 
         for n in sorted({min(n, self.model.max_length) for n in WARM_LENGTHS}):
             await ask(n, 1)

@@ -174,7 +174,7 @@ async def load(settings: Settings) -> Resources:
             settings.max_inputs,
             settings.max_input_chars,
             settings.truncate,
-            encoder.content_length,
+            encoder.window_tokens,
         ),
         limiter=RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None,
         model_name=settings.model_name or settings.bundle.resolve().name,

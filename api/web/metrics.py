@@ -175,8 +175,8 @@ class Metrics:
             for labels, value in zip(self._phases, served.phases, strict=True):
                 tally.observe(self.phase_seconds, value, labels)
             tally.observe(self.tokens, served.tokens)
-            if served.truncated:
-                tally.inc(self.truncated, (), served.truncated)
+            if cut := sum(served.truncated):
+                tally.inc(self.truncated, (), cut)
             for label in served.answer.labels:
                 tally.inc(self.predictions, (label,))
         self._soon()

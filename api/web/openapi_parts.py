@@ -125,7 +125,7 @@ class Shapes:
         self.text = {"type": "string", "minLength": 1, "maxLength": limits.max_input_chars}
         self.texts = {"type": "array", "items": self.text, "minItems": 1, "maxItems": limits.max_inputs}
         self.bounds: dict[str, Any] = {
-            "stride": limits.content_length - 1,
+            "stride": limits.window_tokens - 1,
             "prompts": list(res.model.prompts),
             "pair_template": bool(res.model.pair_template),
             "heads": list(res.model.heads),

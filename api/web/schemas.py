@@ -20,7 +20,7 @@ from starlette.requests import Request
 from api.engine.errors import ClientGone
 from api.engine.pipeline import PredictRequest
 from tasks import params
-from tasks.base import Inputs, ModelInfo, TaskSpec
+from tasks.base import Inputs, LongInput, ModelInfo, TaskSpec
 from tasks.errors import InputTooLong, InvalidRequest
 
 LONG_INPUT = ("truncate", "window")
@@ -53,13 +53,13 @@ BODY_FIELDS = ("inputs", "parameters", "options")  # "options" (Hugging Face's l
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The server's caps on a request (settings), and the model's window size for the stride default."""
+    """The server's caps on a request (settings), and a window's content tokens (the stride's bound)."""
 
     max_body_bytes: int
     max_inputs: int
     max_input_chars: int
     truncate: bool
-    content_length: int
+    window_tokens: int
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -184,26 +184,27 @@ def checked(
     if unknown:
         accepted = ", ".join([*task.parameters, *COMMON])
         raise InvalidRequest(f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {accepted}")
-    truncate = COMMON["truncate"].read(raw, "truncate", limits.truncate)
-    COMMON["truncation_direction"].read(raw, "truncation_direction", "Right")
-    implied = "window" if raw.get("stride") is not None and task.windows else "truncate"
-    long_input = COMMON["long_input"].read(raw, "long_input", implied)
-    stride = None
-    if not task.windows and (long_input == "window" or "stride" in raw):
-        raise InvalidRequest(f"{task.name} reads every input whole: long_input window and stride do not apply")
-    if "stride" in raw:  # checked even where long_input "truncate" ignores it
-        given = COMMON["stride"].read(raw, "stride", None)
-        if given >= limits.content_length:
-            raise InvalidRequest(
-                f"parameters.stride must be from 0 to {limits.content_length - 1} (tokens shared by neighbouring "
-                f"windows of {limits.content_length}), got {given}"
-            )
-    if long_input == "window":
-        stride = COMMON["stride"].read(raw, "stride", limits.content_length // 4)
     task_params = task.parse_params({k: v for k, v in raw.items() if k in task.parameters}, model)
     if task.prepare is not None:
         inputs = task.prepare(inputs, task_params)
-    return PredictRequest(inputs, truncate, stride, task_params)
+    return PredictRequest(inputs, long_input(raw, task, limits), task_params)
+
+
+def long_input(raw: Mapping[str, object], task: TaskSpec, limits: Limits) -> LongInput:
+    """What a request asks of its long texts, as one value: long_input (window, implied by a stride) reads
+    them whole, else truncate (the server's default) cuts them and truncate false refuses them."""
+    truncate = COMMON["truncate"].read(raw, "truncate", limits.truncate)
+    COMMON["truncation_direction"].read(raw, "truncation_direction", "Right")
+    implied = "window" if raw.get("stride") is not None and task.windows else "truncate"
+    mode = COMMON["long_input"].read(raw, "long_input", implied)
+    if not task.windows and (mode == "window" or "stride" in raw):
+        raise InvalidRequest(f"{task.name} reads every input whole: long_input window and stride do not apply")
+    stride = COMMON["stride"].read(raw, "stride", None) if "stride" in raw else None
+    if mode == "window" or stride is not None:  # a stride is checked even where "truncate" ignores it
+        windows = LongInput.window(stride, limits.window_tokens)
+        if mode == "window":
+            return windows
+    return LongInput("truncate" if truncate else "refuse")
 
 
 def check_limits(inputs: Inputs, limits: Limits, uncounted: int = 0) -> None:

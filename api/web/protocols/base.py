@@ -101,7 +101,7 @@ def reply(call: Call[Any], body: Any, media_type: str = JSON, headers: Iterable[
         ),
         *headers,
     ]
-    if served.truncated:
+    if any(served.truncated):
         response.raw_headers.append((b"x-truncated", b"true"))
     return response
 

@@ -66,7 +66,7 @@ async def embeddings(request: Request) -> Response:
         "model": call.res.model_name,
         "usage": {"prompt_tokens": served.tokens, "total_tokens": served.tokens},
     }
-    if served.truncated:
+    if any(served.truncated):
         answer["truncated"] = True
     return reply(call, answer)
 
