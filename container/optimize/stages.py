@@ -16,7 +16,19 @@ from tokenizers import Tokenizer
 
 from container.bundle import DENSE_FILE, MANIFEST_FILE, MODEL_FILE, PARITY_FILE, TOKENIZER_FILE, Manifest
 from container.machine import FULL_LEVELS, describe, versions
-from container.optimize import autotune, export, graphs, masks, mixed, rows, source, textset, tokenizer, validate
+from container.optimize import (
+    autotune,
+    export,
+    graphs,
+    masks,
+    mixed,
+    regimes,
+    rows,
+    source,
+    textset,
+    tokenizer,
+    validate,
+)
 from container.optimize.errors import ValidationFailed
 from container.optimize.options import OptimizeOptions
 from container.optimize.variants import FUSION_MODEL_TYPE, Variant
@@ -97,6 +109,8 @@ def reference(
     samples = (
         textset.file_samples(validation, task.pairs) if validation else textset.builtin_samples(loaded, task.pairs)
     )
+    # Either side of each length where the model's arithmetic changes (chunks, windows, rope, maximum).
+    samples += textset.regime_samples(loaded, regimes.parity_lengths(src.config, src.max_length), task.pairs)
     parity = _parity(src, opts, loaded, inputs, samples, out)
     step()
     return parity
@@ -201,6 +215,7 @@ def validate_all(
         levels = {"levels": v.levels} if v.levels else {}
         reports.append(replace(report, build=levels | builds.get(v.name, {})))
         step(v.name)
+    validate.refuse_departing_graphs(reports)
     if not any(r.passed for r in reports):
         failures = "; ".join(
             f"{r.name}: "

@@ -1,10 +1,12 @@
-"""The validation set: varied English texts from 1 to 512 tokens (pairs for ranking), or the user's file; and
+"""The validation set: varied English texts from 1 to 512 tokens (pairs for ranking), or the user's file, and
+texts either side of the lengths where the model's arithmetic changes (regime_samples); and
 a calibration set of other texts from the same sentences, for the stages that fit a graph to samples
 (int8-mixed), so that the validation set stays a check on texts the fit never saw."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,6 +121,34 @@ def calibration_samples(tokenizer: Tokenizer, pairs: bool) -> list[Sample]:
     joined = [f"{SENTENCES[i]} {SENTENCES[(i + STRIDE) % n]}" for i in range(n)]
     prose = [_text_of_length(tokenizer, t, start=k + 7) for k, t in enumerate(CALIBRATION_LENGTHS)]
     return [Sample(t) for t in heads + joined + prose]
+
+
+def regime_samples(tokenizer: Tokenizer, lengths: Sequence[int], pairs: bool) -> list[Sample]:
+    """Prose whose encodings, special tokens included, are `lengths` tokens long (regimes.parity_lengths:
+    either side of where the model's arithmetic changes); for ranking, documents after one query, in a group
+    of their own."""
+    tokenizer = Tokenizer.from_str(tokenizer.to_str())
+    tokenizer.no_truncation()
+    query = next(iter(RANKING)) if pairs else None
+    group = len(RANKING) if pairs else 0
+    samples = []
+    for k, length in enumerate(lengths):
+        content, text = length - len(_encode(tokenizer, "", query)), ""
+        for _ in range(3):  # a cut text may encode a token longer or shorter than where it was cut
+            if content < 1:
+                break
+            text = _text_of_length(tokenizer, content, start=k)
+            missing = length - len(_encode(tokenizer, text, query))
+            if not missing:
+                break
+            content += missing
+        if text:
+            samples.append(Sample(query, text, group) if query is not None else Sample(text))
+    return samples
+
+
+def _encode(tokenizer: Tokenizer, text: str, query: str | None) -> list[int]:
+    return list(tokenizer.encode(query, text).ids if query is not None else tokenizer.encode(text).ids)
 
 
 def file_samples(path: Path, pairs: bool) -> list[Sample]:

@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from tokenizers import Encoding, Tokenizer
 
 from container.bundle import MAX_BATCH_SIZE
+from container.optimize.errors import ValidationFailed
 from container.optimize.source import SourceModel
 from container.optimize.textset import Sample
 from container.runtime import OnnxModel
@@ -32,6 +33,8 @@ FP32_GATE = Gate(
     False,
     "fp32 variants: largest |output difference| from PyTorch, per unit of the outputs' largest magnitude (>= 1)",
 )
+# The token count of the sample where a graph is furthest from PyTorch (a metric, named in refusals).
+WORST_AT = "max_abs_diff_tokens"
 
 
 @dataclass
@@ -204,6 +207,9 @@ def validate(variant: Path, name: str, precision: str, parity: Parity) -> Varian
     feeds = [pad_batch([e], model.input_names) for e in parity.encodings]
     served = served_outputs(model.run, feeds, parity.pad_id, ref, [s.group for s in parity.samples])
     metrics, judged = judge(task, precision, *served, parity.pooling or "mean", parity.multi_label, parity.thresholds)
+    # Where the graph is furthest from PyTorch, for a refusal to name (samples alone, then in their batches).
+    diffs = [float(np.abs(r - c).max()) for r, c in zip(served.references, served.outputs, strict=True)]
+    metrics[WORST_AT] = float(feeds[int(np.argmax(diffs)) % len(feeds)]["input_ids"].shape[1])
     return VariantReport(
         name=name,
         precision=precision,
@@ -211,6 +217,23 @@ def validate(variant: Path, name: str, precision: str, parity: Parity) -> Varian
         gates=judged,
         passed=all(bool(v["passed"]) for v in judged.values()),
         size_mb=round(variant.stat().st_size / 2**20, 2),
+    )
+
+
+def refuse_departing_graphs(reports: Sequence[VariantReport]) -> None:
+    """Raise ValidationFailed, naming the length and the figure, when every fp32 graph checked misses
+    FP32_GATE: the export itself departs from PyTorch, every variant derives from it, and an int8 one could
+    still pass its looser gates with the departure inside."""
+    fp32 = [r for r in reports if r.precision == "fp32" and r.error is None]
+    if not fp32 or any(r.gates[FP32_GATE.metric]["passed"] for r in fp32):
+        return
+    closest = min(fp32, key=lambda r: r.metrics[FP32_GATE.metric])
+    gate = closest.gates[FP32_GATE.metric]
+    raise ValidationFailed(
+        f"the fp32 graph departs from PyTorch: {closest.name}'s max |output difference| is "
+        f"{float(gate['value']):.3g} (gate {float(gate['threshold']):.3g}) at {closest.metrics[WORST_AT]:.0f} "
+        "tokens; every variant derives from it, so none ships. A length where the model's arithmetic changes "
+        "(container/optimize/regimes.py) that the export does not follow is the usual cause"
     )
 
 
