@@ -5,6 +5,7 @@ lengths other than the one it was traced at."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -106,3 +107,47 @@ def test_its_onnx_graph_answers_at_any_length(tmp_path: Path) -> None:
             inputs = _inputs(length, hard, batch=2, seed=length)
             (out,) = session.run(None, {n: x.numpy() for n, x in zip(names, inputs, strict=True)})
             assert np.abs(out - _transformers(*inputs).numpy()).max() < TOL, (length, hard)
+
+
+def test_a_qwen3_5_graph_equals_pytorch_past_the_first_chunk(tmp_path: Path) -> None:
+    """A tiny Qwen3.5 (one gated-delta-rule layer, one attention layer) exported as the optimizer exports it,
+    against transformers at lengths around the chunk edges up to its maximum, alone and beside a 3-token text
+    in a batch padded on the right and on the left (the padded row's real tokens compared)."""
+    import onnxruntime as ort
+
+    from container.optimize import export, source
+    from tasks.registry import get_task
+    from tests.tiny_models import make_model
+
+    positions = 256
+    folder = make_model(tmp_path / "model", "feature-extraction", "qwen3_5_text", max_position_embeddings=positions)
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": positions}))
+    tokenizer_config = folder / "tokenizer_config.json"
+    tokenizer_config.write_text(json.dumps(json.loads(tokenizer_config.read_text()) | {"model_max_length": positions}))
+    task = get_task("feature-extraction")
+    src = source.inspect_source(folder, task)
+    assert src.max_length == positions
+    graph = tmp_path / "model.onnx"
+    export.export_onnx(src, task, graph)
+    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    model = export.load_torch_model(src, task)
+    rng = np.random.default_rng(0)
+    vocab = src.config["vocab_size"]
+    for length in (2, 63, 64, 65, 70, 128, 129, 200, positions):
+        ids = rng.integers(3, vocab, size=(1, length))
+        with torch.inference_mode():
+            reference = model(input_ids=torch.from_numpy(ids)).last_hidden_state[0].numpy()
+        (alone,) = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        assert np.abs(alone[0] - reference).max() < 1e-4, (length, "alone")
+        short = rng.integers(3, vocab, size=min(3, length))
+        for side in ("right", "left"):
+            batch = np.zeros((2, length), dtype=np.int64)
+            mask = np.zeros_like(batch)
+            batch[0], mask[0] = ids[0], 1
+            cols = slice(0, len(short)) if side == "right" else slice(length - len(short), length)
+            batch[1, cols], mask[1, cols] = short, 1
+            (out,) = session.run(None, {"input_ids": batch, "attention_mask": mask})
+            assert np.abs(out[0] - reference).max() < 1e-4, (length, side)
+            with torch.inference_mode():
+                short_ref = model(input_ids=torch.from_numpy(short[None])).last_hidden_state[0].numpy()
+            assert np.abs(out[1, cols] - short_ref).max() < 1e-4, (length, side, "short row")
