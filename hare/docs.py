@@ -5,7 +5,9 @@ A generated table sits in its page between `<!-- name -->` and `<!-- /name -->`;
 hand-written. The configuration table comes from the settings fields (api/config.py) and `hare serve`'s
 flags (api/process/serve.py); the errors table from the error tree (each layer's errors, under tasks/errors.py's
 root) and the one status table (api/web/errors.py); the KServe tensors table from each task's spec (tasks/); the
-parity gates table from each task's gates and `hare optimize`'s flags (container/optimize/cli.py).
+parity gates table from each task's gates and `hare optimize`'s flags (container/optimize/cli.py); the families
+table's parity lengths from each family's default config (container/optimize/regimes.py), its other columns as
+written.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from api import config
 from api.process import serve
 from api.web import errors
 from container.optimize import cli as optimize_cli
+from container.optimize import regimes
 from tasks import errors as tree
 from tasks.registry import TASKS
 
@@ -86,12 +89,55 @@ def gates_table() -> str:
     return "\n".join(rows)
 
 
+def _spans(lengths: Sequence[int]) -> str:
+    """[63, 64, 65, 127] -> "63-65, 127"."""
+    runs: list[list[int]] = []
+    for n in lengths:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def regime_lengths(model_type: str) -> str:
+    """The lengths a build of `model_type` in transformers' default geometry adds to its parity set
+    (container/optimize/regimes.py), as ranges; where its maximum is past what a reference can hold, up to
+    where it checks."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type).to_dict()
+    positions = max([0, *(c.get("max_position_embeddings") or 0 for c in regimes.nested(config))])
+    if not positions:
+        return "(relative positions: no maximum)"
+    lengths = _spans(regimes.parity_lengths(config, positions))
+    return (
+        lengths
+        if positions <= regimes.reference_limit(config)
+        else f"{lengths} (maximum {positions}: past a PyTorch reference's memory)"
+    )
+
+
+def families_table() -> str:
+    """optimizer.md's families table: the hand-written columns as the page has them, and the lengths each
+    family's parity set adds where its arithmetic changes (regime_lengths)."""
+    text = (DOCS / "optimizer.md").read_text()
+    table = text.split("<!-- families -->", 1)[1].split("<!-- /families -->", 1)[0]
+    rows = [line.strip().strip("|").split(" | ")[:4] for line in table.strip().splitlines()[2:]]
+    head = "| family | tokenizer in the tests | graph inputs | what ORT's fusion finds (tiny models) | parity lengths "
+    out = [head + "beside 1–600 (default config) |", "|---|---|---|---|---|"]
+    for cells in rows:
+        out.append(f"| {' | '.join(c.strip() for c in cells)} | {regime_lengths(cells[0].strip().strip('`'))} |")
+    return "\n".join(out)
+
+
 # marker name -> (page under docs/, the table's generator)
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "configuration": ("configuration.md", configuration_table),
     "errors": ("api.md", errors_table),
     "kserve": ("api.md", kserve_table),
     "gates": ("optimizer.md", gates_table),
+    "families": ("optimizer.md", families_table),
 }
 
 
