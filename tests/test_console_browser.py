@@ -1,5 +1,7 @@
 """The console end to end in a real browser: Debian's Chromium driven by Playwright, against a real `hare serve`
-on a tiny bundle and a real `hare console`, both on loopback. Screenshots go to artifacts/console/.
+on a tiny bundle and a real `hare console`, both on loopback. Screenshots go to artifacts/console/; every page
+is also drawn at 800, 1280 and 1920 pixels wide, screenshot in a temporary folder (printed), and judged by its
+boxes and drawn texts, not its pixels: nothing overlaps, nothing is cut (tests/test_console_browser_support.py).
 
 What a person sees is checked from what the page draws, not from the code that asked for it: every text a
 chart has drawn (its ticks, its legend; Vega draws SVG here) and every text a data frame has painted on its
@@ -27,6 +29,7 @@ import httpx
 import pytest
 
 from container.machine import physical_cores
+from tests.test_console_browser_support import GRID_RECORDER, layout_problems_at_every_width
 
 pytestmark = pytest.mark.browser
 
@@ -159,6 +162,19 @@ def browser(console: str) -> Iterator[object]:
 
 
 @pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the screenshots at every width go (docs/console.png is the Results tab's at 1280)."""
+    folder = tmp_path_factory.mktemp("console-widths")
+    print(f"screenshots at 800, 1280 and 1920 pixels: {folder}")
+    return folder
+
+
+def _reads_well_at_every_width(pg: object, name: str, shots: Path) -> None:
+    problems = layout_problems_at_every_width(pg, name, shots)
+    assert not problems, f"{name} does not read well: {problems} (screenshots in {shots})"
+
+
+@pytest.fixture(scope="module")
 def requests_made() -> list[str]:
     """Every URL the browser asked for, in every test of this module."""
     return []
@@ -171,6 +187,7 @@ def _context(browser: object, requests: list[str]) -> object:
     assert isinstance(browser, Browser)
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.add_init_script(RECORDER)
+    context.add_init_script(GRID_RECORDER)
     context.on("request", lambda request: requests.append(request.url))
     return context
 
@@ -308,7 +325,7 @@ def test_a_fresh_browser_paints_the_overview_and_fetches_nothing_outside(
     _only_local(requests_made, console)
 
 
-def test_overview_describes_the_appliance(page: object, appliance: tuple[str, Path]) -> None:
+def test_overview_describes_the_appliance(page: object, appliance: tuple[str, Path], shots: Path) -> None:
     from playwright.sync_api import Page, expect
 
     assert isinstance(page, Page)
@@ -326,6 +343,10 @@ def test_overview_describes_the_appliance(page: object, appliance: tuple[str, Pa
     assert batching.evaluate("e => e.scrollWidth <= e.clientWidth + 1")
     gates = page.locator(OVERVIEW_TABLE).nth(1)
     expect(gates.locator("th")).to_have_text(["metric", "value", "threshold", "verdict"])
+    expect(gates).to_contain_text("top label agrees with PyTorch")  # in words, not top1_agreement
+    page.get_by_text("Every candidate variant and the versions it runs").click()
+    expect(page.locator(OVERVIEW_TABLE).nth(2)).to_contain_text("passed")
+    _reads_well_at_every_width(page, "overview", shots)
 
     page.get_by_role("textbox", name="Add an appliance").fill("127.0.0.1:9")
     page.get_by_role("button", name="Add").click()
@@ -336,7 +357,7 @@ def test_overview_describes_the_appliance(page: object, appliance: tuple[str, Pa
     _shot(page, "overview", 1500)
 
 
-def test_playground_answers(page: object) -> None:
+def test_playground_answers(page: object, shots: Path) -> None:
     from playwright.sync_api import Page, expect
 
     assert isinstance(page, Page)
@@ -355,6 +376,16 @@ def test_playground_answers(page: object) -> None:
     _no_traceback(page)
     _reads_well(page)
     _shot(page, "playground", 1200)
+    # 2,000 words to a model of 126 tokens: the answer says it read the beginning only, and how much.
+    page.get_by_role("textbox", name="Text").fill("word " * 2000)
+    page.get_by_role("button", name="Send").click()
+    _settled(page)
+    expect(
+        main.get_by_text(re.compile(r"^The input was longer than the model's maximum length of 126 tokens"))
+    ).to_be_visible()
+    tokens = page.locator("[data-testid='stMetric']").filter(has_text="tokens read")
+    expect(tokens).to_contain_text("126")
+    _reads_well_at_every_width(page, "playground", shots)
 
 
 def _progress_lines(
@@ -369,7 +400,9 @@ def _progress_lines(
     main = page.locator("[data-testid='stMain']")
     deadline = time.monotonic() + timeout_s
     while not until.search(main.inner_text()):
-        assert time.monotonic() < deadline, f"the page never showed {until.pattern}; last: {seen[-3:]}"
+        assert time.monotonic() < deadline, (
+            f"the page never showed {until.pattern}; last: {seen[-3:]}; page: {main.inner_text()[-600:]}"
+        )
         for locator in (page.locator("[data-testid='stProgress']"), page.locator("[data-testid='stCaptionContainer']")):
             for text in locator.all_inner_texts():
                 if text and (not seen or seen[-1] != text):
@@ -392,13 +425,13 @@ def _grid(page: object, index: int) -> list[dict[str, str]]:
     return [dict(zip(header, row, strict=True)) for row in rows]
 
 
-def test_benchmark_from_the_page(page: object, appliance: tuple[str, Path]) -> None:
+def test_benchmark_from_the_page(page: object, appliance: tuple[str, Path], shots: Path) -> None:
     from playwright.sync_api import Page, expect
 
     assert isinstance(page, Page)
     page.get_by_role("link", name="Benchmarks").click()
     _settled(page)
-    form = page.locator("[data-testid='stForm']")
+    form = page.get_by_role("tabpanel", name="Run")
     # The console found the bundle the appliance serves in its --bundles folder.
     expect(form.get_by_role("textbox", name="Bundle the URL serves (for exact token lengths)")).to_have_value(
         str(appliance[1])
@@ -475,20 +508,32 @@ def test_benchmark_from_the_page(page: object, appliance: tuple[str, Path]) -> N
     _reads_well(page)
     page.mouse.wheel(0, -10_000)
     _shot(page, "benchmarks", 2300)
+    _reads_well_at_every_width(page, "benchmarks-results", shots)
     page.get_by_role("tab", name="History and comparison").click()
     _settled(page)
     _reads_well(page)
     _shot(page, "history", 1000)
+    _reads_well_at_every_width(page, "benchmarks-history", shots)
 
 
-def test_cancel_says_so_and_keeps_the_form(page: object) -> None:
+def test_cancel_says_so_and_keeps_the_form(page: object, shots: Path) -> None:
     from playwright.sync_api import Page, expect
 
     assert isinstance(page, Page)
     page.get_by_role("tab", name="Run").click()
-    form = page.locator("[data-testid='stForm']")
+    form = page.locator("[data-testid='stMain']")
     form.get_by_role("textbox", name="Run name (optional)").fill("to cancel")
     form.get_by_role("spinbutton", name="Seconds per point").fill("20")
+    form.get_by_role("spinbutton", name="Seconds per point").press("Tab")
+    _settled(page)
+    # Typed, not started: another page and back, and the form is as it was left.
+    page.get_by_role("link", name="Overview").click()
+    _settled(page)
+    page.get_by_role("link", name="Benchmarks").click()
+    _settled(page)
+    expect(form.get_by_role("textbox", name="Run name (optional)")).to_have_value("to cancel")
+    expect(form.get_by_role("spinbutton", name="Seconds per point")).to_have_value("20.00")
+    _reads_well_at_every_width(page, "benchmarks-run", shots)
     page.get_by_role("button", name="Start benchmark").click()
     _progress_lines(page, re.compile(r"Point 1 of 12: hare over HTTP.*answers"), timeout_s=120)
     page.get_by_role("button", name="Cancel benchmark").click()
@@ -496,6 +541,11 @@ def test_cancel_says_so_and_keeps_the_form(page: object) -> None:
     expect(main.get_by_text(re.compile(r"Run #\d+ cancelled \(from the console\)"))).to_be_visible(timeout=60_000)
     assert "stopped by a signal" not in main.inner_text()
     _settled(page)
+    # The point the cancel stopped after a second or so of its 20 is kept, marked, and not counted as measured.
+    expect(
+        main.get_by_text(re.compile(r"before any point was measured in full: point 1 stopped after"))
+    ).to_be_visible()
+    assert [r["target"] for r in _grid(page, 0)] == ["hare (cancelled)"]
     expect(form.get_by_role("textbox", name="Run name (optional)")).to_have_value("to cancel")
     expect(form.get_by_role("spinbutton", name="Seconds per point")).to_have_value("20.00")
     expect(form.get_by_role("textbox", name="Sequence lengths (tokens)")).to_have_value("8, 32")
@@ -512,7 +562,7 @@ def test_cancel_says_so_and_keeps_the_form(page: object) -> None:
     _shot(page, "history-cancelled", 1000)
 
 
-def test_live_metrics_follow_traffic(page: object, appliance: tuple[str, Path]) -> None:
+def test_live_metrics_follow_traffic(page: object, appliance: tuple[str, Path], shots: Path) -> None:
     from playwright.sync_api import Page, expect
 
     assert isinstance(page, Page)
@@ -531,7 +581,7 @@ def test_live_metrics_follow_traffic(page: object, appliance: tuple[str, Path]) 
     try:
         page.get_by_role("link", name="Live metrics").click()
         _settled(page)
-        time.sleep(9)  # a few scrapes, two seconds apart
+        time.sleep(7)  # a few scrapes, two seconds apart
     finally:
         stop.set()
         sender.join(10)
@@ -549,6 +599,19 @@ def test_live_metrics_follow_traffic(page: object, appliance: tuple[str, Path]) 
     _no_traceback(page)
     _reads_well(page)  # including what the first charts drew, from a single scrape interval
     _shot(page, "live", 1900)
+    page.get_by_text("Auto-refresh", exact=True).click()  # hold the charts still while they are judged
+    _settled(page)
+    _reads_well_at_every_width(page, "live", shots)
+
+
+def test_containers_page_reads_well(page: object, shots: Path) -> None:
+    from playwright.sync_api import Page
+
+    assert isinstance(page, Page)
+    page.get_by_role("link", name="Containers").click()
+    _settled(page)
+    _no_traceback(page)
+    _reads_well_at_every_width(page, "containers", shots)
 
 
 def test_nothing_left_the_machine(requests_made: list[str], console: str) -> None:
