@@ -18,7 +18,15 @@ from tests.conftest import ExportFactory, ModelFactory, TorchWork
 from tests.tiny_models import FAMILIES, FAST_PAIRS, SLOW_PAIRS
 
 FP32_TOL = 1e-4  # the exported and fused fp32 graphs must match PyTorch to this (max |Δ output|)
-INT8_TOL = 0.1  # blockwise int8 (one scale per 32 weights) of a tiny random model: outputs are O(1)
+# Dynamic int8 of a tiny random model with narrow per-channel weights (_int8_bound): largest |Δ| per unit of
+# the outputs' largest magnitude (at least 1), 0.113 over the 110 pairs, and per unit of the magnitude itself
+# 0.268 (both the OpenAI privacy filter's), Gemma 4's apart (AMD EPYC, VNNI; the same on every x86 kernel:
+# exact integer sums). A wrong dequantization scale misses it by far (below).
+INT8_TOL, INT8_SMALL = 0.15, 0.3
+BLOCKWISE_TOL = 0.1  # blockwise int8 (one scale per 32 weights) of a tiny random model: outputs are O(1)
+# Families whose tiny random model's int8 misses that bound with one activation scale per call (Gemma 4's:
+# 0.68 of its outputs' magnitude, cosine_p1 0.953): the stage test asserts its gate refuses it instead.
+INT8_MISSES = {"gemma4_text"}
 
 
 @pytest.mark.parametrize(
@@ -51,7 +59,10 @@ def test_every_stage_keeps_parity(
     counts = fuse._fuse_here(fp32, fused, "bert", False, fuse.attention_shape(src.config))
     # Something fused in every family (at least LayerNorm and Gelu per layer); the BERT-shaped ones get more.
     assert sum(counts.values()) >= 2, counts
-    int8 = quantize.quantize_int8(fused, tmp_path / "int8.onnx")
+    # Narrow weights (64 levels a side, one scale per output channel): their integer sums are exact on every
+    # x86 int8 kernel (AVX2's saturating pair sums included, see container/machine.py), so this graph's
+    # answers, and the bound below, are the same on every CPU.
+    int8 = quantize.quantize_int8(fused, tmp_path / "int8.onnx", per_channel=True, reduce_range=True)
 
     samples = textset.builtin_samples(tok, task.pairs)
     encodings = validate.encode_samples(tok, samples)
@@ -63,18 +74,14 @@ def test_every_stage_keeps_parity(
         report = validate.validate(graph, graph.stem, "fp32", parity)
         assert report.metrics["max_abs_diff"] <= FP32_TOL, (graph.name, report.metrics)
         assert report.passed, report.gates
-    # int8's error is the CPU's: ONNX Runtime's int8 kernels differ by ISA (AVX2 without VNNI adds u8 x s8
-    # pairs in saturating 16-bit registers; VNNI and AMX do not), so whether a tiny random model's int8 meets
-    # its gate is the gate's to decide on the machine at hand, not this test's. What holds on every CPU: the
-    # stage builds a smaller graph that runs, gives every gate of the task a figure and a verdict, and
-    # computes the model (its outputs follow the reference's), not noise.
     report = validate.validate(int8, "int8", "int8", parity)
     assert set(report.gates) == {g.metric for g in task.gates}, report.gates
-    assert all(np.isfinite(float(g["value"])) for g in report.gates.values()), report.gates
-    assert report.passed == all(bool(g["passed"]) for g in report.gates.values())
-    # 0.89 was the lowest measured (ALBERT ranker, one logit a pair, on the AVX2 path), 0.99+ is usual;
-    # a graph that computes something else lands near 0.
-    assert _correlation(ref, OnnxModel(int8, output=task.output), encodings) > 0.5
+    bound = _int8_bound(ref)
+    if arch in INT8_MISSES:  # refused by its gate, with the figure, on every CPU
+        assert report.metrics["max_abs_diff"] > bound and not report.passed, report.metrics
+        assert any(not g["passed"] and g["value"] < g["threshold"] for g in report.gates.values()), report.gates
+    else:
+        assert report.metrics["max_abs_diff"] <= bound, (report.metrics, bound)
     # Weights smaller than those of the graph it was quantized from (the fused graph: decoders' fused rotary
     # caches are sized for ORT's longest positions, more than a tiny model's own weights). Weights, not the
     # file: a tiny model's file is mostly nodes, and the quantizer adds nodes (Mistral 4's 16 routed-expert
@@ -86,9 +93,18 @@ def _weight_bytes(graph: Path) -> int:
     return sum(len(t.SerializeToString()) for t in onnx.load(str(graph)).graph.initializer)
 
 
+def _int8_bound(reference: Path) -> float:
+    """The largest |Δ output| the stage test's int8 graph may have: INT8_TOL per unit of the reference
+    outputs' largest magnitude (at least 1: decoders' final RMSNorm leaves states of a few units), and no more
+    than INT8_SMALL of that magnitude itself (a tiny random classifier's logits can stay under 0.02)."""
+    with np.load(reference) as stored:
+        top = max(float(np.abs(stored[k]).max()) for k in stored.files)
+    return min(INT8_TOL * max(1.0, top), INT8_SMALL * top)
+
+
 def _correlation(reference: Path, model: OnnxModel, encodings: list[Encoding]) -> float:
-    """Pearson correlation of every output value of `model` with the stored reference's: near 1 for a
-    quantized model on any CPU, near 0 for a broken graph."""
+    """Pearson correlation of every output value of `model` with the stored reference's: blind to a wrong
+    scale or offset, so no parity check in itself."""
     with np.load(reference) as stored:
         ref = np.concatenate([stored[str(i)].ravel() for i in range(len(encodings))])
     cand = np.concatenate([c.ravel() for c in _alone(model, encodings)])
@@ -113,7 +129,40 @@ def test_blockwise_int8_keeps_parity(
     ref = torch_work.reference(src, task, encodings, inputs, tmp_path / "ref.npz")
     block = quantize.quantize_blockwise(fp32, tmp_path / "block.onnx")
     report = validate.validate(block, "int8-block32", "int8", validate.Parity(ref, encodings, samples, task, "mean"))
-    assert report.metrics["max_abs_diff"] <= INT8_TOL and report.passed, report.metrics
+    assert report.metrics["max_abs_diff"] <= BLOCKWISE_TOL and report.passed, report.metrics
+
+
+def test_an_int8_graph_with_a_wrong_dequantization_scale_misses_the_bound_by_its_figure(
+    tiny_model: ModelFactory, tiny_export: ExportFactory, torch_work: TorchWork, tmp_path: Path
+) -> None:
+    """The stage test's int8 graph with the classifier's weight scales twice what they should be (as a mix-up
+    of 7- and 8-bit scales would make them): its max |Δ| is past the stage test's bound, while a correlation
+    with the reference, blind to scale, does not move. (The tiny model's logits are small enough that its
+    gates still pass it: the bound is what catches it here.)"""
+    from onnx import numpy_helper
+
+    task = get_task("text-classification")
+    src = source.inspect_source(tiny_model("text-classification"), task)
+    fp32, inputs = tiny_export("text-classification")
+    masks.additive_masks(fp32, fp32)
+    tok = Tokenizer.from_file(str(tokenizer.write_tokenizer(src, tmp_path / "tokenizer.json")))
+    samples = textset.builtin_samples(tok, task.pairs)
+    encodings = validate.encode_samples(tok, samples)
+    ref = torch_work.reference(src, task, encodings, inputs, tmp_path / "ref.npz")
+    parity = validate.Parity(ref, encodings, samples, task, src.pooling, pad_id=src.pad_id or 0)
+    int8 = quantize.quantize_int8(fp32, tmp_path / "int8.onnx", per_channel=True, reduce_range=True)
+    built = validate.validate(int8, "int8", "int8", parity)
+    assert built.metrics["max_abs_diff"] <= _int8_bound(ref), built.metrics
+
+    model = onnx.load(str(int8))
+    head = [n for n in model.graph.node if n.op_type == "MatMulInteger"][-1]  # the classifier's
+    weights = head.input[1].removesuffix("_quantized")  # the quantizer names the weights' scales after them
+    scales = next(t for t in model.graph.initializer if t.name == f"{weights}_scale")
+    scales.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scales) * 2, scales.name))
+    onnx.save(model, str(int8))
+    broken = validate.validate(int8, "int8", "int8", parity)
+    assert broken.metrics["max_abs_diff"] > 2 * _int8_bound(ref), broken.metrics
+    assert _correlation(ref, OnnxModel(int8, output=task.output), encodings) > 0.999
 
 
 def test_a_graph_exact_alone_and_wrong_in_a_batch_is_refused(
@@ -325,7 +374,7 @@ def test_the_fused_graph_has_one_attention_kernel_per_layer(
 
 
 def test_gpu_fp16_graph_keeps_its_io_types(tiny_export: ExportFactory, tmp_path: Path) -> None:
-    """The fp16 conversion runs anywhere; running it needs a GPU (checked on one when available)."""
+    """The fp16 conversion runs anywhere; running it needs a GPU (the test below)."""
     import onnx
 
     fp32, _ = tiny_export("text-classification")
@@ -335,6 +384,23 @@ def test_gpu_fp16_graph_keeps_its_io_types(tiny_export: ExportFactory, tmp_path:
     assert graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     weights = [w for w in graph.initializer if len(w.dims) == 2]
     assert weights and all(w.data_type == onnx.TensorProto.FLOAT16 for w in weights)
+
+
+def test_gpu_fp16_graph_answers_as_the_fp32_graph_on_a_gpu(tiny_export: ExportFactory, tmp_path: Path) -> None:
+    """Where CUDA is (scripts/gpu-check's machines): the fp16 graph runs on it and answers as the fp32 graph
+    does on the CPU, within fp16's precision. Skipped without one: the only thing a machine here cannot have."""
+    from container.runtime import available_targets
+
+    if "gpu" not in available_targets():
+        pytest.skip("no CUDA on this machine (scripts/gpu-check runs this chain on a GPU)")
+    fp32, _ = tiny_export("text-classification")
+    fuse.fuse(fp32, tmp_path / "fused.onnx", use_gpu=True)
+    fp16 = fuse.to_fp16(tmp_path / "fused.onnx", tmp_path / "fp16.onnx")
+    ids = np.random.default_rng(0).integers(5, 100, (2, 12))
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    expected = OnnxModel(fp32).run(feeds)
+    got = OnnxModel(fp16, target="gpu").run(feeds)
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= 1e-2 * max(1.0, np.abs(expected).max())
 
 
 def test_gpu_target_without_cuda_is_refused_before_any_work(tiny_model: ModelFactory, tmp_path: Path) -> None:
