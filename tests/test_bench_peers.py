@@ -2,7 +2,9 @@
 
 With the dev dependencies only, hare and sentence-transformers' torch run and the other peers are skipped with
 their reason; hare's fp32 bundle answers what torch answers. No timing is asserted: only that every figure
-was measured."""
+was measured. Every other peer needs optimum-onnx or optimum-intel, which cannot be installed beside hare's
+pins (optimum-onnx 0.1.0, the newest, needs transformers<4.58; docs/development.md), so no test here depends
+on them: `hare bench peers` measures them from an environment of their own."""
 
 from __future__ import annotations
 
@@ -67,11 +69,11 @@ def test_hare_and_torch_run_and_absent_peers_are_skipped_with_a_reason(
     folder, bundle = st_model
     # A peer whose package is surely absent, whatever this environment holds.
     monkeypatch.setitem(base.NEEDS, "fastembed", ("fastembed_not_installed_here",))
-    options = tiny(folder, bundle, tmp_path / "work", ("hare", "torch", "onnx", "fastembed"))
+    options = tiny(folder, bundle, tmp_path / "work", ("hare", "torch", "fastembed"))
     store = Store(tmp_path / "bench.db")
     run_id, rows = run_peers(options, store, say=lambda _: None)
     by_key = {r.key: r for r in rows}
-    assert [r.key for r in rows] == ["hare", "torch", "onnx", "fastembed"]
+    assert [r.key for r in rows] == ["hare", "torch", "fastembed"]
     assert "not installed: fastembed_not_installed_here" in by_key["fastembed"].skipped
     for key in ("hare", "torch"):
         row = by_key[key]
@@ -79,16 +81,12 @@ def test_hare_and_torch_run_and_absent_peers_are_skipped_with_a_reason(
         assert row.p50_ms[1] > 0 and row.sentences_s[1] > 0 and row.cores
     assert by_key["torch"].cosine_p1 > 0.9999  # the reference against itself
     assert by_key["hare"].cosine_p1 > 0.999 and by_key["hare"].cosine_mean > 0.999
-    # sentence-transformers' ONNX backend runs where optimum-onnx works, and says why not elsewhere.
-    onnx = by_key["onnx"]
-    assert onnx.skipped or (onnx.cosine_p1 > 0.999 and onnx.p50_ms[1] > 0)
 
     run = store.run(run_id)
     assert run.kind == "peers" and run.status == "done"
     assert run.settings["threads"] == [1] and run.summary["fidelity_tokens"]["texts"] == 24
-    ran = [k for k in ("hare", "torch", "onnx") if not by_key[k].skipped]
     points = store.points(run_id)
-    assert sorted((p.target, p.batch) for p in points) == sorted((k, b) for k in ran for b in (1, 4))
+    assert sorted((p.target, p.batch) for p in points) == sorted((k, b) for k in ("hare", "torch") for b in (1, 4))
     assert all(p.load == "in-process" and p.ok >= 2 and p.threads == 1 for p in points)  # 2 rounds, 1 call each
     assert {g["figure"] for g in run.summary["goal"]} == {"batch 1 p50 ms", "batch sentences/s"}
 
