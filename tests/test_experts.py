@@ -14,7 +14,7 @@ import pytest
 import torch
 from numpy.typing import NDArray
 
-from container.optimize import export, int8, mixed, quantize, source
+from container.optimize import export, int8, quantize, smoothing, source
 from tasks.registry import get_task
 from tests.conftest import ExportFactory, ModelFactory
 
@@ -57,7 +57,7 @@ def test_routed_experts_are_matmuls_on_their_own_weights_and_int8_quantizes_them
     # No stacked [experts, ...] weights are left to gather per token: each expert's up (gate+up) and down
     # projections are 2-D initializers that one MatMul reads.
     assert not [t.name for t in graph.graph.initializer if len(t.dims) == 3]
-    on_weights = mixed.targets(graph)
+    on_weights = smoothing.targets(graph)
     routed = [n for n in on_weights if "/experts/" in n.name]
     assert len(routed) == layers * experts * 2, [n.name for n in routed]
     # ...each the expert's own parameter (experts.split_weights), not a slice of the stack folded at export:
@@ -106,7 +106,7 @@ def test_moe_graphs_answer_as_transformers_at_routings_the_export_never_saw(
 
     # int8: per-call scales (the dynamic quantizer's operators, fused by ONNX Runtime), per-token scales
     # (int8-mixed's own arithmetic), blockwise; each runs on the experts' empty selections and follows fp32.
-    names = [n.name for n in mixed.targets(onnx.load(str(fp32)))]
+    names = [n.name for n in smoothing.targets(onnx.load(str(fp32)))]
     variants = {
         "per-call": _session(quantize.quantize_int8(fp32, tmp_path / "int8.onnx", per_channel=True)),
         "per-token": _session(int8.per_token(onnx.load(str(fp32)), names)),
@@ -129,11 +129,11 @@ def test_int8_mixed_smooths_the_experts_that_calibration_reached_and_leaves_the_
     fp32, _ = tiny_export("feature-extraction", "mistral4")
     graph = onnx.load(str(fp32))
     one_token = {"input_ids": np.array([[5]]), "attention_mask": np.ones((1, 1), np.int64)}
-    maxima = mixed.activation_maxima(graph, [one_token], tmp_path)
-    groups = mixed.smoothing_groups(graph)
+    maxima = smoothing.activation_maxima(graph, [one_token], tmp_path)
+    groups = smoothing.smoothing_groups(graph)
     unreached = [name for name in groups if name not in maxima]
     assert unreached and all("/experts/" in name for name in unreached)  # top-2 of 4: two experts a layer idle
-    smoothed = mixed.smooth(graph, maxima, 0.7)
+    smoothed = smoothing.smooth(graph, maxima, 0.7)
     assert sum(n.name.endswith("/hare_smooth") for n in smoothed.graph.node) == len(groups) - len(unreached)
     base, scaled = _session(graph), _session(smoothed)
     for ids, mask in _inputs(400):

@@ -30,6 +30,8 @@ from container.optimize import (
     mixed,
     pipeline,
     quantize,
+    simulator,
+    smoothing,
     source,
     textset,
     tokenizer,
@@ -101,17 +103,17 @@ def test_smoothing_keeps_the_function(embedder: Built, tmp_path: Path) -> None:
     model = onnx.load(str(embedder.fp32))
     names = [i.name for i in model.graph.input]
     feeds = [pad_batch([e], names) for e in embedder.parity.encodings[:8]]
-    maxima = mixed.activation_maxima(model, feeds, tmp_path)
-    groups = mixed.smoothing_groups(model)
+    maxima = smoothing.activation_maxima(model, feeds, tmp_path)
+    groups = smoothing.smoothing_groups(model)
     assert set(maxima) == set(groups) and len(groups) >= 4  # Q/K/V share one; then O, FFN in, FFN out per layer
-    smoothed = mixed.smooth(model, maxima, 0.7)
+    smoothed = smoothing.smooth(model, maxima, 0.7)
     assert sum(n.op_type == "Mul" and n.name.endswith("/hare_smooth") for n in smoothed.graph.node) == len(groups)
     onnx.save(smoothed, str(tmp_path / "smoothed.onnx"))
     before = OnnxModel(embedder.fp32, output="last_hidden_state")
     after = OnnxModel(tmp_path / "smoothed.onnx", output="last_hidden_state")
     for feed in feeds:
         assert np.allclose(before.run(feed), after.run(feed), atol=1e-4, rtol=1e-4)
-    first = mixed.targets(model)[0]
+    first = smoothing.targets(model)[0]
     weight = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}[first.input[1]]
     moved = {t.name: numpy_helper.to_array(t) for t in smoothed.graph.initializer}[first.input[1]]
     assert not np.allclose(weight, moved)  # the factors went into the weights
@@ -134,7 +136,7 @@ def test_the_simulation_uses_the_quantizers_int8_weights(embedder: Built, tmp_pa
     model = onnx.load(str(embedder.fp32))
     weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     stored = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
-    for node in mixed.targets(model):
+    for node in smoothing.targets(model):
         w = node.input[1]
         values, scales = int8.quantized_weight(weights[w], levels)
         assert np.array_equal(values, stored[f"{w}_quantized"]) and not stored[f"{w}_zero_point"].any(), node.name
@@ -157,13 +159,13 @@ def test_dynamic_int8_variants_store_weights_of_the_levels_asked(embedder: Built
 
 def test_per_token_int8_is_what_the_simulation_ran(embedder: Built, tmp_path: Path) -> None:
     model = onnx.load(str(embedder.fp32))
-    names = [n.name for n in mixed.targets(model)]
+    names = [n.name for n in smoothing.targets(model)]
     built = tmp_path / "per-token.onnx"
     onnx.save(int8.per_token(copy.deepcopy(model), names), str(built))
     ops = _ops(built)
     for name in names:
         assert ops.get(f"{name}_quant") == "MatMulInteger" and name not in ops
-    sim = mixed.Simulator(model, names, tmp_path, embedder.parity, [])
+    sim = simulator.Simulator(model, names, tmp_path, embedder.parity, [])
     output = embedder.parity.task.output
     graph = OnnxModel(built, output=output)
     by_token = np.full(len(names), int8.TOKEN)
@@ -277,7 +279,7 @@ def test_a_loose_gate_quantizes_every_matmul(embedder: Built, tmp_path: Path, le
     out = tmp_path / "int8-mixed.onnx"
     loose = dataclasses.replace(embedder.parity, thresholds={"cosine_p1": 0.5})  # int8 noise of any ISA is inside
     plan = mixed.build(embedder.fp32, out, loose, levels)
-    names = [n.name for n in mixed.targets(onnx.load(str(embedder.fp32)))]
+    names = [n.name for n in smoothing.targets(onnx.load(str(embedder.fp32)))]
     assert plan["fp32"] == [] and plan["harm"] == {}  # no sensitivity pass was needed
     assert plan["matmuls"] == len(names) and plan["alpha"] in mixed.ALPHAS and plan["levels"] == levels
     stored = [
@@ -296,12 +298,12 @@ def test_a_loose_gate_quantizes_every_matmul(embedder: Built, tmp_path: Path, le
 NO_TOP1 = {"top1_agreement": -1e9}
 
 
-def _sensitivity(classifier: Built) -> tuple[mixed.Simulator, list[str], list[int]]:
+def _sensitivity(classifier: Built) -> tuple[simulator.Simulator, list[str], list[int]]:
     """The classifier's simulation, its MatMuls, and their order by harm, as the stage ranks them."""
     parity = dataclasses.replace(classifier.parity, thresholds=NO_TOP1)
     model = onnx.load(str(classifier.fp32))
-    names = [n.name for n in mixed.targets(model)]
-    sim = mixed.Simulator(model, names, classifier.fp32.parent, parity, [])
+    names = [n.name for n in smoothing.targets(model)]
+    sim = simulator.Simulator(model, names, classifier.fp32.parent, parity, [])
     lengths = [len(e.ids) for e in parity.encodings]
     ranking = mixed.calibration(lengths, [0] * len(lengths), False, max(1, mixed.RANKING_TOKENS // len(names)))
     off = np.zeros(len(names), np.int64)
@@ -346,7 +348,7 @@ def test_a_split_replaces_fp32_where_it_passes(
     rows, so the stage keeps it fp32, then finds that split (those rows fp32) passes too and ships that."""
     monkeypatch.setattr(mixed, "SPLIT_MORE", 3)
     model = onnx.load(str(classifier.fp32))
-    names = [n.name for n in mixed.targets(model)]
+    names = [n.name for n in smoothing.targets(model)]
     target = names[len(names) // 2]
     node = next(n for n in model.graph.node if n.name == target)
     inits = {t.name: t for t in model.graph.initializer}
@@ -364,7 +366,7 @@ def test_a_split_replaces_fp32_where_it_passes(
     onnx.save(model, str(fp32))
     parity = dataclasses.replace(classifier.parity, thresholds=NO_TOP1)
     # 64 levels a side, exact on every x86 int8 kernel: with 127, AVX2's saturated sums alone fail this gate.
-    sim = mixed.Simulator(copy.deepcopy(model), names, tmp_path, parity, [], NARROW_LEVELS)
+    sim = simulator.Simulator(copy.deepcopy(model), names, tmp_path, parity, [], NARROW_LEVELS)
     everything = list(range(len(parity.encodings)))
 
     def score_diff(switch: int) -> float:  # every other MatMul int8, this one as `switch` says
@@ -477,7 +479,7 @@ def test_a_simulation_past_protobufs_limit_replaces_its_weights_file_instead_of_
     data = tmp_path / "hare-int8-simulation.onnx.data"
     sizes = []
     for _ in range(3):
-        session = mixed._session(copy.deepcopy(model), tmp_path)  # as each alpha builds its own graph
+        session = simulator.cpu_session(copy.deepcopy(model), tmp_path)  # as each alpha builds its own graph
         sizes.append(data.stat().st_size)
         x = np.ones((2, 64), np.float32)
         assert np.allclose(session.run(None, {"x": x})[0], x @ weight, atol=1e-4)
@@ -588,16 +590,16 @@ def test_lookup_tables_go_int8_only_where_the_chosen_graph_still_passes(
     monkeypatch.setattr(int8, "TABLE_BYTES", 0)  # the tiny model's tables are far under the real threshold
     fp32 = _inflated_table(classifier, tmp_path) if inflated else classifier.fp32
     model = onnx.load(str(fp32))
-    names, found = [n.name for n in mixed.targets(model)], int8.tables(model)
+    names, found = [n.name for n in smoothing.targets(model)], int8.tables(model)
     parity = dataclasses.replace(classifier.parity, thresholds=NO_TOP1)
     everything = list(range(len(parity.encodings)))
     every_int8 = np.full(len(names), int8.TENSOR)
     # Weights of 64 levels, exact on every int8 kernel: with 127 a CPU without VNNI saturates, and that error
     # (max score difference 0.67 on the AVX2 kernels) swamps what the tables do.
     levels = NARROW_LEVELS
-    plain_sim = mixed.Simulator(copy.deepcopy(model), names, tmp_path, parity, [], levels)
+    plain_sim = simulator.Simulator(copy.deepcopy(model), names, tmp_path, parity, [], levels)
     plain_figure = plain_sim.judge(every_int8, everything)
-    tabled = mixed.Simulator(int8.int8_tables(copy.deepcopy(model), found), names, tmp_path, parity, [], levels)
+    tabled = simulator.Simulator(int8.int8_tables(copy.deepcopy(model), found), names, tmp_path, parity, [], levels)
     tabled_figure = tabled.judge(every_int8, everything)
     a, b = plain_figure.figures["max_score_diff"], tabled_figure.figures["max_score_diff"]
     threshold = 1.5 * (a if inflated else max(a, b))  # every MatMul int8 passes; with the tables too unless inflated

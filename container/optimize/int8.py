@@ -107,7 +107,7 @@ def split_arithmetic(x: str, y: str, w: str, p: str, scales: str, name: str = ""
     return [
         *arithmetic(x, f"{p}_int8", f"{w}_rest", p, scales, name),
         helper.make_node("Gather", [x, f"{w}_rows"], [f"{p}_xrows"], name=f"{p}_rows", axis=-1),
-        # Unnamed, as mixed.targets leaves a MatMul: the fp32 rows are not a candidate for int8.
+        # Unnamed, as smoothing.targets leaves a MatMul: the fp32 rows are not a candidate for int8.
         helper.make_node("MatMul", [f"{p}_xrows", f"{w}_rowweights"], [f"{p}_yrows"]),
         helper.make_node("Add", [f"{p}_int8", f"{p}_yrows"], [y]),
     ]

@@ -54,42 +54,41 @@ tokens (only when some must stay fp32), one per MatMul kept fp32, and up to SPLI
 for the splits (and one over every sample for each that meets the margin), one or two for the tables; then
 one quantizer run (or hare's per-token rewrite). The choice is fitted to (part of) the samples the gate then
 checks, which MARGIN hedges; a --validation-file of the served texts checks the shipped graph on unseen ones.
+
+Its parts: smoothing.py (1: the MatMuls int8 quantizes, their activations' maxima, the smoothed graph),
+simulator.py (judging a choice in one simulation pass), int8.py (the int8 arithmetic, splits, tables); this
+module chooses (`plan`) and builds.
 """
 
 from __future__ import annotations
 
-import copy
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from numpy.typing import NDArray
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from container.machine import FULL_LEVELS, NARROW_LEVELS, available_bytes
 from container.optimize import graphs
 from container.optimize.int8 import (
     SPLIT,
-    SWITCHES,
     TENSOR,
     TOKEN,
     int8_tables,
     per_token,
-    simulation,
     split,
     tables,
 )
-from container.optimize.validate import Parity, served_outputs, verdicts
-from container.runtime import PROVIDERS, session_options
-from tasks.base import Gate, ParityInput
-from tasks.ops import pad_batch
+from container.optimize.simulator import Judgement, Simulator
+from container.optimize.smoothing import activation_maxima, smooth, smoothing_groups, targets
+from container.optimize.validate import Parity
 
 # Smoothing strengths tried (0: none). SmoothQuant's default is 0.5; all-MiniLM-L6-v2 needs 0.7.
 ALPHAS = (0.0, 0.5, 0.6, 0.7, 0.8)
@@ -116,8 +115,6 @@ MEMORY_BASE = 512 * 2**20
 # Activation scales, cheapest first: one per call (the quantizer's, fused by ONNX Runtime into one kernel), one
 # per token (a row's own max |x|: a token with massive activations costs only its own row its levels).
 SCALES = ("tensor", "token")
-# Bounds on a smoothing factor, against channels that are (nearly) silent in the calibration samples.
-SCALE_RANGE = (1e-3, 1e3)
 
 
 class Refused(Exception):
@@ -154,20 +151,6 @@ class Plan:
     seconds: float = 0.0
 
 
-def targets(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """MatMuls whose weight (second input) is a 2-D float initializer: what dynamic int8 quantizes, and what
-    the simulation models; any other MatMul stays fp32."""
-    inits = {t.name: t for t in model.graph.initializer}
-    found = []
-    for node in model.graph.node:
-        if node.op_type != "MatMul" or not node.name:
-            continue
-        weight = inits.get(node.input[1])
-        if weight is not None and weight.data_type == TensorProto.FLOAT and len(weight.dims) == 2:
-            found.append(node)
-    return found
-
-
 def calibration(lengths: Sequence[int], groups: Sequence[int], pairs: bool, budget: int) -> list[int]:
     """Indices of the samples to calibrate on: the shortest first up to `budget` tokens (at least one), whole
     query groups for pair tasks (a ranking gate is per query)."""
@@ -183,160 +166,6 @@ def calibration(lengths: Sequence[int], groups: Sequence[int], pairs: bool, budg
         chosen += unit
         tokens += cost
     return sorted(chosen)
-
-
-def _consumers(model: onnx.ModelProto) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            counts[name] = counts.get(name, 0) + 1
-    return counts
-
-
-def smoothing_groups(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
-    """The target MatMuls by the activation they read, leaving out any whose weight another node also reads
-    (ALBERT's shared layers: scaling it for one input would change the others)."""
-    uses = _consumers(model)
-    groups: dict[str, list[onnx.NodeProto]] = {}
-    for node in targets(model):
-        if uses[node.input[1]] == 1:
-            groups.setdefault(node.input[0], []).append(node)
-    return groups
-
-
-def activation_maxima(
-    model: onnx.ModelProto, feeds: Sequence[Mapping[str, NDArray[np.int64]]], folder: Path
-) -> dict[str, NDArray[np.float32]]:
-    """max |x_j| per input channel of each smoothing group's activation over `feeds` (the fp32 graph, with
-    those activations as extra outputs). An activation with no rows in any feed (a routed expert that no
-    calibration token picked, container/optimize/experts.py) has no entry."""
-    names = list(smoothing_groups(model))
-    if not names:
-        return {}
-    probe = copy.deepcopy(model)
-    probe.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
-    session = _session(probe, folder)
-    maxima: dict[str, NDArray[np.float32]] = {}
-    for feed in feeds:
-        for name, value in zip(names, session.run(names, dict(feed)), strict=True):
-            if value.size == 0:
-                continue
-            channel = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
-            maxima[name] = np.maximum(maxima[name], channel) if name in maxima else channel
-    return maxima
-
-
-def smooth(model: onnx.ModelProto, maxima: Mapping[str, NDArray[np.float32]], alpha: float) -> onnx.ModelProto:
-    """A copy of `model` with each smoothing group's activation divided by its factors (one Mul before the
-    group's first MatMul) and the group's weight rows multiplied by them; the same function in fp32. A group
-    whose activation `maxima` has no entry for (never reached in calibration) is left as it is."""
-    out = copy.deepcopy(model)
-    if alpha == 0:
-        return out
-    inits = {t.name: t for t in out.graph.initializer}
-    muls: dict[str, onnx.NodeProto] = {}
-    for activation, nodes in smoothing_groups(out).items():
-        if activation not in maxima:
-            continue
-        weights = [numpy_helper.to_array(inits[n.input[1]]) for n in nodes]
-        wmax = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
-        xmax = maxima[activation]
-        live = (xmax > 0) & (wmax > 0)
-        s = np.ones_like(xmax)
-        s[live] = xmax[live] ** alpha / wmax[live] ** (1 - alpha)
-        s = np.clip(s, *SCALE_RANGE).astype(np.float32)
-        scaled = f"{activation}/hare_smooth"
-        out.graph.initializer.append(numpy_helper.from_array((1 / s).astype(np.float32), f"{scaled}/inverse"))
-        muls[activation] = helper.make_node("Mul", [activation, f"{scaled}/inverse"], [scaled], name=scaled)
-        for node, weight in zip(nodes, weights, strict=True):
-            inits[node.input[1]].CopyFrom(numpy_helper.from_array(weight * s[:, None], node.input[1]))
-            node.input[0] = scaled
-    ordered: list[onnx.NodeProto] = []
-    for node in out.graph.node:
-        for name in node.input:  # each Mul goes right before the first node that reads it
-            if name.endswith("/hare_smooth") and name[: -len("/hare_smooth")] in muls:
-                ordered.append(muls.pop(name[: -len("/hare_smooth")]))
-        ordered.append(node)
-    del out.graph.node[:]
-    out.graph.node.extend(ordered)
-    return out
-
-
-def _session(model: onnx.ModelProto, folder: Path) -> ort.InferenceSession:
-    """A CPU session over `model`: from memory, or through a file in `folder` past protobuf's inline limit."""
-    options = session_options(0)
-    if not graphs.too_big(model):
-        return ort.InferenceSession(model.SerializeToString(), options, providers=PROVIDERS["cpu"])
-    path = folder / "hare-int8-simulation.onnx"
-    graphs.save(model, path)  # one simulation per smoothing alpha, each replacing the last
-    return ort.InferenceSession(str(path), options, providers=PROVIDERS["cpu"])
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """A simulated graph on some samples: the gates' figures, whether every gate passes, the largest share of
-    a gate's room (fp32's figure to the threshold) it uses, and its squared output error relative to the
-    reference's (the tie-break between equal harms)."""
-
-    figures: dict[str, float]
-    passed: bool
-    harm: float
-    error: float
-
-
-class Simulator:
-    """One simulation graph's session, with the samples' feeds and the reference; `judge` runs a choice of
-    switches over some of the samples."""
-
-    def __init__(
-        self,
-        model: onnx.ModelProto,
-        names: Sequence[str],
-        folder: Path,
-        parity: Parity,
-        passes: list[int],
-        levels: int = FULL_LEVELS,
-    ) -> None:
-        self.names = list(names)
-        self.parity = parity
-        self.session = _session(simulation(model, self.names, levels), folder)
-        inputs = [i.name for i in self.session.get_inputs() if i.name != SWITCHES]
-        self.feeds = [pad_batch([e], inputs) for e in parity.encodings]
-        with np.load(parity.reference) as stored:
-            self.reference = [stored[str(i)] for i in range(len(parity.encodings))]
-        self.passes = passes  # one entry per pass, shared by the simulators of one plan
-
-    def judge(
-        self, switches: NDArray[np.int64], indices: Sequence[int], ideal: Mapping[str, float] | None = None
-    ) -> Judgement:
-        p, task = self.parity, self.parity.task
-
-        def run(feeds: dict[str, NDArray[np.int64]]) -> NDArray[np.float32]:
-            return np.asarray(self.session.run([task.output], feeds | {SWITCHES: switches})[0], np.float32)
-
-        # As validate judges the built graph: each sample alone and in the batches the server forms (one
-        # activation scale per call is shared by a batch; per-token scales are not).
-        feeds, refs = [self.feeds[i] for i in indices], [self.reference[i] for i in indices]
-        ref, out, groups = served_outputs(run, feeds, p.pad_id, refs, [p.samples[i].group for i in indices])
-        self.passes.append(1)
-        figures = task.parity(ParityInput(ref, out, groups, p.pooling or "mean", p.multi_label))
-        judged = verdicts(figures, task.gates, p.thresholds)
-        harm = max((_used(g, judged[g.metric], ideal) for g in task.gates), default=0.0) if ideal else 0.0
-        error = sum(float(((o - r) ** 2).sum()) for o, r in zip(out, ref, strict=True))
-        scale = sum(float((r**2).sum()) for r in ref) or 1.0
-        return Judgement(
-            {g.metric: float(figures[g.metric]) for g in task.gates},
-            all(bool(v["passed"]) for v in judged.values()),
-            harm,
-            error / scale,
-        )
-
-
-def _used(gate: Gate, verdict: Mapping[str, float | bool], ideal: Mapping[str, float]) -> float:
-    """The share of `gate`'s room between fp32's figure and its threshold that a figure uses."""
-    value, threshold, best = float(verdict["value"]), float(verdict["threshold"]), ideal[gate.metric]
-    room = max(best - threshold if gate.higher_is_better else threshold - best, 1e-12)
-    return (best - value if gate.higher_is_better else value - best) / room
 
 
 def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) -> tuple[onnx.ModelProto, Plan]:
