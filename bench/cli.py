@@ -10,27 +10,22 @@ hare bench model mpnet-base DIR                             (a random-weights fo
 hare bench ceiling                                          (the load generator against a trivial server)
 hare bench list | show RUN | compare RUN RUN | export RUN --format csv | report RUN --format html
 hare bench report [--kind overload] [--since 2026-11-01] [--out docs/results.md]   (the dated results page)
+
+This module is the parser; the subcommands that measure are bench/measure.py's, those that read the result
+store bench/readout.py's.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
-import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 
+from bench import measure, readout
 from bench.geometries import GEOMETRIES
-from bench.store import Store, default_db_path
-from bench.tables import wide_console
+from bench.store import default_db_path
 from container.machine import physical_cores
-from tasks.errors import HareError, InputError
-
-CANCELLED = 130
 
 
 def _ints(text: str) -> list[int]:
@@ -230,309 +225,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _common(rep)
 
 
-@contextlib.contextmanager
-def cancellable() -> Iterator[threading.Event]:
-    """SIGINT and SIGTERM set the event instead of killing the process, so servers are stopped cleanly."""
-    stop = threading.Event()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 def main(args: argparse.Namespace) -> int:
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
-        "run": _run,
-        "headline": _headline,
-        "overload": _overload,
-        "peers": _peers,
-        "bulk": _bulk,
-        "model": _model,
-        "ceiling": _ceiling,
-        "list": _list,
-        "show": _show,
-        "compare": _compare,
-        "export": _export,
-        "report": _report,
+        "run": measure.run,
+        "headline": measure.headline,
+        "overload": measure.overload,
+        "peers": measure.peers,
+        "bulk": measure.bulk,
+        "model": measure.model,
+        "ceiling": measure.ceiling,
+        "list": readout.list_runs,
+        "show": readout.show,
+        "compare": readout.compare,
+        "export": readout.export,
+        "report": readout.report,
     }
     return handlers[args.bench_command](args)
-
-
-def _store(args: argparse.Namespace) -> Store:
-    return Store(args.db)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from bench.progress import reporter
-
-    try:
-        return _run_checked(args)
-    except HareError as exc:
-        if args.progress == "jsonl":  # the console waits for a final line even when the run never started
-            reporter("jsonl").done(None, "failed", exc.message)
-        raise
-
-
-def _run_checked(args: argparse.Namespace) -> int:
-    from bench.progress import reporter
-    from bench.runner import Grid, Runner, RunOptions
-    from bench.subjects import resolve
-
-    subject = resolve(args.target, args.task, args.model, args.bundle, args.tokenizer)
-    if args.quick:
-        grid = Grid(seq_lens=[8, 16], batches=[1], concurrencies=[1], warmup_s=0.3, duration_s=1.0, bodies=32)
-    else:
-        grid = Grid(
-            seq_lens=args.seq,
-            batches=args.batch,
-            concurrencies=args.concurrency,
-            rates=args.rate,
-            load=args.load,
-            workers=list(args.workers) if args.workers else [None],
-            threads=list(args.threads) if args.threads else [None],
-            warmup_s=args.warmup,
-            duration_s=args.duration,
-            max_requests=args.max_requests,
-            timeout_s=args.timeout,
-        )
-    options = RunOptions(
-        subject=subject,
-        grid=grid,
-        baselines=args.baseline,
-        model_only=not args.no_model_only,
-        comet_workers=args.comet_workers,
-        kind="quick" if args.quick else "run",
-        name=args.name,
-        serve_args=args.serve_arg,
-    )
-    store = _store(args)
-    rep = reporter(args.progress)
-    with cancellable() as stop:
-        run_id = Runner(options, store, rep, stop).run()
-    run = store.run(run_id)
-    if args.progress != "jsonl":  # jsonl keeps stdout machine-readable
-        _print_run(store, run_id)
-    return CANCELLED if run.status == "cancelled" else (0 if run.status == "done" else 1)
-
-
-def _headline(args: argparse.Namespace) -> int:
-    from bench.headline import HeadlineOptions, run_headline
-
-    store = _store(args)
-    with cancellable() as stop:
-        status = run_headline(
-            HeadlineOptions(
-                duration_s=args.duration,
-                warmup_s=args.warmup,
-                seq_lens=args.seq,
-                embeddings=not args.no_embeddings,
-                progress=args.progress,
-            ),
-            store,
-            stop,
-        )
-    return CANCELLED if status == "cancelled" else (0 if status == "done" else 1)
-
-
-def _overload(args: argparse.Namespace) -> int:
-    from bench.overload import OverloadOptions, run_overload
-
-    tail = () if args.no_tail else tuple(args.tail)
-    options = OverloadOptions(
-        args.bundle, args.seq, args.factor, args.flood, args.duration, args.soak, tuple(args.serve_arg), tail
-    )
-    with cancellable() as stop:
-        run_overload(options, _store(args), stop)
-    return 0
-
-
-def _peers(args: argparse.Namespace) -> int:
-    from bench.peers.options import CANDIDATES, PeersOptions
-    from bench.peers.runner import run_peers
-    from bench.subjects import bundle_for_model
-    from container.defaults import DEFAULT_TASK, default_model_dir
-
-    model_dir = args.model_dir or default_model_dir()
-    if not (model_dir / "config.json").is_file():
-        raise InputError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
-    bundle = args.bundle or bundle_for_model(model_dir, DEFAULT_TASK)
-    chosen = tuple(args.only) if args.only else CANDIDATES
-    if args.only and "torch" not in chosen:
-        chosen = ("torch", *chosen)
-    options = PeersOptions(
-        model_dir=model_dir,
-        bundle=bundle,
-        seq_len=args.seq,
-        batch=args.batch,
-        threads=tuple(args.threads),
-        rounds=args.rounds,
-        seconds=args.seconds,
-        fidelity=args.fidelity,
-        fidelity_max=args.fidelity_max,
-        candidates=tuple(c for c in chosen if c not in args.skip),
-        int8_config=args.int8_config,
-        work=args.work,
-        name=args.name,
-    )
-    store = _store(args)
-    with cancellable() as stop:
-        run_id, _ = run_peers(options, store, stop)
-    run = store.run(run_id)
-    _print_run(store, run_id)
-    return CANCELLED if run.status == "cancelled" else (0 if run.status == "done" else 1)
-
-
-def _bulk(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from bench import bulk
-    from container.defaults import default_model_dir
-
-    model_dir = None if args.no_torch else (args.model_dir or default_model_dir())
-    figures = bulk.measure(args.bundle, args.rows, model_dir)
-    table = Table(title=f"hare bench bulk: {args.bundle}", show_header=False, title_justify="left")
-    for what, value in bulk.rows(figures):
-        table.add_row(what, value)
-    wide_console().print(table)
-    return 0
-
-
-def _model(args: argparse.Namespace) -> int:
-    from bench.geometries import build
-
-    folder = build(args.name, args.folder)
-    task = GEOMETRIES[args.name].task
-    print(f"{folder}: {args.name} geometry, random weights; measure it with")
-    print(f"  hare bench run {folder} --task {task} --baseline vanilla --seq 8,128")
-    return 0
-
-
-def _ceiling(args: argparse.Namespace) -> int:
-    from bench.loadgen import LoadSpec, latency_summary, run_load
-    from bench.servers import trivial_server
-
-    console = wide_console()
-    with trivial_server().start() as server, cancellable() as stop:
-        server.wait_ready(timeout=20, stop=stop)
-        console.print(f"load generator ceiling against a trivial endpoint ({server.url}, 1 process):")
-        for c in args.concurrency:
-            spec = LoadSpec("127.0.0.1", server.port, "/predict", [b'{"inputs":"I like you. I love you"}'])
-            spec = LoadSpec(**{**spec.__dict__, "concurrency": c, "warmup_s": 0.5, "duration_s": args.duration})
-            s = run_load(spec, stop=stop)
-            p50 = latency_summary(s).p50
-            console.print(
-                f"  {c:>3} users: {s.ok / s.window_s:9.0f} req/s  p50 {p50:.3f} ms  "
-                f"client cpu {s.cpu_s / s.window_s:.2f} cores = {s.cpu_s / max(s.ok, 1) * 1e6:.0f} µs per request"
-            )
-    return 0
-
-
-def _list(args: argparse.Namespace) -> int:
-    from bench.tables import runs_table
-
-    wide_console().print(runs_table(_store(args).runs(limit=args.limit)))
-    return 0
-
-
-def _get_run(store: Store, run_id: int) -> None:
-    try:
-        store.run(run_id)
-    except KeyError as exc:
-        raise InputError(str(exc.args[0])) from None
-
-
-def _print_run(store: Store, run_id: int) -> None:
-    from bench.tables import points_table, ratios_table
-
-    console = wide_console()
-    run = store.run(run_id)
-    m = run.machine
-    console.print(
-        f"[bold]run {run.id}[/] {run.kind} {run.status} · {run.task} · {run.target}\n"
-        f"machine: {m.get('cpu', '?')}, {m.get('physical_cores', '?')} physical / {m.get('logical_cores', '?')} "
-        f"logical cores, flags {' '.join(m.get('flags', []))}\n"
-        f"versions: {' '.join(f'{k} {v}' for k, v in run.versions.items())}\n"
-        f"bundle manifest sha256: {run.manifest_hash or '-'}" + (f"\nmessage: {run.message}" if run.message else "")
-    )
-    if run.kind == "peers":
-        from bench.peers.tables import print_peers
-
-        print_peers(run.summary, run.settings)
-        return
-    console.print(points_table(store.points(run_id)))
-    ratios = store.ratios(run_id)
-    if ratios:
-        console.print(ratios_table(ratios))
-    goals = run.summary.get("goals")
-    if goals:
-        from bench.headline import goals_table
-
-        console.print(goals_table(goals))
-
-
-def _show(args: argparse.Namespace) -> int:
-    store = _store(args)
-    _get_run(store, args.run)
-    _print_run(store, args.run)
-    return 0
-
-
-def _compare(args: argparse.Namespace) -> int:
-    from bench.tables import compare_table
-
-    store = _store(args)
-    _get_run(store, args.a)
-    _get_run(store, args.b)
-    wide_console().print(compare_table(store.compare(args.a, args.b), args.a, args.b))
-    return 0
-
-
-def _export(args: argparse.Namespace) -> int:
-    from bench.report import export_csv, export_json
-
-    store = _store(args)
-    _get_run(store, args.run)
-    text = export_csv(store, args.run) if args.format == "csv" else export_json(store, args.run)
-    if args.out:
-        args.out.write_text(text)
-        print(f"wrote {args.out}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-def _report(args: argparse.Namespace) -> int:
-    if args.run is None:
-        return _results_page(args)
-    from bench.report import write_report
-
-    if args.kind or args.since or args.all:
-        raise InputError("--kind, --since and --all choose the runs of the results page: leave out RUN")
-    store = _store(args)
-    _get_run(store, args.run)
-    fmt = args.format or "html"
-    out = args.out or Path(f"bench-report-{args.run}.{fmt}")
-    write_report(store, args.run, out, fmt)
-    print(f"wrote {out}", file=sys.stderr)
-    return 0
-
-
-def _results_page(args: argparse.Namespace) -> int:
-    from bench.page import render
-
-    if args.format == "html":
-        raise InputError("the results page is Markdown; --format html is for one run's report (give RUN)")
-    text = render(_store(args), kind=args.kind, since=args.since, every=args.all)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        print(f"wrote {args.out}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-    return 0

@@ -1,7 +1,8 @@
 """The benchmark result store: one SQLite file, one row per run and one per measured point.
 
 This module is a contract shared with the console (`admin_ui/`), which reads results through it and starts
-`hare bench run` as a subprocess. It imports only the standard library.
+`hare bench run` as a subprocess. It imports only the standard library. The records it stores (Run, Point,
+Comparison, Ratio) are bench/records.py's, importable from here.
 
 Python API
 ----------
@@ -56,11 +57,15 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import closing, contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
+
+from bench.records import BASELINES, MATCH_KEYS, Comparison, Point, Ratio, Run, ratios
+
+__all__ = ["BASELINES", "MATCH_KEYS", "Comparison", "Point", "Ratio", "Run", "Store", "default_db_path", "ratios"]
 
 SCHEMA_VERSION = 1
 
@@ -115,10 +120,6 @@ CREATE TABLE IF NOT EXISTS points (
 CREATE INDEX IF NOT EXISTS points_run ON points(run_id, idx);
 """
 
-# Points are matched across runs and targets on these settings.
-MATCH_KEYS = ("load", "workers", "threads", "seq_len", "batch", "concurrency", "rate")
-BASELINES = ("vanilla", "comet")
-
 
 def default_db_path(env: Mapping[str, str] | None = None) -> Path:
     """`$HARE_BENCH_DB`, else `$XDG_DATA_HOME/hare/bench.db` (XDG_DATA_HOME defaults to ~/.local/share).
@@ -135,94 +136,6 @@ def default_db_path(env: Mapping[str, str] | None = None) -> Path:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-@dataclass
-class Run:
-    """One benchmark invocation. JSON columns come back as dicts."""
-
-    id: int
-    created_at: str
-    finished_at: str | None
-    status: str  # running | done | failed | cancelled
-    kind: str  # run | headline | quick
-    name: str
-    task: str
-    target: str  # the URL, bundle or model folder measured
-    manifest_hash: str  # sha256 of the bundle's hare.json ("" for a bare URL whose bundle is unknown)
-    machine: dict[str, Any] = field(default_factory=dict)
-    versions: dict[str, Any] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
-    summary: dict[str, Any] = field(default_factory=dict)  # e.g. the headline's goals, met or not
-    message: str = ""  # why it failed or was cancelled
-
-
-@dataclass
-class Point:
-    """One measured configuration of one target. Latencies in ms; CPU in cores; rate 0 for closed loop.
-    A figure with nothing to summarise (no answer in the window) is NaN."""
-
-    run_id: int
-    idx: int
-    target: str  # hare | vanilla | comet | model-only
-    load: str  # closed | open | in-process
-    workers: int
-    threads: int
-    seq_len: int
-    batch: int
-    concurrency: int
-    rate: float
-    duration_s: float
-    requests: int  # answers received in the measured window (ok + errors)
-    ok: int
-    errors: dict[str, int]  # by HTTP status, or "connect" / "timeout"
-    req_s: float
-    seq_s: float
-    tokens_s: float
-    lat_min: float
-    lat_avg: float
-    lat_p50: float
-    lat_p90: float
-    lat_p95: float
-    lat_p99: float
-    lat_max: float
-    server: dict[str, float]  # compute_p50/avg (x-compute-time) and tokenize/queue/inference/postprocess avg
-    client_cpu: float
-    server_cpu: float | None = None
-    # inputs ("exact" or "comet"), url, server_cpu_by_process (cores per server process, busiest first)
-    extra: dict[str, Any] = field(default_factory=dict)
-    id: int | None = None
-
-    def key(self) -> tuple[Any, ...]:
-        """The settings two points must share to be compared."""
-        return tuple(getattr(self, k) for k in MATCH_KEYS)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class Comparison:
-    """Two points with the same settings; `ratio` is b/a for throughput and latency p50 (None if one is missing)."""
-
-    target: str
-    key: dict[str, Any]
-    a: Point | None
-    b: Point | None
-    req_s_ratio: float | None
-    p50_ratio: float | None
-
-
-@dataclass
-class Ratio:
-    """hare against one baseline at the same settings in the same run."""
-
-    baseline: str
-    key: dict[str, Any]
-    hare_req_s: float
-    baseline_req_s: float
-    req_s_ratio: float
-    p50_ratio: float  # baseline p50 / hare p50: above 1 means hare answers faster
 
 
 POINT_JSON = {"errors", "server", "extra"}
@@ -365,35 +278,6 @@ class Store:
     def ratios(self, run_id: int) -> list[Ratio]:
         """hare/baseline per point of one run (throughput up is good; p50 ratio baseline/hare, up is good)."""
         return ratios(self.points(run_id))
-
-
-def ratios(points: Sequence[Point]) -> list[Ratio]:
-    """hare against each baseline at the same settings; baselines may run other worker counts, so the
-    worker and thread settings are not part of the match."""
-
-    def loose(p: Point) -> tuple[Any, ...]:
-        return (p.load, p.seq_len, p.batch, p.concurrency, p.rate)
-
-    baselines = {(p.target, loose(p)): p for p in points if p.target in BASELINES}
-    out = []
-    for h in points:
-        if h.target != "hare":
-            continue
-        for name in BASELINES:
-            b = baselines.get((name, loose(h)))
-            if b is None or b.req_s <= 0 or h.lat_p50 <= 0:
-                continue
-            out.append(
-                Ratio(
-                    baseline=name,
-                    key=dict(zip(MATCH_KEYS, h.key(), strict=True)),
-                    hare_req_s=h.req_s,
-                    baseline_req_s=b.req_s,
-                    req_s_ratio=h.req_s / b.req_s,
-                    p50_ratio=b.lat_p50 / h.lat_p50,
-                )
-            )
-    return out
 
 
 def _run(row: sqlite3.Row) -> Run:

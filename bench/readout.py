@@ -1,0 +1,121 @@
+"""The `hare bench` subcommands that read the result store (bench/cli.py parses them): list, show, compare,
+export, report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.store import Store
+from bench.tables import wide_console
+from tasks.errors import InputError
+
+
+def open_store(args: argparse.Namespace) -> Store:
+    return Store(args.db)
+
+
+def list_runs(args: argparse.Namespace) -> int:
+    from bench.tables import runs_table
+
+    wide_console().print(runs_table(open_store(args).runs(limit=args.limit)))
+    return 0
+
+
+def _get_run(store: Store, run_id: int) -> None:
+    try:
+        store.run(run_id)
+    except KeyError as exc:
+        raise InputError(str(exc.args[0])) from None
+
+
+def print_run(store: Store, run_id: int) -> None:
+    from bench.tables import points_table, ratios_table
+
+    console = wide_console()
+    run = store.run(run_id)
+    m = run.machine
+    console.print(
+        f"[bold]run {run.id}[/] {run.kind} {run.status} · {run.task} · {run.target}\n"
+        f"machine: {m.get('cpu', '?')}, {m.get('physical_cores', '?')} physical / {m.get('logical_cores', '?')} "
+        f"logical cores, flags {' '.join(m.get('flags', []))}\n"
+        f"versions: {' '.join(f'{k} {v}' for k, v in run.versions.items())}\n"
+        f"bundle manifest sha256: {run.manifest_hash or '-'}" + (f"\nmessage: {run.message}" if run.message else "")
+    )
+    if run.kind == "peers":
+        from bench.peers.tables import print_peers
+
+        print_peers(run.summary, run.settings)
+        return
+    console.print(points_table(store.points(run_id)))
+    ratios = store.ratios(run_id)
+    if ratios:
+        console.print(ratios_table(ratios))
+    goals = run.summary.get("goals")
+    if goals:
+        from bench.headline import goals_table
+
+        console.print(goals_table(goals))
+
+
+def show(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    _get_run(store, args.run)
+    print_run(store, args.run)
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    from bench.tables import compare_table
+
+    store = open_store(args)
+    _get_run(store, args.a)
+    _get_run(store, args.b)
+    wide_console().print(compare_table(store.compare(args.a, args.b), args.a, args.b))
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    from bench.report import export_csv, export_json
+
+    store = open_store(args)
+    _get_run(store, args.run)
+    text = export_csv(store, args.run) if args.format == "csv" else export_json(store, args.run)
+    if args.out:
+        args.out.write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    if args.run is None:
+        return _results_page(args)
+    from bench.report import write_report
+
+    if args.kind or args.since or args.all:
+        raise InputError("--kind, --since and --all choose the runs of the results page: leave out RUN")
+    store = open_store(args)
+    _get_run(store, args.run)
+    fmt = args.format or "html"
+    out = args.out or Path(f"bench-report-{args.run}.{fmt}")
+    write_report(store, args.run, out, fmt)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _results_page(args: argparse.Namespace) -> int:
+    from bench.page import render
+
+    if args.format == "html":
+        raise InputError("the results page is Markdown; --format html is for one run's report (give RUN)")
+    text = render(open_store(args), kind=args.kind, since=args.since, every=args.all)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

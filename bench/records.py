@@ -1,0 +1,130 @@
+"""What the benchmark result store (bench/store.py) holds, as Python values: a Run, its Points, two runs'
+points matched (Comparison), and hare against a baseline within a run (Ratio). Standard library only, as the
+store: the console reads them too."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Points are matched across runs and targets on these settings.
+MATCH_KEYS = ("load", "workers", "threads", "seq_len", "batch", "concurrency", "rate")
+BASELINES = ("vanilla", "comet")
+
+
+@dataclass
+class Run:
+    """One benchmark invocation. JSON columns come back as dicts."""
+
+    id: int
+    created_at: str
+    finished_at: str | None
+    status: str  # running | done | failed | cancelled
+    kind: str  # run | headline | quick
+    name: str
+    task: str
+    target: str  # the URL, bundle or model folder measured
+    manifest_hash: str  # sha256 of the bundle's hare.json ("" for a bare URL whose bundle is unknown)
+    machine: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)  # e.g. the headline's goals, met or not
+    message: str = ""  # why it failed or was cancelled
+
+
+@dataclass
+class Point:
+    """One measured configuration of one target. Latencies in ms; CPU in cores; rate 0 for closed loop.
+    A figure with nothing to summarise (no answer in the window) is NaN."""
+
+    run_id: int
+    idx: int
+    target: str  # hare | vanilla | comet | model-only
+    load: str  # closed | open | in-process
+    workers: int
+    threads: int
+    seq_len: int
+    batch: int
+    concurrency: int
+    rate: float
+    duration_s: float
+    requests: int  # answers received in the measured window (ok + errors)
+    ok: int
+    errors: dict[str, int]  # by HTTP status, or "connect" / "timeout"
+    req_s: float
+    seq_s: float
+    tokens_s: float
+    lat_min: float
+    lat_avg: float
+    lat_p50: float
+    lat_p90: float
+    lat_p95: float
+    lat_p99: float
+    lat_max: float
+    server: dict[str, float]  # compute_p50/avg (x-compute-time) and tokenize/queue/inference/postprocess avg
+    client_cpu: float
+    server_cpu: float | None = None
+    # inputs ("exact" or "comet"), url, server_cpu_by_process (cores per server process, busiest first)
+    extra: dict[str, Any] = field(default_factory=dict)
+    id: int | None = None
+
+    def key(self) -> tuple[Any, ...]:
+        """The settings two points must share to be compared."""
+        return tuple(getattr(self, k) for k in MATCH_KEYS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Comparison:
+    """Two points with the same settings; `ratio` is b/a for throughput and latency p50 (None if one is missing)."""
+
+    target: str
+    key: dict[str, Any]
+    a: Point | None
+    b: Point | None
+    req_s_ratio: float | None
+    p50_ratio: float | None
+
+
+@dataclass
+class Ratio:
+    """hare against one baseline at the same settings in the same run."""
+
+    baseline: str
+    key: dict[str, Any]
+    hare_req_s: float
+    baseline_req_s: float
+    req_s_ratio: float
+    p50_ratio: float  # baseline p50 / hare p50: above 1 means hare answers faster
+
+
+def ratios(points: Sequence[Point]) -> list[Ratio]:
+    """hare against each baseline at the same settings; baselines may run other worker counts, so the
+    worker and thread settings are not part of the match."""
+
+    def loose(p: Point) -> tuple[Any, ...]:
+        return (p.load, p.seq_len, p.batch, p.concurrency, p.rate)
+
+    baselines = {(p.target, loose(p)): p for p in points if p.target in BASELINES}
+    out = []
+    for h in points:
+        if h.target != "hare":
+            continue
+        for name in BASELINES:
+            b = baselines.get((name, loose(h)))
+            if b is None or b.req_s <= 0 or h.lat_p50 <= 0:
+                continue
+            out.append(
+                Ratio(
+                    baseline=name,
+                    key=dict(zip(MATCH_KEYS, h.key(), strict=True)),
+                    hare_req_s=h.req_s,
+                    baseline_req_s=b.req_s,
+                    req_s_ratio=h.req_s / b.req_s,
+                    p50_ratio=b.lat_p50 / h.lat_p50,
+                )
+            )
+    return out
