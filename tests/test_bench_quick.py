@@ -3,7 +3,6 @@ for consistency (not speed), with the JSON-lines progress the console reads and 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import subprocess
@@ -93,9 +92,6 @@ def test_quick_against_a_url_with_the_vanilla_baseline(
     assert hare(["bench", "show", "999", "--db", str(db)]) == 2
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("api.process.serve") is None, reason="`hare serve` (api/process/serve.py) not built yet"
-)
 def test_quick_starts_hare_serve_itself(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
     db = tmp_path / "bench.db"
     code, events = bench("run", str(tiny_bundle("text-classification")), "--quick", "--db", str(db))
@@ -108,9 +104,6 @@ def test_quick_starts_hare_serve_itself(tiny_bundle: ModelFactory, tmp_path: Pat
     assert all(p.workers >= 1 and p.extra["streams"] >= 1 and p.server_cpu is not None for p in hare_points)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("api.process.serve") is None, reason="`hare serve` (api/process/serve.py) not built yet"
-)
 def test_sigterm_cancels_the_run_and_stops_the_server(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
     """What the console does to a run it no longer wants: SIGTERM, then it reads the last line."""
     db = tmp_path / "bench.db"
