@@ -74,8 +74,8 @@ def assert_schemathesis_finds_nothing(bundle: Path, tmp_path: Path) -> None:
                 "--seed",
                 "1",
                 "--continue-on-failure",
-                # One worker: Python 3.11.7's ast.parse is not thread-safe (CPython gh-106905), and hypothesis
-                # parses source while it draws; two workers failed a run with "AST constructor recursion depth".
+                # One worker: hypothesis parses source while it draws, and two workers failed a run here with
+                # Python 3.11's spurious "AST constructor recursion depth mismatch" SystemError (CPython gh-106905).
                 "--workers",
                 "1",
             ],
