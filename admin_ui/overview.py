@@ -84,6 +84,7 @@ METRICS = {
     "top20_overlap_p1": "top-20 terms kept, 1st percentile",
     "spearman_min": "rank correlation, lowest query",
     "spearman_mean": "rank correlation, mean over queries",
+    "max_abs_diff_tokens": "tokens of the sample furthest from PyTorch",
 }
 INFORMATION = "for information"  # the verdict of a figure no gate checks: it decides nothing
 
@@ -145,6 +146,8 @@ def gate_rows(variant: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     for metric in dict.fromkeys([*gates, *metrics]):
         gate = gates.get(metric) if isinstance(gates, Mapping) else None
         value = gate.get("value") if isinstance(gate, Mapping) else metrics.get(metric)
+        if str(metric).endswith("_tokens") and isinstance(value, float) and value.is_integer():
+            value = int(value)  # a token count: "40", not "40.0"
         rows.append(
             {
                 "metric": metric_label(str(metric)),

@@ -135,6 +135,9 @@ LAYOUT = """
 """
 
 
+MAIN_HEIGHT = """() => Math.max(1000, document.querySelector("[data-testid='stMain']").scrollHeight + 40)"""
+
+
 def layout_problems_at_every_width(page: Any, name: str, shots: Path) -> dict[int, list[str]]:
     """The page as it is now, at 800, 1280 and 1920 pixels wide: a full-page screenshot of each under `shots`
     (`<name>-<width>.png`) and the problems LAYOUT finds, by width (empty when it reads well). The viewport is
@@ -142,12 +145,17 @@ def layout_problems_at_every_width(page: Any, name: str, shots: Path) -> dict[in
     problems: dict[int, list[str]] = {}
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 1000})
-        time.sleep(0.6)  # charts and grids redraw at the new width
-        # One more redraw at the final width, recorded alone: a grid first redraws at widths in between.
+        time.sleep(0.5)  # charts and grids redraw at the new width
+        # The whole page in the window (Streamlit scrolls its main area itself, so a "full page" screenshot of
+        # a short window shows its top only); then one more redraw at the final size, recorded alone, since a
+        # grid first redraws at the widths in between.
+        height = min(int(page.evaluate(MAIN_HEIGHT)), 8000)
+        page.set_viewport_size({"width": width, "height": height})
+        time.sleep(0.5)
         page.evaluate("() => window.__hareGrid.reset()")
-        page.set_viewport_size({"width": width, "height": 1001})
+        page.set_viewport_size({"width": width, "height": height + 1})
         time.sleep(0.4)
-        page.screenshot(path=str(shots / f"{name}-{width}.png"), full_page=True)
+        page.screenshot(path=str(shots / f"{name}-{width}.png"))
         found = page.evaluate(LAYOUT)
         if found:
             problems[width] = found

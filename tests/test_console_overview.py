@@ -60,6 +60,9 @@ def test_variants_and_gates_of_the_chosen_variant() -> None:
     assert gates[1]["metric"] == "largest raw output difference" and gates[1]["verdict"] == "for information"
     assert overview.gate_rows(None) == []
     assert overview.metric_label("new_metric_p5") == "new metric p5"
+    worst = overview.gate_rows({"metrics": {"max_abs_diff_tokens": 40.0}})
+    assert worst == [{"metric": "tokens of the sample furthest from PyTorch", "value": 40, "threshold": None,
+                      "verdict": "for information"}]  # fmt: skip
 
 
 def test_a_failed_variant_says_why() -> None:
