@@ -3,7 +3,8 @@
 Slow (a cold run builds three images: minutes), so marked `container`: `scripts/check` leaves them out,
 `scripts/check --all` and CI run them, and `pytest -m container` runs just these. The engine comes from
 tests/docker_engine.py (a running Docker, or a private dockerd started here as root); without one, every
-test here is skipped with the reason.
+test here is skipped with the reason, except where the run asked for everything (`scripts/check --all`, CI:
+HARE_REQUIRE_ALL=1), where each fails with it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ModelFactory
+from tests.conftest import ModelFactory, unavailable
 from tests.docker_engine import (
     BASE_IMAGE,
     ROOT,
@@ -55,12 +56,12 @@ def engine() -> Iterator[Engine]:
     try:
         found = start_engine()
     except EngineUnavailable as exc:
-        pytest.skip(f"no Docker engine: {exc}")
+        unavailable(f"no Docker engine: {exc}")
     try:
         try:
             ensure_base_image(found)
         except EngineUnavailable as exc:
-            pytest.skip(f"no base image {BASE_IMAGE}: {exc}")
+            unavailable(f"no base image {BASE_IMAGE}: {exc}")
         yield found
     finally:
         found.stop()
