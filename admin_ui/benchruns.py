@@ -10,7 +10,7 @@ from typing import Any
 
 from admin_ui.percentiles import APPROXIMATE, latency_text, num
 from admin_ui.tables import numeric_columns, text_rows
-from bench.store import Comparison, Run
+from bench.store import Comparison, Point, Run
 
 
 def run_rows(runs: Iterable[Run]) -> list[dict[str, Any]]:
@@ -87,22 +87,31 @@ def comparison_rows(comparisons: Iterable[Comparison]) -> list[dict[str, Any]]:
     return rows
 
 
-def comparison_table(comparisons: Iterable[Comparison]) -> tuple[list[dict[str, str]], list[str], list[str]]:
+def comparison_table(
+    comparisons: Iterable[Comparison], cut: Iterable[Point | None] = ()
+) -> tuple[list[dict[str, str]], list[str], list[str]]:
     """The comparison as the History tab shows it: (text rows, right-aligned columns, notes). Percentiles of
-    too few answers carry "~" as everywhere else, with a sentence saying so."""
+    too few answers carry "~" as everywhere else, and a point a cancel cut short (`cut`: each run's, from
+    benchpoints.cut_short) is marked in its target, each with a sentence saying so."""
     ordered = sorted(comparisons, key=comparison_key)
     raw = comparison_rows(ordered)
     numeric = numeric_columns(raw)
     rows = text_rows(raw)
-    few = False
+    partial = [p for p in cut if p is not None]
+    few = marked = False
     for c, row in zip(ordered, rows, strict=True):
         for side, point in (("A", c.a), ("B", c.b)):
             if point is None:
                 continue
+            if point in partial:
+                row["target"] += f" ({side} cancelled)"
+                marked = True
             for q in ("p50", "p99"):
                 row[f"{side} {q} ms"] = latency_text(num(getattr(point, f"lat_{q}")), q, point.ok)
                 few = few or row[f"{side} {q} ms"].startswith(APPROXIMATE)
     notes = []
+    if marked:
+        notes.append("(A cancelled), (B cancelled): that run's point was stopped by a cancel before its time was up.")
     if few:
         notes.append(
             f"{APPROXIMATE} marks a percentile from fewer answers than it needs (p50: 2, p99: 100): a p99 from "

@@ -555,6 +555,9 @@ def test_cancel_says_so_and_keeps_the_form(page: object, shots: Path) -> None:
     said = [t for t in canvas if "cancel" in t or "signal" in t]
     assert any(t.startswith("cancelled from the console after") for t in said), f"History does not say who: {said}"
     assert "cancelled" in said  # the status column, whole
+    # The two runs side by side: which way each ratio is better is said in its column's name.
+    _expect_headers(page, {"B/A p50 (below 1: B faster)", "B/A req/s (above 1: B more)"})
+    assert "hare (B cancelled)" in canvas
     history = page.get_by_role("tabpanel", name="History and comparison")
     scroller = history.locator("[data-testid='stDataFrame'] .dvn-scroller").first
     assert scroller.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the history table is wider than the page"

@@ -66,6 +66,10 @@ def test_comparison_orders_by_number_marks_few_answers_and_says_which_way_is_bet
     assert notes and notes[0].startswith("~ marks a percentile from fewer answers than it needs")
     assert rows[0][benchruns.FASTER] == "0.80" and benchruns.FASTER == "B/A p50 (below 1: B faster)"
     assert rows[0][benchruns.MORE] == "1.25" and benchruns.FASTER in numeric
+    stopped = stored[1].b
+    rows, _, notes = benchruns.comparison_table(stored, [None, stopped])
+    assert [r["target"] for r in rows] == ["hare", "hare (B cancelled)", "hare"]
+    assert notes[0].startswith("(A cancelled), (B cancelled): that run's point was stopped by a cancel")
     csv_rows = benchruns.comparison_rows(stored)
     assert [r["seq len"] for r in csv_rows] == [8, 32, 128] and isinstance(csv_rows[1]["A p99 ms"], float)
 

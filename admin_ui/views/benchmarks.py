@@ -431,7 +431,9 @@ def _history_panel(store: Store) -> None:
         st.info("Neither run has points.")
         return
     st.markdown(f"**Run #{a} (A) against run #{b} (B) at matching settings**")
-    rows, numeric, notes = benchruns.comparison_table(comparisons)
+    cut = [benchpoints.cut_short(store.points(r.id), benchpoints.asked_seconds(r), r.status == "cancelled")
+           for r in (by_id[a], by_id[b])]  # fmt: skip
+    rows, numeric, notes = benchruns.comparison_table(comparisons, cut)
     common.table(rows, numeric)
     for note in notes:
         st.caption(note)
