@@ -172,11 +172,19 @@ def test_cpu_image_answers_predict(cpu_server: tuple[str, str, float]) -> None:
     assert 'hare_requests_total{route="/predict",status="200"}' in metrics
 
 
-def test_cpu_image_becomes_ready_and_its_start_time_is_recorded(cpu_server: tuple[str, str, float]) -> None:
-    """`docker run` to /ready: the 5 s goal is a figure this test records (a busy CI machine took 8.2 s once,
-    a quiet one under 5), not one it holds, since no test asserts a speed."""
-    url, _, took = cpu_server
-    assert httpx.get(f"{url}/ready", timeout=5).status_code == 200
+def test_cpu_image_becomes_ready_and_its_start_time_is_recorded(
+    engine: Engine, cpu_server: tuple[str, str, float]
+) -> None:
+    """Every worker gunicorn booted loads the embedded model and says so (its ready line, with its pid), and
+    /info names that model. `docker run` to /ready: the 5 s goal is a figure this test records (a busy CI
+    machine took 8.2 s once, a quiet one under 5), not one it holds, since no test asserts a speed."""
+    url, name, took = cpu_server
+    log = Containers(engine).logs(name)
+    booted = re.findall(r"Booting worker with pid: (\d+)", log)
+    ready = re.findall(r"ready: feature-extraction .* pid (\d+),", log)
+    assert booted and sorted(booted) == sorted(ready), log
+    info = httpx.get(f"{url}/info", timeout=5).json()
+    assert info["task"] == "feature-extraction" and "minilm" in json.dumps(info["model"]).lower(), info["model"]
     _log(f"hare:cpu: docker run to /ready in {took:.2f} s (goal {READY_BUDGET_S:g} s)")
 
 
