@@ -1,39 +1,26 @@
-"""The images' health check asks the server's settings for the port, so it follows HARE_PORT as the server does."""
+"""The images' health check asks the server's settings for the port, so it follows HARE_PORT as the server does:
+against a real `hare serve` on loopback, healthy while it serves, unhealthy once it has stopped."""
 
 from __future__ import annotations
 
 import socket
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import pytest
 
 from api.process import healthcheck
+from tests.conftest import ModelFactory
+from tests.live_server import hare_serve
 
 
-class Health(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200 if self.path == "/health" else 404)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def port() -> Iterator[int]:
-    server = HTTPServer(("127.0.0.1", 0), Health)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
-
-
-def test_healthy_on_the_port_hare_port_names(port: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HARE_PORT", str(port))
-    assert healthcheck.main() == 0
+def test_healthy_on_the_port_hare_port_names_while_hare_serve_runs(
+    tiny_bundle: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with hare_serve(tiny_bundle("feature-extraction"), tmp_path / "server.log") as (url, _):
+        monkeypatch.setenv("HARE_PORT", url.rsplit(":", 1)[1])
+        assert healthcheck.main() == 0
+    assert healthcheck.main() == 1  # stopped: nothing answers on that port
+    assert "/health" in capsys.readouterr().err
 
 
 def test_unhealthy_when_nothing_answers_or_the_port_is_bad(
