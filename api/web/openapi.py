@@ -38,14 +38,18 @@ def paths(res: Resources) -> dict[str, Any]:
 
 
 def _path_parameters(route: Documented, res: Resources) -> dict[str, Any]:
-    # Each path parameter takes one value on this server, its model's name or KServe's version; any other
-    # answers 404. ({model:path} may hold slashes: a model name may.)
+    # The model's name and KServe's version each take one value on this server; any other answers 404.
+    # ({model:path} may hold slashes: a model name may.)
     only = {"name": res.model_name, "model": res.model_name, "version": kserve.VERSION}
     named = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string", "enum": [only[name]]}}
+        {"name": name, "in": "path", "required": True, "schema": _one_of(only.get(name))}
         for name in route.param_convertors
     ]
     return {"parameters": named} if named else {}
+
+
+def _one_of(value: str | None) -> dict[str, Any]:
+    return {"type": "string", "enum": [value]} if value is not None else {"type": "string"}
 
 
 def spec(res: Resources) -> dict[str, Any]:
