@@ -1,4 +1,5 @@
-"""Containers: the Docker SDK calls behind the page, with a stand-in client, and the page without an engine."""
+"""Containers: the Docker SDK calls behind the page, with a stand-in client, and the page without an engine.
+The same calls against a real engine and a real hare:cpu: tests/test_containers.py (marker `container`)."""
 
 from __future__ import annotations
 

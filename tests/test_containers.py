@@ -297,6 +297,42 @@ def test_serving_image_refuses_a_raw_model(
     assert "hare:cpu-optimizer" in result.stderr
 
 
+def test_the_consoles_docker_calls_start_list_and_stop_a_real_container(
+    engine: Engine, cpu_image: str, tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    """admin_ui/docker_ops.py (the console's Containers page) against this engine, where
+    tests/test_console_containers.py has a stand-in: the run arguments a ContainerSpec gives (the bundle
+    mounted read-only, its task, the console's labels) start a hare:cpu that serves that bundle, the page's
+    list finds it with its task and source, and stop removes it. This engine has no bridge network
+    (tests/docker_engine.py), so the container listens on a free port of the host's network instead of the
+    published one."""
+    from admin_ui import docker_ops
+
+    bundle = world_readable_copy(tiny_bundle("text-classification"), tmp_path)
+    port = free_port()
+    spec = docker_ops.ContainerSpec(cpu_image, bundle, "text-classification", port, f"hare-console-{port}")
+    spec.check()
+    kwargs = spec.run_kwargs()
+    del kwargs["ports"]
+    kwargs["environment"]["HARE_PORT"] = str(port)
+    client = docker_ops.connect({"DOCKER_HOST": engine.host} if engine.host else {})
+    try:
+        container = client.containers.run(**kwargs, network_mode="host")
+        try:
+            wait_for(f"http://127.0.0.1:{port}/ready", 120, spec.name, engine)
+            answer = httpx.post(f"http://127.0.0.1:{port}/predict", json={"inputs": SENTENCE}, timeout=30)
+            assert answer.status_code == 200 and answer.json(), answer.text  # the mounted bundle's classifier
+            (found,) = [c for c in docker_ops.list_hare(client) if c.name == spec.name]
+            row = docker_ops.container_row(found)
+            assert (row["task"], row["source"], row["image"]) == ("text-classification", str(bundle), cpu_image)
+            docker_ops.stop(client, container.id)
+            assert spec.name not in [c.name for c in client.containers.list(all=True)]  # the console's: removed
+        finally:
+            engine.docker("rm", "-f", spec.name, check=False)
+    finally:
+        client.close()
+
+
 # ---- hare:cpu-optimizer ---------------------------------------------------------------------------------
 
 
