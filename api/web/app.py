@@ -95,6 +95,7 @@ def create_app(settings: Settings) -> Starlette:
         finally:
             res.ready = False  # draining: /ready answers 503 from here on
             await res.batcher.close()
+            res.metrics.flush()  # the last answers' samples, tallied and not yet written
             if res.pool is not None:
                 res.pool.close()
 
