@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from container.machine import physical_cores
-from tests.test_console_browser_support import GRID_RECORDER, layout_problems_at_every_width
+from tests.test_console_browser_support import GRID_RECORDER, LAYOUT, layout_problems_at_every_width
 
 pytestmark = pytest.mark.browser
 
@@ -624,3 +624,43 @@ def test_nothing_left_the_machine(requests_made: list[str], console: str) -> Non
     """Every request of every page above went to the console itself (no fonts.gstatic.com, no CDN)."""
     assert len(requests_made) > 100
     _only_local(requests_made, console)
+
+
+def test_the_layout_check_finds_what_it_looks_for(browser: object) -> None:
+    """The judge of the width tests on a page made to fail it: two blocks on top of each other, a button label
+    shrunk to an ellipsis, a figure clipped, a shortened legend entry, a table running off the page, and a
+    data frame's cell drawn past its column's line."""
+    from playwright.sync_api import Browser
+
+    assert isinstance(browser, Browser)
+    page = browser.new_page(viewport={"width": 800, "height": 600})
+    box = "data-testid='stElementContainer' style='position:absolute;left:0;top:0;width:300px;height:40px'"
+    page.set_content(f"""<div data-testid='stMain'><div data-testid='stMainBlockContainer' style='width:700px'>
+        <div {box}>left</div><div {box.replace("left:0", "left:200px")}>right</div>
+        <div data-testid='stElementContainer' style='position:absolute;top:100px'>
+          <button style='width:40px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap'>Remove</button></div>
+        <div data-testid='stElementContainer' style='position:absolute;top:150px;width:60px;overflow:hidden'>
+          <div style='width:60px;overflow:hidden;white-space:nowrap'>~29.4 ms</div></div>
+        <div data-testid='stElementContainer' style='position:absolute;top:200px'>
+          <svg class='marks' width='200' height='30'><text x='10' y='20'>latency p9…</text></svg></div>
+        <div data-testid='stElementContainer' style='position:absolute;top:260px'>
+          <table style='width:900px'><tr><td>wide</td></tr></table></div>
+        <div data-testid='stElementContainer' style='position:absolute;top:320px'>
+          <div data-testid='stDataFrame'><canvas width='300' height='40'></canvas></div></div>
+    </div></div>""")
+    page.add_script_tag(content=GRID_RECORDER)
+    # A grid's column from 50 to 100 px, and a URL drawn in it that runs past its line.
+    page.evaluate("""() => { const c = document.querySelector("canvas").getContext("2d");
+        c.beginPath(); c.moveTo(50, 0); c.lineTo(50, 40); c.moveTo(100, 0); c.lineTo(100, 40); c.stroke();
+        c.font = "14px sans-serif"; c.fillText("http://127.0.0.1:18080", 58, 20); }""")
+    found = " | ".join(page.evaluate(LAYOUT))
+    page.close()
+    for expected in (
+        'overlap: stElementContainer "left" and stElementContainer "right"',
+        'cut: button "Remove"',
+        'cut: div "~29.4 ms"',
+        'chart text cut: "latency p9…"',
+        'off the page by 200 px: table "wide"',
+        'table cell cut: "http://127.0.0.1:18080"',
+    ):
+        assert expected in found, f"{expected!r} not in {found}"
