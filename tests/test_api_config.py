@@ -12,7 +12,7 @@ import pytest
 
 from api.config import Settings, describe, layout
 from api.process import serve
-from container.bundle import read_manifest
+from container.bundle import MAX_BATCH_TOKENS, read_manifest, resolve_max_batch_tokens
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
 from tasks.errors import InputError
@@ -159,9 +159,15 @@ def test_serve_builds_the_default_bundle_when_missing_then_execs_gunicorn(
     assert built == []
 
 
-def test_the_bundles_batch_budget_applies_only_on_the_target_it_was_measured_on(tiny_bundle: ModelFactory) -> None:
+def test_the_bundles_max_batch_tokens_applies_only_on_the_target_it_was_measured_on(tiny_bundle: ModelFactory) -> None:
     manifest = dataclasses.replace(read_manifest(tiny_bundle("feature-extraction")), max_batch_tokens=256)
     assert Settings.from_env({}).for_bundle(manifest).max_batch_tokens == 256
     assert Settings.from_env({"HARE_MAX_BATCH_TOKENS": "1024"}).for_bundle(manifest).max_batch_tokens == 1024
     # A CPU bundle served on a GPU: 256-token batches would starve the device.
     assert Settings.from_env({"HARE_TARGET": "gpu"}).for_bundle(manifest).max_batch_tokens == 8192
+    # The one resolver the server, its start log and the peers bench share, and where each value came from.
+    assert resolve_max_batch_tokens(manifest) == (256, "bundle")
+    assert resolve_max_batch_tokens(manifest, 1024, "gpu") == (1024, "setting")
+    assert resolve_max_batch_tokens(manifest, 0, "gpu") == (MAX_BATCH_TOKENS, "default")
+    unmeasured = dataclasses.replace(manifest, max_batch_tokens=None)
+    assert resolve_max_batch_tokens(unmeasured, 0, "cpu") == (MAX_BATCH_TOKENS, "default")
