@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,19 +140,6 @@ def test_chart_rows_and_specs() -> None:
     assert bars["xOffset"]["field"] == "target"
     assert bars["x"]["sort"] == ["16 tokens, 1 user", "64 tokens, 4 users"]  # by length, then users
     assert bars["color"]["scale"]["range"] == [charts.TARGET_COLOURS["hare"], charts.TARGET_COLOURS["vanilla"]]
-
-
-def test_history_comparison_and_baseline_rows(tmp_path: Path) -> None:
-    db = tmp_path / "bench.db"
-    a, b = fill_store(db, baselines=True)
-    store = Store(db)
-    history = benchruns.run_rows(store.runs())
-    assert [r["id"] for r in history] == [f"#{b}", f"#{a}"] and history[0]["status"] == "done"
-    assert re.fullmatch(rf"#{a} x1\.0 · done · \d{{4}}-\d\d-\d\d \d\d:\d\d", benchruns.run_label(store.run(a)))
-    rows = benchruns.comparison_rows(store.compare(a, b))
-    assert len(rows) == 8 and all(r[benchruns.MORE] == 1.25 for r in rows)
-    ratios = benchpoints.ratio_rows(store.ratios(b))
-    assert len(ratios) == 4 and all(r["throughput ×"] > 1 and r["p50 speed-up ×"] > 1 for r in ratios)
 
 
 def test_progress_folds_the_jsonl_stream() -> None:

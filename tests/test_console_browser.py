@@ -16,9 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -29,7 +26,24 @@ import httpx
 import pytest
 
 from container.machine import physical_cores
-from tests.test_console_browser_support import GRID_RECORDER, LAYOUT, layout_problems_at_every_width
+from tests.test_console_browser_support import (
+    GRID_RECORDER,
+    LAYOUT,
+    RECORDER,
+    distinct_colours,
+    drawn,
+    expect_headers,
+    free_port,
+    grid,
+    layout_problems_at_every_width,
+    legends,
+    no_traceback,
+    only_local,
+    reads_well,
+    start_process,
+    stop_process,
+    wait_for,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -46,104 +60,39 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 TIMEOUT_MS = 60_000
-# Runs in every page before its own scripts: records every text drawn in a chart's SVG and on a canvas (the data
-# frames draw their cells there), including texts a later redraw replaces, such as a first chart's axis.
-RECORDER = """
-(() => {
-  const charts = new Set(), canvas = new Set();
-  window.__hareChartTexts = charts;
-  window.__hareCanvasTexts = canvas;
-  const keep = (root) => root.querySelectorAll("text").forEach((t) => charts.add(t.textContent));
-  new MutationObserver((records) => {
-    for (const r of records) {
-      const el = r.target.nodeType === 3 ? r.target.parentElement : r.target;
-      if (el && el.closest && el.closest("svg.marks")) {
-        if (el.tagName === "text") charts.add(el.textContent);
-        keep(el);
-      }
-      r.addedNodes.forEach((n) => {
-        if (n.nodeType !== 1) return;
-        if (n.matches("svg.marks")) keep(n);
-        n.querySelectorAll("svg.marks").forEach(keep);
-      });
-    }
-  }).observe(document, { subtree: true, childList: true, characterData: true });
-  const fillText = CanvasRenderingContext2D.prototype.fillText;
-  CanvasRenderingContext2D.prototype.fillText = function (text, ...rest) {
-    canvas.add(String(text));
-    return fillText.call(this, text, ...rest);
-  };
-})();
-"""
-RAW_FLOAT = re.compile(r"^-?[\d,]*\.\d{4,}$")  # "16.000000", "2.100000": a number nobody formatted
 OVERVIEW_TABLE = "[data-testid='stMain'] [data-testid='stMarkdown'] table"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_for(url: str, ok: Callable[[httpx.Response], bool], proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if ok(httpx.get(url, timeout=2)):
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"{url} did not come up:\n{log.read_text()[-3000:]}")
-
-
-def _start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 @pytest.fixture(scope="module")
 def appliance(tiny_bundle: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """`hare serve` on a tiny text-classification bundle: (URL, bundle)."""
     bundle = tiny_bundle("text-classification")
-    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
+    port, log = free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
     cmd = [sys.executable, "-m", "hare.cli", "serve", str(bundle), "--host", "127.0.0.1", "--port", str(port)]
-    proc = _start([*cmd, "--workers", "1"], log)
+    proc = start_process([*cmd, "--workers", "1"], log)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_for(url + "/ready", lambda r: r.status_code == 200, proc, log)
+        wait_for(url + "/ready", lambda r: r.status_code == 200, proc, log)
         yield url, bundle
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")
 def console(appliance: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`hare console` watching the appliance, with its own bench store."""
     tmp = tmp_path_factory.mktemp("console")
-    port, log = _free_port(), tmp / "console.log"
+    port, log = free_port(), tmp / "console.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("HARE_CONSOLE_")}
     env["HARE_CONSOLE_BENCH_DB"] = str(tmp / "bench.db")
     argv = ["console", "--port", str(port), "--appliance", appliance[0], "--bundles", str(appliance[1].parent)]
-    proc = _start([sys.executable, "-m", "hare.cli", *argv], log, env)
+    proc = start_process([sys.executable, "-m", "hare.cli", *argv], log, env)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_for(url + "/_stcore/health", lambda r: r.text == "ok", proc, log)
+        wait_for(url + "/_stcore/health", lambda r: r.text == "ok", proc, log)
         yield url
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")
@@ -230,76 +179,6 @@ def _shot(pg: object, name: str, height: int = 1000) -> Path:
     return out
 
 
-def _expect_headers(pg: object, names: set[str]) -> None:
-    """Data frames draw on a canvas; their accessible header cells show up once the grid has rendered."""
-    from playwright.sync_api import Page
-
-    assert isinstance(pg, Page)
-    deadline = time.monotonic() + 30
-    while True:
-        seen = set(pg.locator("[data-testid='stDataFrame'] [role='columnheader']").all_inner_texts())
-        if names <= seen:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"column headers {sorted(names - seen)} never appeared; saw {sorted(seen)}")
-        time.sleep(0.3)
-
-
-def _no_traceback(pg: object) -> None:
-    from playwright.sync_api import Page
-
-    assert isinstance(pg, Page)
-    assert pg.locator("[data-testid='stException']").count() == 0
-    assert "Traceback" not in pg.inner_text("body")
-
-
-def _drawn(pg: object) -> tuple[set[str], set[str]]:
-    """Every text drawn so far: (in charts, on canvases)."""
-    from playwright.sync_api import Page
-
-    assert isinstance(pg, Page)
-    charts = set(pg.evaluate("() => [...window.__hareChartTexts]"))
-    canvas = set(pg.evaluate("() => [...window.__hareCanvasTexts]"))
-    return charts, canvas
-
-
-def _reads_well(pg: object) -> None:
-    """No raw float in any chart drawn so far, no "None" in any table or on the page."""
-    from playwright.sync_api import Page
-
-    assert isinstance(pg, Page)
-    charts, canvas = _drawn(pg)
-    assert not sorted(t for t in charts | canvas if RAW_FLOAT.match(t)), "unformatted numbers drawn"
-    assert "None" not in canvas and "null" not in charts
-    assert not re.search(r"\bNone\b", pg.inner_text("[data-testid='stMain']"))
-
-
-def _legends(pg: object) -> list[list[tuple[str, str, str]]]:
-    """The legends of the charts on the page now: (label, colour, dash) per entry, as drawn."""
-    from playwright.sync_api import Page
-
-    assert isinstance(pg, Page)
-    script = """() => [...document.querySelectorAll("[data-testid='stVegaLiteChart'] svg.marks")].map((svg) => {
-        const labels = [...svg.querySelectorAll(".role-legend-label text")].map((t) => t.textContent);
-        const symbols = [...svg.querySelectorAll(".role-legend-symbol path")];
-        return labels.map((label, i) => [label, ((symbols[i] && (symbols[i].getAttribute("stroke") ||
-            symbols[i].getAttribute("fill"))) || "").toLowerCase(),
-            (symbols[i] && symbols[i].getAttribute("stroke-dasharray")) || ""]);
-    })"""
-    return [[(str(a), str(b), str(c)) for a, b, c in legend] for legend in pg.evaluate(script)]
-
-
-def _distinct_colours(legend: list[tuple[str, str, str]]) -> bool:
-    """Every entry its own colour, none black (the old legends drew every series as a black dot)."""
-    colours = [c for _, c, _ in legend]
-    return len(set(colours)) == len(colours) and not {"#000", "#000000", "black", ""} & set(colours)
-
-
-def _only_local(requests: list[str], console: str) -> None:
-    outside = sorted({u for u in requests if not u.startswith((console, "data:", "blob:", "about:"))})
-    assert not outside, f"the browser fetched from outside the console: {outside}"
-
-
 def test_a_fresh_browser_paints_the_overview_and_fetches_nothing_outside(
     browser: object, console: str, requests_made: list[str]
 ) -> None:
@@ -322,7 +201,7 @@ def test_a_fresh_browser_paints_the_overview_and_fetches_nothing_outside(
     load = os.getloadavg()[0]
     (ARTIFACTS / "first-paint.json").write_text(json.dumps({"seconds": times, "load": load, "cores": os.cpu_count()}))
     print(f"first paint of the Overview, fresh browser: {times} s (load average {load:.1f})")
-    _only_local(requests_made, console)
+    only_local(requests_made, console)
 
 
 def test_overview_describes_the_appliance(page: object, appliance: tuple[str, Path], shots: Path) -> None:
@@ -352,8 +231,8 @@ def test_overview_describes_the_appliance(page: object, appliance: tuple[str, Pa
     page.get_by_role("button", name="Add").click()
     _settled(page)
     expect(main.get_by_text(re.compile(r"cannot reach http://127\.0\.0\.1:9"))).to_be_visible()
-    _no_traceback(page)
-    _reads_well(page)
+    no_traceback(page)
+    reads_well(page)
     _shot(page, "overview", 1500)
 
 
@@ -371,10 +250,10 @@ def test_playground_answers(page: object, shots: Path) -> None:
     expect(compute).to_contain_text(re.compile(r"\d+\.\d\d ms"))
     expect(page.locator("[data-testid='stVegaLiteChart']")).to_have_count(2)  # label bars, Server-Timing bar
     time.sleep(1)
-    phases = _legends(page)[-1]
-    assert [label for label, _, _ in phases][:2] == ["tokenize", "queue"] and _distinct_colours(phases)
-    _no_traceback(page)
-    _reads_well(page)
+    phases = legends(page)[-1]
+    assert [label for label, _, _ in phases][:2] == ["tokenize", "queue"] and distinct_colours(phases)
+    no_traceback(page)
+    reads_well(page)
     _shot(page, "playground", 1200)
     # 2,000 words to a model of 126 tokens: the answer says it read the beginning only, and how much.
     page.get_by_role("textbox", name="Text").fill("word " * 2000)
@@ -412,17 +291,6 @@ def _progress_lines(
                         shot = None
         time.sleep(0.15)
     return seen
-
-
-def _grid(page: object, index: int) -> list[dict[str, str]]:
-    """The rows of a data frame as its accessible grid holds them (what its canvas shows), by column header."""
-    from playwright.sync_api import Page
-
-    assert isinstance(page, Page)
-    script = """(i) => [...document.querySelectorAll("[data-testid='stDataFrame']")[i].querySelectorAll("[role='row']")]
-        .map((r) => [...r.querySelectorAll("[role='gridcell'], [role='columnheader']")].map((c) => c.innerText))"""
-    header, *rows = page.evaluate(script, index)
-    return [dict(zip(header, row, strict=True)) for row in rows]
 
 
 def test_benchmark_from_the_page(page: object, appliance: tuple[str, Path], shots: Path) -> None:
@@ -471,12 +339,12 @@ def test_benchmark_from_the_page(page: object, appliance: tuple[str, Path], shot
     for label in ("p50", "p95", "p99"):
         metric = page.locator("[data-testid='stMetric']").filter(has=page.get_by_text(label, exact=True))
         expect(metric).to_contain_text(re.compile(r"~?\d+\.?\d* ms"))
-    _expect_headers(page, {"p50", "p90", "p95", "p99", "min", "avg", "max", "req/s", "answers", "tokens/s"})
+    expect_headers(page, {"p50", "p90", "p95", "p99", "min", "avg", "max", "req/s", "answers", "tokens/s"})
     # The whole table fits the page: no column is cut off behind a horizontal scroll.
     scroller = page.locator("[data-testid='stDataFrame'] .dvn-scroller").nth(1)
     assert scroller.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the results table is wider than the page"
     # A percentile from fewer answers than it needs is marked, and only then; an empty cell reads "–".
-    rows = _grid(page, 1)  # [0] is the run's live table on the Run tab, [1] the Results tab's
+    rows = grid(page, 1)  # [0] is the run's live table on the Run tab, [1] the Results tab's
     assert {r["target"] for r in rows} == {"hare", "vanilla", "model-only"}, rows
     for row in rows:
         answers = int(row["answers"].replace(",", ""))
@@ -491,27 +359,27 @@ def test_benchmark_from_the_page(page: object, appliance: tuple[str, Path], shot
     expect(page.get_by_role("button", name="Download CSV")).to_be_visible()
     page.locator("[data-testid='stVegaLiteChart']").last.scroll_into_view_if_needed()
     time.sleep(1.5)
-    charts, _ = _drawn(page)
+    charts, _ = drawn(page)
     assert {"8", "32", "1", "4"} <= charts  # the measured lengths and concurrencies are the ticks
-    latency, throughput, versus = _legends(page)[:3]
+    latency, throughput, versus = legends(page)[:3]
     # hare and vanilla, and the two lengths, each in their own colour, named in the legend.
     assert [label for label, _, _ in latency] == [
         f"{t} {q}" for t in ("hare", "vanilla") for q in ("p50", "p90", "p95", "p99")
     ]
-    assert _distinct_colours(latency)
+    assert distinct_colours(latency)
     assert len({dash for label, _, dash in latency if label.startswith("vanilla")}) == 1  # one dash per target
     assert {dash for _, _, dash in latency} != {latency[0][2]}  # and the targets' dashes differ
     assert [label for label, _, _ in throughput] == [f"{t} · {n} tokens" for t in ("hare", "vanilla") for n in (8, 32)]
-    assert _distinct_colours(throughput)
-    assert [label for label, _, _ in versus] == ["hare", "vanilla"] and _distinct_colours(versus)
-    _no_traceback(page)
-    _reads_well(page)
+    assert distinct_colours(throughput)
+    assert [label for label, _, _ in versus] == ["hare", "vanilla"] and distinct_colours(versus)
+    no_traceback(page)
+    reads_well(page)
     page.mouse.wheel(0, -10_000)
     _shot(page, "benchmarks", 2300)
     _reads_well_at_every_width(page, "benchmarks-results", shots)
     page.get_by_role("tab", name="History and comparison").click()
     _settled(page)
-    _reads_well(page)
+    reads_well(page)
     _shot(page, "history", 1000)
     _reads_well_at_every_width(page, "benchmarks-history", shots)
 
@@ -545,26 +413,26 @@ def test_cancel_says_so_and_keeps_the_form(page: object, shots: Path) -> None:
     expect(
         main.get_by_text(re.compile(r"before any point was measured in full: point 1 stopped after"))
     ).to_be_visible()
-    assert [r["target"] for r in _grid(page, 0)] == ["hare (cancelled)"]
+    assert [r["target"] for r in grid(page, 0)] == ["hare (cancelled)"]
     expect(form.get_by_role("textbox", name="Run name (optional)")).to_have_value("to cancel")
     expect(form.get_by_role("spinbutton", name="Seconds per point")).to_have_value("20.00")
     expect(form.get_by_role("textbox", name="Sequence lengths (tokens)")).to_have_value("8, 32")
     page.get_by_role("tab", name="History and comparison").click()
     _settled(page)
-    _, canvas = _drawn(page)
+    _, canvas = drawn(page)
     said = [t for t in canvas if "cancel" in t or "signal" in t]
     assert any(t.startswith("cancelled from the console after") for t in said), f"History does not say who: {said}"
     assert "cancelled" in said  # the status column, whole
     # The two runs side by side: which way each ratio is better is said in its column's name.
-    _expect_headers(page, {"B/A p50 (below 1: B faster)", "B/A req/s (above 1: B more)"})
+    expect_headers(page, {"B/A p50 (below 1: B faster)", "B/A req/s (above 1: B more)"})
     page.locator("[data-testid='stDataFrame']").last.scroll_into_view_if_needed()
     time.sleep(0.5)
-    assert "hare (B cancelled)" in _drawn(page)[1]  # run B's point the cancel cut short
+    assert "hare (B cancelled)" in drawn(page)[1]  # run B's point the cancel cut short
     page.mouse.wheel(0, -10_000)
     history = page.get_by_role("tabpanel", name="History and comparison")
     scroller = history.locator("[data-testid='stDataFrame'] .dvn-scroller").first
     assert scroller.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the history table is wider than the page"
-    _reads_well(page)
+    reads_well(page)
     _shot(page, "history-cancelled", 1000)
 
 
@@ -596,14 +464,14 @@ def test_live_metrics_follow_traffic(page: object, appliance: tuple[str, Path], 
     expect(since).to_contain_text(re.compile(r"\d"))
     p99 = page.locator("[data-testid='stMetric']").filter(has_text="latency p99")
     expect(p99).to_contain_text(re.compile(r"~?\d+\.?\d* ms"))
-    legends = _legends(page)
-    named = {label for legend in legends for label, _, _ in legend}
+    shown = legends(page)
+    named = {label for legend in shown for label, _, _ in legend}
     assert {"requests/s", "errors/s", "latency p50 ms", "latency p99 ms"} <= named
-    assert all(_distinct_colours(legend) for legend in legends if len(legend) > 1)
-    charts, _ = _drawn(page)
+    assert all(distinct_colours(legend) for legend in shown if len(legend) > 1)
+    charts, _ = drawn(page)
     assert "seconds since this page began watching" in charts
-    _no_traceback(page)
-    _reads_well(page)  # including what the first charts drew, from a single scrape interval
+    no_traceback(page)
+    reads_well(page)  # including what the first charts drew, from a single scrape interval
     _shot(page, "live", 1900)
     page.get_by_text("Auto-refresh", exact=True).click()  # hold the charts still while they are judged
     _settled(page)
@@ -616,14 +484,14 @@ def test_containers_page_reads_well(page: object, shots: Path) -> None:
     assert isinstance(page, Page)
     page.get_by_role("link", name="Containers").click()
     _settled(page)
-    _no_traceback(page)
+    no_traceback(page)
     _reads_well_at_every_width(page, "containers", shots)
 
 
 def test_nothing_left_the_machine(requests_made: list[str], console: str) -> None:
     """Every request of every page above went to the console itself (no fonts.gstatic.com, no CDN)."""
     assert len(requests_made) > 100
-    _only_local(requests_made, console)
+    only_local(requests_made, console)
 
 
 def test_the_layout_check_finds_what_it_looks_for(browser: object) -> None:

@@ -1,6 +1,7 @@
 # ruff: noqa: E501  (the JavaScript below keeps its own line lengths)
-"""What the console's browser test (tests/test_console_browser.py) runs in the page to judge its layout: no two
-visible blocks overlap, nothing runs off the page, no text is cut. It judges boxes and drawn texts, never pixels.
+"""What the console's browser test (tests/test_console_browser.py) runs beside its tests: the servers it starts,
+the scripts it runs in the page, and how it reads what the page drew. The layout judge checks that no two
+visible blocks overlap, nothing runs off the page and no text is cut, from boxes and drawn texts, never pixels.
 
 - GRID_RECORDER, installed before the page's scripts, records every text a data frame draws on its canvas, with
   where it starts and how wide it is, and the vertical lines between the columns (the grid draws both);
@@ -17,10 +18,19 @@ visible blocks overlap, nothing runs off the page, no text is cut. It judges box
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import socket
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
 WIDTHS = (800, 1280, 1920)
 
 GRID_RECORDER = """
@@ -161,3 +171,155 @@ def layout_problems_at_every_width(page: Any, name: str, shots: Path) -> dict[in
             problems[width] = found
     page.set_viewport_size({"width": 1400, "height": 1000})
     return problems
+
+
+# -- the servers and what the page drew, for tests/test_console_browser.py ---------------------------------
+
+RAW_FLOAT = re.compile(r"^-?[\d,]*\.\d{4,}$")  # "16.000000", "2.100000": a number nobody formatted
+
+
+# Runs in every page before its own scripts: records every text drawn in a chart's SVG and on a canvas (the data
+# frames draw their cells there), including texts a later redraw replaces, such as a first chart's axis.
+RECORDER = """
+(() => {
+  const charts = new Set(), canvas = new Set();
+  window.__hareChartTexts = charts;
+  window.__hareCanvasTexts = canvas;
+  const keep = (root) => root.querySelectorAll("text").forEach((t) => charts.add(t.textContent));
+  new MutationObserver((records) => {
+    for (const r of records) {
+      const el = r.target.nodeType === 3 ? r.target.parentElement : r.target;
+      if (el && el.closest && el.closest("svg.marks")) {
+        if (el.tagName === "text") charts.add(el.textContent);
+        keep(el);
+      }
+      r.addedNodes.forEach((n) => {
+        if (n.nodeType !== 1) return;
+        if (n.matches("svg.marks")) keep(n);
+        n.querySelectorAll("svg.marks").forEach(keep);
+      });
+    }
+  }).observe(document, { subtree: true, childList: true, characterData: true });
+  const fillText = CanvasRenderingContext2D.prototype.fillText;
+  CanvasRenderingContext2D.prototype.fillText = function (text, ...rest) {
+    canvas.add(String(text));
+    return fillText.call(this, text, ...rest);
+  };
+})();
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(url: str, ok: Callable[[httpx.Response], bool], proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if ok(httpx.get(url, timeout=2)):
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{url} did not come up:\n{log.read_text()[-3000:]}")
+
+
+def start_process(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def expect_headers(pg: object, names: set[str]) -> None:
+    """Data frames draw on a canvas; their accessible header cells show up once the grid has rendered."""
+    from playwright.sync_api import Page
+
+    assert isinstance(pg, Page)
+    deadline = time.monotonic() + 30
+    while True:
+        seen = set(pg.locator("[data-testid='stDataFrame'] [role='columnheader']").all_inner_texts())
+        if names <= seen:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"column headers {sorted(names - seen)} never appeared; saw {sorted(seen)}")
+        time.sleep(0.3)
+
+
+def no_traceback(pg: object) -> None:
+    from playwright.sync_api import Page
+
+    assert isinstance(pg, Page)
+    assert pg.locator("[data-testid='stException']").count() == 0
+    assert "Traceback" not in pg.inner_text("body")
+
+
+def drawn(pg: object) -> tuple[set[str], set[str]]:
+    """Every text drawn so far: (in charts, on canvases)."""
+    from playwright.sync_api import Page
+
+    assert isinstance(pg, Page)
+    charts = set(pg.evaluate("() => [...window.__hareChartTexts]"))
+    canvas = set(pg.evaluate("() => [...window.__hareCanvasTexts]"))
+    return charts, canvas
+
+
+def reads_well(pg: object) -> None:
+    """No raw float in any chart drawn so far, no "None" in any table or on the page."""
+    from playwright.sync_api import Page
+
+    assert isinstance(pg, Page)
+    charts, canvas = drawn(pg)
+    assert not sorted(t for t in charts | canvas if RAW_FLOAT.match(t)), "unformatted numbers drawn"
+    assert "None" not in canvas and "null" not in charts
+    assert not re.search(r"\bNone\b", pg.inner_text("[data-testid='stMain']"))
+
+
+def legends(pg: object) -> list[list[tuple[str, str, str]]]:
+    """The legends of the charts on the page now: (label, colour, dash) per entry, as drawn."""
+    from playwright.sync_api import Page
+
+    assert isinstance(pg, Page)
+    script = """() => [...document.querySelectorAll("[data-testid='stVegaLiteChart'] svg.marks")].map((svg) => {
+        const labels = [...svg.querySelectorAll(".role-legend-label text")].map((t) => t.textContent);
+        const symbols = [...svg.querySelectorAll(".role-legend-symbol path")];
+        return labels.map((label, i) => [label, ((symbols[i] && (symbols[i].getAttribute("stroke") ||
+            symbols[i].getAttribute("fill"))) || "").toLowerCase(),
+            (symbols[i] && symbols[i].getAttribute("stroke-dasharray")) || ""]);
+    })"""
+    return [[(str(a), str(b), str(c)) for a, b, c in legend] for legend in pg.evaluate(script)]
+
+
+def distinct_colours(legend: list[tuple[str, str, str]]) -> bool:
+    """Every entry its own colour, none black (the old legends drew every series as a black dot)."""
+    colours = [c for _, c, _ in legend]
+    return len(set(colours)) == len(colours) and not {"#000", "#000000", "black", ""} & set(colours)
+
+
+def only_local(requests: list[str], console: str) -> None:
+    outside = sorted({u for u in requests if not u.startswith((console, "data:", "blob:", "about:"))})
+    assert not outside, f"the browser fetched from outside the console: {outside}"
+
+
+def grid(page: object, index: int) -> list[dict[str, str]]:
+    """The rows of a data frame as its accessible grid holds them (what its canvas shows), by column header."""
+    from playwright.sync_api import Page
+
+    assert isinstance(page, Page)
+    script = """(i) => [...document.querySelectorAll("[data-testid='stDataFrame']")[i].querySelectorAll("[role='row']")]
+        .map((r) => [...r.querySelectorAll("[role='gridcell'], [role='columnheader']")].map((c) => c.innerText))"""
+    header, *rows = page.evaluate(script, index)
+    return [dict(zip(header, row, strict=True)) for row in rows]

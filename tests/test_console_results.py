@@ -4,14 +4,15 @@ the comparison's order and marks, and which model-only point the core cap applie
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from admin_ui import benchpoints, benchprogress, benchruns
-from bench.store import Comparison
-from tests.test_console_support import benchmarks_page, make_point
+from bench.store import Comparison, Store
+from tests.test_console_support import benchmarks_page, fill_store, make_point
 
 
 def test_a_point_cut_short_by_a_cancel_is_marked_and_not_counted() -> None:
@@ -104,3 +105,16 @@ def test_an_unsent_form_edit_survives_a_visit_to_another_page(tmp_path: Path, mo
     back.run()
     assert back.text_input(key="hare-bench-seq").value == "8, 512"
     assert back.number_input(key="hare-bench-duration").value == 7.0 and not back.exception
+
+
+def test_history_comparison_and_baseline_rows(tmp_path: Path) -> None:
+    db = tmp_path / "bench.db"
+    a, b = fill_store(db, baselines=True)
+    store = Store(db)
+    history = benchruns.run_rows(store.runs())
+    assert [r["id"] for r in history] == [f"#{b}", f"#{a}"] and history[0]["status"] == "done"
+    assert re.fullmatch(rf"#{a} x1\.0 · done · \d{{4}}-\d\d-\d\d \d\d:\d\d", benchruns.run_label(store.run(a)))
+    rows = benchruns.comparison_rows(store.compare(a, b))
+    assert len(rows) == 8 and all(r[benchruns.MORE] == 1.25 for r in rows)
+    ratios = benchpoints.ratio_rows(store.ratios(b))
+    assert len(ratios) == 4 and all(r["throughput ×"] > 1 and r["p50 speed-up ×"] > 1 for r in ratios)
