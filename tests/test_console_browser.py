@@ -9,6 +9,10 @@ canvas are recorded by a script the browser runs before the page; legends are re
 colours; every request the browser makes is logged, and none may leave the machine.
 
 Needs /usr/bin/chromium (`apt-get install -y chromium`); Playwright never downloads a browser here.
+
+Over 400 lines, on purpose: the tests are one walk through one console, one appliance and one browser session,
+in order (a benchmark, then a cancelled one, then the history of both), so they share their fixtures here;
+what does not depend on that walk is in tests/test_console_browser_support.py.
 """
 
 from __future__ import annotations
