@@ -25,9 +25,9 @@ import pytest
 import uvicorn
 
 from api.config import Settings
-from api.web.metrics import FLUSH_SECONDS
 from api.process.worker import PacedServer
 from api.web.app import create_app
+from api.web.metrics import FLUSH_SECONDS
 from container.optimize.textset import SENTENCES
 from tests.conftest import ModelFactory
 from tests.live_server import ROOT, hare_serve
@@ -116,32 +116,44 @@ def keep_alive(url: str, count: int) -> list[http.client.HTTPConnection]:
     return connections
 
 
-def settled_workers(connections: list[http.client.HTTPConnection], turns: int = 5) -> list[int]:
-    """The workers serving `connections` once balancing had its turns: a worker woken late (a loaded machine)
-    may miss its 1 ms to take a new connection, and then the one holding 2 more asks a client to reconnect on
-    its next request, at most every 0.1 s (api/process/worker.py)."""
-    for _ in range(turns):
-        workers = [worker_of(c) for c in connections]
-        if len(set(workers)) == len(workers):
-            break
-        time.sleep(0.15)
-    return workers
+def accepted_by(url: str, check: bool = True) -> tuple[http.client.HTTPConnection, int]:
+    """A new keep-alive connection and the pid of the worker that accepted it: its first answer's, so that no
+    later rebalancing (Connection: close, and http.client's reconnect) can have moved it; `check`: and that
+    answer does not ask for one (its worker is not crowded)."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request("GET", "/info")
+    answer = connection.getresponse()
+    assert not check or answer.getheader("connection") != "close"
+    pid: int = json.loads(answer.read())["pid"]
+    return connection, pid
 
 
 def test_two_clients_of_a_two_worker_server_are_served_by_two_workers(
     server: tuple[str, subprocess.Popen[bytes], Path],
 ) -> None:
     """Each worker alone on one connection runs its short calls on its own event loop (api/engine/batching.py); two
-    users on one worker would share its loop and its model threads."""
+    users on one worker would share its loop and its model threads. Balanced when each is accepted: a worker
+    holding a connection lets the other take the next one first (1 ms, api/process/worker.py). The real clock
+    decides whether the other wakes within it, hence the serial phase."""
     url, _, _ = server
+    seen: set[int] = set()  # first both workers accepting (the fixture waited for one to be ready)
+    deadline = time.monotonic() + 60
+    while len(seen) < 2:
+        assert time.monotonic() < deadline, seen
+        connection, pid = accepted_by(url, check=False)
+        connection.close()
+        seen.add(pid)
+        time.sleep(0.1)
+    time.sleep(0.2)  # the server sees them gone
     for _ in range(3):  # one after the other: with no balancing, the second lands on either worker
-        connections = keep_alive(url, 2)
+        first, first_pid = accepted_by(url)
         try:
-            first, second = settled_workers(connections)
-            assert first != second
+            second, second_pid = accepted_by(url)
+            second.close()
         finally:  # closed either way: a socket left open fails the next test as an unraisable warning
-            for connection in connections:
-                connection.close()
+            first.close()
+        assert first_pid != second_pid
         time.sleep(0.2)  # the server sees them gone
 
 
