@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from admin_ui.benchprogress import Plan, Progress, progress_from_lines
-from container.machine import physical_cores
+from bench.progress import model_only_streams_cap
 
 BASELINES = ("vanilla", "comet")
 
@@ -60,7 +60,7 @@ class BenchConfig:
         return Plan(
             http_points=grid * (1 + len(self.baselines)),
             max_concurrency=max(self.concurrency, default=0),
-            cores=physical_cores(),
+            cores=model_only_streams_cap(),
         )
 
     def command(self, db: Path, python: str = sys.executable) -> list[str]:

@@ -11,6 +11,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.store import Point
+from container.machine import physical_cores
+
+
+def model_only_streams_cap() -> int:
+    """The most model-only streams a run puts side by side: one per physical core of this machine (the console
+    shows it beside a capped point's progress)."""
+    return physical_cores()
 
 
 class Reporter(Protocol):

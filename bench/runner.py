@@ -18,7 +18,7 @@ from typing import Any, Literal
 from bench import modelonly
 from bench.inputs import Bodies, TextMaker, load_tokenizer, make_bodies
 from bench.loadgen import LoadSpec, latency_summary, run_load
-from bench.progress import Reporter
+from bench.progress import Reporter, model_only_streams_cap
 from bench.servers import ServerProcess, baseline_server, get_json, hare_server, split_url
 from bench.stats import Summary
 from bench.store import BASELINES, Point, Store
@@ -93,7 +93,7 @@ def plan(options: RunOptions) -> list[Planned]:
         points += [Planned(name, w, None, s, b, c, r) for s, b, c, r in shape]
     if options.model_only and options.subject.bundle is not None:
         # One stream alone, and as many side by side as the load keeps busy (at most one per core).
-        streams = sorted({1} | {min(c, physical_cores()) for c, _ in grid.loads() if c > 0})
+        streams = sorted({1} | {min(c, model_only_streams_cap()) for c, _ in grid.loads() if c > 0})
         points += [
             Planned("model-only", 1, None, s, b, n, 0.0) for s in grid.seq_lens for b in grid.batches for n in streams
         ]
