@@ -22,7 +22,7 @@ from rich.text import Text
 from api.bulk.job import CHUNK_ROWS, BulkOptions, Summary, run_job
 from api.bulk.job import Progress as JobProgress
 from api.bulk.model import LONG_INPUTS
-from api.bulk.reader import FORMATS, Columns
+from api.bulk.reader import FORMATS, Columns, input_format
 from api.bulk.writer import OUTPUT_FORMATS
 from api.config import Settings
 from tasks.errors import InvalidRequest
@@ -59,6 +59,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar; the summary only")
     parser.add_argument("--summary", type=Path, help="also write the summary to this file, as JSON")
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run on the Ray cluster at ADDRESS (auto: the local one) with Ray Data; OUTPUT is then a folder of "
+        "Parquet files, rejected rows kept with their reason in `error` (docs/bulk.md)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -79,6 +85,8 @@ def main(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         streams=args.streams,
     )
+    if args.ray:
+        return _on_ray(args, settings, options)
     console = Console(stderr=True)
     bar = Bar(console, quiet=args.quiet or not console.is_terminal)
     try:
@@ -88,6 +96,23 @@ def main(args: argparse.Namespace) -> int:
     Console().print(report(summary))
     if args.summary is not None:
         args.summary.write_bytes(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2))
+    return 0
+
+
+def _on_ray(args: argparse.Namespace, settings: Settings, options: BulkOptions) -> int:
+    from api.bulk.ray import run_on_ray
+
+    stage = {
+        "format": options.input_format or input_format(options.input),
+        "parameters": options.parameters,
+        "columns": dataclasses.replace(options.columns, id=options.columns.id or "id"),
+        "long_input": options.long_input,
+        "max_chars": options.max_chars,
+    }
+    start = time.perf_counter()
+    rows = run_on_ray(args.ray, settings.bundle, options.input, options.output, stage, options.chunk_rows)
+    seconds = time.perf_counter() - start
+    Console().print(f"hare run on Ray ({args.ray}): {rows:,} rows in {seconds:,.1f} s -> {options.output}/")
     return 0
 
 

@@ -101,7 +101,7 @@ class Corpus:
 
     def __init__(self, path: Path, columns: Columns, pairs: bool, fmt: str | None = None) -> None:
         self.path = path
-        self.format = fmt or _format(path)
+        self.format = fmt or input_format(path)
         if not path.is_file():
             raise InputError(f"the input {path} does not exist or is not a file")
         self.names = columns.values(pairs)
@@ -350,7 +350,8 @@ def _text_id(value: Any) -> str | None:
     return orjson.dumps(value).decode()
 
 
-def _format(path: Path) -> str:
+def input_format(path: Path) -> str:
+    """The format a file's suffix names (InputError when it names none)."""
     fmt = SUFFIXES.get(path.suffix.lower())
     if fmt is None:
         raise InputError(f"cannot tell the format of {path} from its suffix; pass --input-format {'|'.join(FORMATS)}")

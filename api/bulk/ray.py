@@ -1,0 +1,107 @@
+"""A bundle as a Ray Data stage, for corpora one machine cannot carry: `HareStage`, a callable class for
+`Dataset.map_batches` (one actor per core, each one model thread), and `run_on_ray`, what `hare run --ray
+ADDRESS` does with it (Ray Data's readers and Parquet writer around the stage).
+
+    import ray
+    from api.bulk.ray import HareStage
+
+    ds = ray.data.read_parquet("s3://bucket/corpus/")
+    ds = ds.map_batches(HareStage, fn_constructor_kwargs={"bundle": "/bundles/all-MiniLM-L6-v2"},
+                        batch_format="pyarrow", batch_size=1024, num_cpus=1,
+                        compute=ray.data.ActorPoolStrategy(size=8))
+    ds.write_parquet("s3://bucket/embeddings/")
+
+Each batch is checked, tokenized, run in length-sorted calls at the bundle's batch budget and post-processed
+exactly as `hare run` does it (api/bulk/model.py). A rejected row is kept, with its reason in `error` and no
+output, so no row goes missing. Ray restarts an actor whose process dies and runs its batch again on another
+(docs/bulk.md, on a Ray cluster); every input row comes out once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from api.bulk.model import BulkModel
+from api.bulk.reader import Columns, checked_chunk
+from api.config import Settings
+from tasks.errors import InputError
+
+
+class HareStage:
+    """`map_batches` stage: a pyarrow batch with an id column and the task's text columns in, the same rows out
+    as `hare run` writes them (id, outputs, truncated) plus `error` (null, or why the row was rejected).
+
+    bundle: the bundle folder, on every node's disk (or a shared volume). parameters: the task's /predict
+    parameters. columns: the input's column names (its id column must exist: Ray has no row numbers to give).
+    long_input, max_chars: as `hare run`'s options. streams: model threads in this actor (1: one actor per core).
+    """
+
+    def __init__(
+        self,
+        bundle: str,
+        parameters: dict[str, Any] | None = None,
+        columns: Columns | None = None,
+        long_input: str | None = None,
+        max_chars: int | None = None,
+        streams: int = 1,
+    ) -> None:
+        settings = dataclasses.replace(Settings.from_env(), bundle=Path(bundle), cores=streams)
+        self.model = BulkModel(
+            settings, parameters or {}, long_input or ("truncate" if settings.truncate else "reject")
+        )
+        self.columns = columns or Columns(id="id")
+        self.names = self.columns.values(self.model.task.pairs)
+        self.max_chars = max_chars or settings.max_input_chars
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        id_column = self.columns.id or "id"
+        missing = [name for name in (*self.names, id_column) if name not in batch.column_names]
+        if missing:
+            raise InputError(
+                f"the dataset has no column {', '.join(missing)} (it has: {', '.join(batch.column_names)})"
+            )
+        ids = batch.column(id_column).to_pylist()
+        values = {name: batch.column(name).to_pylist() for name in self.names}
+        chunk = checked_chunk(0, 0, ids, values, self.max_chars, id_column)
+        work = self.model.encode(chunk)
+        for call in self.model.batches(work):
+            self.model.run(work, call)
+        id_type = batch.schema.field(id_column).type
+        answered = self.model.answer(work, id_type).table()
+        answered = answered.append_column("error", pa.nulls(len(answered), pa.string()))
+        if not chunk.rejects:
+            return answered
+        rejected = pa.table(
+            {
+                "id": pa.array([r.id for r in chunk.rejects], id_type),
+                "error": pa.array([r.reason for r in chunk.rejects], pa.string()),
+            }
+        )
+        return pa.concat_tables([answered, rejected], promote_options="default")
+
+
+def run_on_ray(address: str, bundle: Path, source: Path, output: Path, stage: dict[str, Any], batch_rows: int) -> int:
+    """`source` (Parquet, JSONL or CSV, a file or a folder Ray Data reads) through HareStage on the Ray cluster
+    at `address` into Parquet files in the folder `output`, one actor per CPU of the cluster but one (left to
+    Ray Data's read and write tasks); returns the rows written."""
+    import ray
+
+    ray.init(address=address, log_to_driver=False)
+    readers = {"parquet": ray.data.read_parquet, "jsonl": ray.data.read_json, "csv": ray.data.read_csv}
+    fmt = stage.pop("format")
+    dataset = readers[fmt](str(source.resolve()))
+    actors = max(int(ray.cluster_resources().get("CPU", 1)) - 1, 1)  # type: ignore[no-untyped-call]
+    done = dataset.map_batches(
+        HareStage,
+        fn_constructor_kwargs={"bundle": str(bundle.resolve()), **stage},
+        batch_format="pyarrow",
+        batch_size=batch_rows,
+        num_cpus=1,
+        compute=ray.data.ActorPoolStrategy(size=actors),
+    )
+    done.write_parquet(str(output.resolve()))
+    return int(ray.data.read_parquet(str(output.resolve())).count())

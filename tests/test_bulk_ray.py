@@ -1,0 +1,113 @@
+"""The bundle as a Ray Data stage on a local Ray cluster of two node processes (ray.cluster_utils.Cluster, as
+Ray's own tests make one): the stage's answers in Ray are its answers in process, and with one actor's process
+killed (SIGKILL) in the middle of the job, every row still comes out exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import ModelFactory
+
+ray = pytest.importorskip("ray")
+# Ray warns of its own deprecated settings as it starts a job, and of a small dataset's few blocks.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:ray"),
+    pytest.mark.filterwarnings("ignore::UserWarning:ray"),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    from ray.cluster_utils import Cluster
+
+    # Two CPUs a node: the two actors and Ray Data's read and write tasks must fit beside each other.
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    nodes.add_node(num_cpus=2)
+    ray.init(address=nodes.address, log_to_driver=False)
+    try:
+        yield nodes
+    finally:
+        ray.shutdown()
+        nodes.shutdown()  # type: ignore[no-untyped-call]
+
+
+def stage_pids() -> list[int]:
+    """The processes of this machine running a HareStage actor (Ray names them in their command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"HareStage" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_stage_keeps_every_row_when_an_actor_dies(cluster: Any, fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    from api.bulk.ray import HareStage
+
+    bundle = fp32_bundle("feature-extraction")
+    rng = np.random.default_rng(0)
+    words = np.array(["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "light"])
+    n = 20_000
+    rows = [" ".join(rng.choice(words, rng.integers(5, 60))) for _ in range(n)]
+    rows[7] = ""  # rejected, and kept with its reason
+    pq.write_table(pa.table({"id": list(range(n)), "text": rows}), tmp_path / "in.parquet", row_group_size=200)
+    out = tmp_path / "out"
+    dataset = ray.data.read_parquet(str(tmp_path / "in.parquet")).map_batches(
+        HareStage,
+        fn_constructor_kwargs={"bundle": str(bundle)},
+        batch_format="pyarrow",
+        batch_size=100,
+        num_cpus=1,
+        compute=ray.data.ActorPoolStrategy(size=2),
+    )
+    job = threading.Thread(target=lambda: dataset.write_parquet(str(out)))
+    job.start()
+    deadline = time.monotonic() + 120
+    while len(stage_pids()) < 2 and time.monotonic() < deadline and job.is_alive():
+        time.sleep(0.1)
+    time.sleep(3)  # both actors at work
+    victims = stage_pids()
+    assert job.is_alive() and victims, "the job ended (or never started its actors) before one could be killed"
+    os.kill(victims[0], signal.SIGKILL)
+    job.join(300)
+    assert not job.is_alive()
+    table = pq.read_table(out)
+    ids = table.column("id").to_pylist()
+    assert sorted(ids) == list(range(n))  # every row once: none lost, none twice
+    errors = dict(zip(ids, table.column("error").to_pylist(), strict=True))
+    assert errors[7] == "its text is an empty string" and sum(e is not None for e in errors.values()) == 1
+    assert victims[0] not in stage_pids()
+
+
+def test_the_stage_answers_as_predict(cluster: Any, fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    from api.bulk.ray import HareStage
+
+    bundle = fp32_bundle("feature-extraction")
+    texts = [f"row {i} of the river stone" for i in range(50)]
+    stage = HareStage(str(bundle), {"encoding_format": "int8"})
+    local = stage(pa.table({"id": list(range(50)), "text": texts}))
+    kwargs = {"bundle": str(bundle), "parameters": {"encoding_format": "int8"}}
+    dataset = ray.data.from_arrow(pa.table({"id": list(range(50)), "text": texts})).map_batches(
+        HareStage, fn_constructor_kwargs=kwargs, batch_format="pyarrow", batch_size=16, num_cpus=1,
+        compute=ray.data.ActorPoolStrategy(size=2),
+    )  # fmt: skip
+    result = dataset.to_arrow_refs()
+    remote = pa.concat_tables(ray.get(result)).sort_by("id")
+    assert remote.column("id").to_pylist() == list(range(50))
+    assert remote.column("embeddings").to_pylist() == local.column("embeddings").to_pylist()
+    assert remote.schema.field("embeddings").type.value_type == pa.int8()
