@@ -171,6 +171,12 @@ def test_chunks_are_the_same_rows_however_the_file_is_read(tmp_path: Path) -> No
     assert chunks[2].ids == [f"i{i}" for i in range(600, 900)] and chunks[3].values[0][-1] == "row 999"
 
 
+def test_an_input_without_rows_gives_an_output_without_rows(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    (tmp_path / "in.csv").write_text("text\n")
+    run_job(settings(fp32_bundle("feature-extraction")), BulkOptions(tmp_path / "in.csv", tmp_path / "o.parquet"))
+    assert pq.read_table(tmp_path / "o.parquet").num_rows == 0
+
+
 def test_undecodable_csv_values_are_rejected_rows(tmp_path: Path) -> None:
     (tmp_path / "in.csv").write_bytes(b'text\nfine\n\xff\xfe bad\n""\nalso fine\n')
     [chunk] = Corpus(tmp_path / "in.csv", Columns(), pairs=False).chunks(100, 100)

@@ -69,7 +69,8 @@ class Parts:
         their schemas unified (a chunk whose outputs were all empty lists has null-typed lists)."""
         parts = [self.part(i) for i in range(chunks)]
         if self.format == "parquet":
-            schema = pa.unify_schemas([pq.read_schema(p) for p in parts], promote_options="permissive")
+            schemas = [pq.read_schema(p) for p in parts] or [pa.schema([("id", pa.int64())])]  # an empty input
+            schema = pa.unify_schemas(schemas, promote_options="permissive")
             _commit(output, lambda f: _merge_parquet(parts, schema, f))
         else:
             _commit(output, lambda f: _concatenate(parts, f))
