@@ -146,7 +146,7 @@ def test_two_clients_of_a_two_worker_server_are_served_by_two_workers(
         seen.add(pid)
         time.sleep(0.1)
     time.sleep(0.2)  # the server sees them gone
-    for _ in range(3):  # one after the other: with no balancing, the second lands on either worker
+    for _ in range(6):  # one after the other: with no balancing, the second lands on either worker
         first, first_pid = accepted_by(url)
         try:
             second, second_pid = accepted_by(url)
