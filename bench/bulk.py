@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 from bench.inputs import load_tokenizer
 from bench.peers.texts import prose
-from container.bundle import BATCH_TOKENS, MAX_BATCH_SIZE, MODEL_FILE, TOKENIZER_FILE, read_manifest
+from container.bundle import MAX_BATCH_SIZE, MODEL_FILE, TOKENIZER_FILE, read_manifest, resolve_max_batch_tokens
 from container.machine import physical_cores
 from container.runtime import OnnxModel
 from tasks.ops import cosine, length_batches, pad_batch
@@ -85,7 +85,7 @@ def model_only(bundle: Path, texts: list[str], streams: int) -> tuple[Rate, int]
     tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))  # truncating at max_length, as served
     tok.no_padding()
     model = OnnxModel(bundle / MODEL_FILE, manifest.target, 1, manifest.output)
-    budget = manifest.max_batch_tokens or BATCH_TOKENS
+    budget = resolve_max_batch_tokens(manifest).max_batch_tokens  # as `hare serve` and `hare run` resolve it
     feeds, tokens = [], 0
     for at in range(0, len(texts), CHUNK_ROWS):
         encodings = tok.encode_batch(texts[at : at + CHUNK_ROWS])
