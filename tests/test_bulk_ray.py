@@ -111,3 +111,18 @@ def test_the_stage_answers_as_predict(cluster: Any, fp32_bundle: ModelFactory, t
     assert remote.column("id").to_pylist() == list(range(50))
     assert remote.column("embeddings").to_pylist() == local.column("embeddings").to_pylist()
     assert remote.schema.field("embeddings").type.value_type == pa.int8()
+
+
+def test_hare_run_on_ray_writes_every_row(
+    cluster: Any, fp32_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hare.cli import main as hare
+
+    texts = [f"row {i} by the old river" for i in range(300)] + [""]
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},{t}\n" for i, t in enumerate(texts)))
+    args = ["run", str(fp32_bundle("feature-extraction")), "-i", str(tmp_path / "in.csv"), "-o", str(tmp_path / "out")]
+    assert hare([*args, "--ray", cluster.address, "--chunk-rows", "64"]) == 0
+    assert "301 rows" in capsys.readouterr().out
+    table = pq.read_table(tmp_path / "out")
+    assert sorted(table.column("id").to_pylist()) == sorted(f"r{i}" for i in range(301))
+    assert table.column("error").to_pylist().count("its text is an empty string") == 1

@@ -90,7 +90,7 @@ def run_on_ray(address: str, bundle: Path, source: Path, output: Path, stage: di
     Ray Data's read and write tasks); returns the rows written."""
     import ray
 
-    ray.init(address=address, log_to_driver=False)
+    ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
     readers = {"parquet": ray.data.read_parquet, "jsonl": ray.data.read_json, "csv": ray.data.read_csv}
     fmt = stage.pop("format")
     dataset = readers[fmt](str(source.resolve()))
