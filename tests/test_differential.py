@@ -1,4 +1,5 @@
-"""A differential test for every family and task head in the registry (slow: the full run): texts of random
+"""A differential test for every family and task head in the registry (marked differential: CI's full run,
+`scripts/check --all`, in two processes; about 7.5 minutes in one): texts of random
 lengths from 1 token to the bundle's maximum, each family's fp32 bundle against PyTorch two ways.
 
 - The graph: random batch compositions, padded on the right (as the server pads) and, where the model's own
@@ -33,7 +34,7 @@ from tests.conftest import ModelFactory
 from tests.test_token_spans import without_edge_spaces
 from tests.tiny_models import FAST_PAIRS, SLOW_PAIRS
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.differential]
 TOL = 1e-4
 TEXTS = 10
 
