@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -23,9 +22,10 @@ from api.bulk.reader import Chunk, Reject
 from api.config import Settings
 from api.engine.backend import Backend
 from api.engine.encoder import Encoder, vocab
-from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest
+from api.engine.pipeline import model_info
+from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
 from container.runtime import bound_malloc
-from tasks.base import TRUNCATE, Inputs, LongInput, ModelInfo, Outputs, TaskSpec
+from tasks.base import TRUNCATE, Inputs, LongInput, Outputs
 from tasks.errors import InputError, InvalidRequest
 from tasks.ops import length_batches
 from tasks.registry import TASKS
@@ -47,22 +47,6 @@ class Work:
     items: list[Any]
     tokens: int
     pending: int = 0  # model calls not yet answered (the job's count)
-
-
-def model_info(bundle: Path, manifest: Manifest, task: TaskSpec, tokenizer: Tokenizer) -> ModelInfo:
-    """The served model as post-processing sees it, from the bundle (as api/web/app.py builds it)."""
-    labels = (
-        tuple(manifest.labels.get(i, f"LABEL_{i}") for i in range(max(manifest.labels) + 1)) if manifest.labels else ()
-    )
-    return ModelInfo(
-        labels=labels,
-        multi_label=manifest.multi_label,
-        pooling=manifest.pooling or task.default_pooling or "mean",
-        normalize=manifest.normalize,
-        max_length=manifest.max_length,
-        vocab=vocab(tokenizer),
-        **model_head(bundle, manifest),
-    )
 
 
 class BulkModel:
@@ -88,7 +72,7 @@ class BulkModel:
                 f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {', '.join(task.parameters)}"
             )
         tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
-        self.model = model_info(settings.bundle, manifest, task, tokenizer)
+        self.model = model_info(settings.bundle, manifest, task, vocab(tokenizer))
         self.params = task.parse_params(raw, self.model)
         self.encoder = Encoder(tokenizer, manifest.max_length, task.windows)
         self.long_input = long_input

@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tokenizers import Encoding
@@ -18,7 +19,8 @@ from tokenizers import Encoding
 from api.engine.batching import Batcher, Result, Ticket
 from api.engine.encoder import Encoded, Encoder
 from api.engine.errors import ClientGone
-from tasks.base import TRUNCATE, Answer, Array, Inputs, LongInput, ModelInfo, Outputs, TaskSpec
+from container.bundle import Manifest, model_head
+from tasks.base import TRUNCATE, Answer, Array, Inputs, LongInput, ModelInfo, Outputs, TaskSpec, Vocab
 
 # Above this many characters a request is tokenized off the event loop (about 1 ms of tokenizer work).
 OFFLOAD_CHARS = 20_000
@@ -124,3 +126,18 @@ def _regroup(rows: list[Array], encoded: Encoded) -> list[list[Array]]:
         grouped.append(rows[i : i + len(windows)])
         i += len(windows)
     return grouped
+
+
+def model_info(bundle: Path, manifest: Manifest, task: TaskSpec, words: Vocab) -> ModelInfo:
+    """The served model as post-processing sees it (labels, pooling, head, the vocabulary's facts), from the
+    bundle: the server's and the bulk job's alike."""
+    labels = manifest.labels
+    return ModelInfo(
+        labels=tuple(labels.get(i, f"LABEL_{i}") for i in range(max(labels) + 1)) if labels else (),
+        multi_label=manifest.multi_label,
+        pooling=manifest.pooling or task.default_pooling or "mean",
+        normalize=manifest.normalize,
+        max_length=manifest.max_length,
+        vocab=words,
+        **model_head(bundle, manifest),
+    )

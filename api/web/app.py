@@ -25,17 +25,16 @@ from api.engine.backend import Backend
 from api.engine.batching import Batcher
 from api.engine.cores import CorePool
 from api.engine.encoder import Encoder, vocab
-from api.engine.pipeline import Pipeline
+from api.engine.pipeline import Pipeline, model_info
 from api.engine.policy import BatchPolicy
 from api.web import errors, openapi, routes
 from api.web.metrics import Metrics, MetricsMiddleware
 from api.web.public import RateLimiter
 from api.web.schemas import COMMON, Limits
 from api.web.state import Resources
-from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, model_head, read_manifest, resolve_max_batch_tokens
+from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, read_manifest, resolve_max_batch_tokens
 from container.machine import int8_check, same_cpu, versions
 from container.runtime import bound_malloc
-from tasks.base import ModelInfo
 from tasks.errors import InputError
 from tasks.registry import TASKS
 
@@ -136,15 +135,7 @@ async def load(settings: Settings) -> Resources:
         settings.cpu_arena,
         manifest.pad_id,
     )
-    model = ModelInfo(
-        labels=_labels(manifest),
-        multi_label=manifest.multi_label,
-        pooling=manifest.pooling or task.default_pooling or "mean",
-        normalize=manifest.normalize,
-        max_length=manifest.max_length,
-        vocab=words,
-        **model_head(settings.bundle, manifest),
-    )
+    model = model_info(settings.bundle, manifest, task, words)
     encoder = Encoder(tokenizer, manifest.max_length, task.windows)
     on_gpu = backend.providers[0] != "CPUExecutionProvider"
     # The device does a GPU bundle's work: no CPU cores to account for.
@@ -232,12 +223,6 @@ def _check_machine(settings: Settings, manifest: Manifest) -> None:
                 where,
                 int8["levels"],
             )
-
-
-def _labels(manifest: Manifest) -> tuple[str, ...]:
-    if not manifest.labels:
-        return ()
-    return tuple(manifest.labels.get(i, f"LABEL_{i}") for i in range(max(manifest.labels) + 1))
 
 
 class Rebalance:
