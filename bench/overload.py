@@ -31,7 +31,7 @@ from typing import Any
 from bench import modelonly
 from bench.inputs import Bodies, TextMaker, load_tokenizer, make_bodies
 from bench.loadgen import CONNECT, TIMEOUT, LoadSpec, Samples, latency_summary, run_load
-from bench.runner import Planned, make_point
+from bench.points import Planned, make_point
 from bench.servers import ServerProcess, group_rss_mb, hare_server, split_url
 from bench.store import Point, Run, Store
 from bench.subjects import VERSIONED, manifest_hash

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -18,10 +17,10 @@ from typing import Any, Literal
 from bench import modelonly
 from bench.inputs import Bodies, TextMaker, load_tokenizer, make_bodies
 from bench.loadgen import LoadSpec, latency_summary, run_load
+from bench.points import Planned, make_point
 from bench.progress import Reporter, model_only_streams_cap
 from bench.servers import ServerProcess, baseline_server, get_json, hare_server, split_url
-from bench.stats import Summary
-from bench.store import BASELINES, Point, Store
+from bench.store import BASELINES, Store
 from bench.subjects import VERSIONED, Subject, info_json, manifest_hash
 from container.bundle import read_manifest
 from container.machine import describe, physical_cores, versions
@@ -68,17 +67,6 @@ class RunOptions:
     kind: str = "run"
     name: str = ""
     serve_args: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Planned:
-    target: str
-    workers: int | None
-    threads: int | None
-    seq_len: int | None
-    batch: int
-    concurrency: int
-    rate: float
 
 
 def plan(options: RunOptions) -> list[Planned]:
@@ -355,67 +343,6 @@ class Runner:
         )
         self.store.add_point(point)
         self.reporter.point(k, n, point)
-
-
-def make_point(
-    run_id: int,
-    idx: int,
-    target: str,
-    load: str,
-    workers: int,
-    threads: int,
-    planned: Planned,
-    tokens: float,
-    window_s: float,
-    requests: int,
-    ok: int,
-    errors: dict[str, int],
-    lat: Summary,
-    *,
-    server: dict[str, float],
-    client_cpu: float,
-    server_cpu: float | None = None,
-    extra: dict[str, Any] | None = None,
-) -> Point:
-    """One measured point: the rates follow from `ok` answers in `window_s`, `planned.batch` sequences of
-    `tokens` tokens each."""
-    req_s = ok / max(window_s, 1e-9)
-    return Point(
-        run_id=run_id,
-        idx=idx,
-        target=target,
-        load=load,
-        workers=workers,
-        threads=threads,
-        seq_len=_seq_len(planned.seq_len, tokens),
-        batch=planned.batch,
-        concurrency=planned.concurrency,
-        rate=planned.rate,
-        duration_s=round(window_s, 3),
-        requests=requests,
-        ok=ok,
-        errors=errors,
-        req_s=req_s,
-        seq_s=req_s * planned.batch,
-        tokens_s=req_s * planned.batch * tokens if not math.isnan(tokens) else 0.0,
-        lat_min=lat.min,
-        lat_avg=lat.avg,
-        lat_p50=lat.p50,
-        lat_p90=lat.p90,
-        lat_p95=lat.p95,
-        lat_p99=lat.p99,
-        lat_max=lat.max,
-        server=server,
-        client_cpu=client_cpu,
-        server_cpu=server_cpu,
-        extra=extra or {},
-    )
-
-
-def _seq_len(asked: int | None, tokens: float) -> int:
-    if asked is not None:
-        return asked
-    return 0 if math.isnan(tokens) else round(tokens)
 
 
 def _groups(planned: list[Planned]) -> list[list[Planned]]:

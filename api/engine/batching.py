@@ -26,6 +26,11 @@
   refused (429 with Retry-After) when its turn comes rather than run: admission's estimate was wrong (the
   machine slowed down), and its answer would come later than the bound promised. Waiting costs no core, so
   the model stays busy with the requests behind it.
+
+Over 400 lines, and one module on purpose: the queue, the batches on the model and the work published to the
+machine's page are one state that every method of `Batcher` reads and changes, and its promises (every future
+completed, the published work equal to what is queued, arriving and running) hold only if they change together.
+The parts that stand alone are their own modules (lengthqueue.py, scheduler.py, admission.py, policy.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from bench.peers.options import CANDIDATES, LABELS, PeersOptions
 from bench.peers.results import Row, goal
 from bench.peers.texts import fidelity_texts, lengths, speed_texts
 from bench.peers.timing import Slot, encode_all, time_slot
-from bench.runner import Planned, make_point
+from bench.points import Planned, make_point
 from bench.stats import summarize
 from bench.store import Point, Store
 from bench.subjects import manifest_hash

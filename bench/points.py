@@ -1,0 +1,83 @@
+"""A point of a run: as planned (target, server shape, load) and as measured (bench.store's Point, its rates
+worked out from the answers counted in the window). bench/runner.py and bench/overload.py make theirs here."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from bench.stats import Summary
+from bench.store import Point
+
+
+@dataclass(frozen=True)
+class Planned:
+    target: str
+    workers: int | None
+    threads: int | None
+    seq_len: int | None
+    batch: int
+    concurrency: int
+    rate: float
+
+
+def make_point(
+    run_id: int,
+    idx: int,
+    target: str,
+    load: str,
+    workers: int,
+    threads: int,
+    planned: Planned,
+    tokens: float,
+    window_s: float,
+    requests: int,
+    ok: int,
+    errors: dict[str, int],
+    lat: Summary,
+    *,
+    server: dict[str, float],
+    client_cpu: float,
+    server_cpu: float | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Point:
+    """One measured point: the rates follow from `ok` answers in `window_s`, `planned.batch` sequences of
+    `tokens` tokens each."""
+    req_s = ok / max(window_s, 1e-9)
+    return Point(
+        run_id=run_id,
+        idx=idx,
+        target=target,
+        load=load,
+        workers=workers,
+        threads=threads,
+        seq_len=_seq_len(planned.seq_len, tokens),
+        batch=planned.batch,
+        concurrency=planned.concurrency,
+        rate=planned.rate,
+        duration_s=round(window_s, 3),
+        requests=requests,
+        ok=ok,
+        errors=errors,
+        req_s=req_s,
+        seq_s=req_s * planned.batch,
+        tokens_s=req_s * planned.batch * tokens if not math.isnan(tokens) else 0.0,
+        lat_min=lat.min,
+        lat_avg=lat.avg,
+        lat_p50=lat.p50,
+        lat_p90=lat.p90,
+        lat_p95=lat.p95,
+        lat_p99=lat.p99,
+        lat_max=lat.max,
+        server=server,
+        client_cpu=client_cpu,
+        server_cpu=server_cpu,
+        extra=extra or {},
+    )
+
+
+def _seq_len(asked: int | None, tokens: float) -> int:
+    if asked is not None:
+        return asked
+    return 0 if math.isnan(tokens) else round(tokens)
