@@ -154,7 +154,7 @@ async def test_windows_read_long_texts_whole(fp32_bundle: ModelFactory, tmp_path
     expected = np.asarray(await predict(bundle, good, long_input="window"), np.float32)
     assert np.allclose(np.stack(table.column("embeddings").to_numpy(zero_copy_only=False)), expected, atol=1e-5)
     assert not any(table.column("truncated").to_pylist())
-    run_job(settings(bundle), BulkOptions(source, tmp_path / "r.parquet", long_input="reject"))
+    run_job(settings(bundle), BulkOptions(source, tmp_path / "r.parquet", long_input="refuse"))
     kept = pq.read_table(tmp_path / "r.parquet").column("id").to_pylist()
     rejected = [json.loads(line)["row"] for line in (tmp_path / "r.rejects.jsonl").read_text().splitlines()]
     assert rejected and sorted(kept + rejected) == list(range(12))

@@ -49,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--long-input",
         choices=LONG_INPUTS,
-        help="texts over the model's maximum: cut them, read them in windows, or reject them "
+        help="texts over the model's maximum: cut them, read them in windows, or refuse them (to the rejects) "
         "(default: truncate unless HARE_TRUNCATE=0)",
     )
     parser.add_argument("--max-chars", type=int, help="characters per text; longer rows are rejected")

@@ -98,7 +98,7 @@ class Progress:
 def run_job(settings: Settings, options: BulkOptions, progress: Progress | None = None) -> Summary:
     """Run `options.input` through the bundle of `settings` into `options.output`; see the module docstring."""
     progress = progress or Progress()
-    long_input = options.long_input or ("truncate" if settings.truncate else "reject")
+    long_input = options.long_input or ("truncate" if settings.truncate else "refuse")
     model = BulkModel(settings, options.parameters, long_input)
     corpus = Corpus(options.input, options.columns, model.task.pairs, options.input_format)
     fmt = output_format(options.output, options.output_format)

@@ -30,7 +30,7 @@ from tasks.errors import InputError, InvalidRequest
 from tasks.ops import length_batches
 from tasks.registry import TASKS
 
-LONG_INPUTS = ("truncate", "window", "reject")
+LONG_INPUTS = ("truncate", "window", "refuse")  # the values of /predict's long_input (tasks.base.LongInput)
 
 
 @dataclass(slots=True)
@@ -52,8 +52,8 @@ class Work:
 class BulkModel:
     """A bundle loaded for a bulk job. `raw` holds the task's request parameters (as /predict's
     "parameters"); `long_input`: truncate (at the model's maximum), window (read whole in overlapping
-    windows, tasks that allow it) or reject (a too-long row goes to the rejects). `settings` gives the
-    batch budget and the target, as `hare serve` resolves them for this bundle."""
+    windows, tasks that allow it) or refuse (a too-long row goes to the rejects, where /predict answers 413).
+    `settings` gives the batch budget and the target, as `hare serve` resolves them for this bundle."""
 
     def __init__(self, settings: Settings, raw: Mapping[str, object], long_input: str = "truncate") -> None:
         manifest = read_manifest(settings.bundle)
@@ -106,7 +106,7 @@ class BulkModel:
 
     def encode(self, chunk: Chunk) -> Work:
         """Tokenize the chunk's good rows as /predict's requests would be (all texts as one request; for
-        ranking, one per query); with long_input reject, rows the model would have to cut become rejects."""
+        ranking, one per query); with long_input refuse, rows the model would have to cut become rejects."""
         n = len(chunk.ids)
         texts = [""] * n
         windows: list[list[Encoding]] = [[] for _ in range(n)]
@@ -121,10 +121,10 @@ class BulkModel:
                 texts[row], windows[row], truncated[row] = prepared.texts[k], encoded.windows[k], encoded.truncated[k]
                 if sent is not None and prepared.sent is not None:
                     sent[row] = prepared.sent[k]
-        if self.long_input == "reject":
+        if self.long_input == "refuse":
             limit = self.encoder.max_length
             for row in (r for r in range(n) if truncated[r]):
-                reason = f"it is longer than the model's {limit} tokens (--long-input reject)"
+                reason = f"it is longer than the model's {limit} tokens (--long-input refuse)"
                 chunk.rejects.append(Reject(chunk.positions[row], chunk.ids[row], reason))
                 windows[row] = []
         tokens = sum(len(s) for w in windows for s in w)
