@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import ray  # the dev extra's (ray[data]): a missing ray fails here rather than skip
 
 from tests.conftest import ModelFactory
 
-ray = pytest.importorskip("ray")
 # Ray warns of its own deprecated settings as it starts a job, and of a small dataset's few blocks.
 pytestmark = [
     pytest.mark.slow,
