@@ -52,8 +52,8 @@ class Tally:
     prometheus_client's values, one write per touched series and bucket instead of one per sample.
 
     Relies on prometheus_client's histogram children keeping `_sum` and `_buckets` (one value per upper
-    bound, non-cumulative, as `observe` writes them): true of the pinned 0.26; tests/test_api_routes.py reads
-    the rendered buckets back, so a change there fails a test."""
+    bound, non-cumulative, as `observe` writes them): true of the pinned 0.26; tests/test_metrics.py renders a
+    flushed tally against direct observations, so a change there fails a test."""
 
     def __init__(self) -> None:
         self._counts: dict[tuple[Counter, tuple[str, ...]], float] = {}
