@@ -28,7 +28,8 @@ a refusal costs the server as little as possible and keeps up with the clients w
     kernel listen backlog (one socket, every worker)
         -> accept loop (this module): open while admitted, paced by capacity while refusing
             -> refusing: api/process/refuser.py (peek "POST ", the prebuilt 429, a lingering close)
-            -> otherwise: uvicorn's protocol (httptools) -> the app (api/web/app.py): RefuseEarly, routes, batcher
+            -> otherwise: uvicorn's protocol (httptools; one write per answer, onewrite.py)
+                -> the app (api/web/app.py): RefuseEarly, routes, batcher
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
 from api.engine.errors import Overloaded
+from api.process.onewrite import coalescing
 from api.process.refuser import LINGER_S, Refuser
 from api.web.errors import raw_answer
 from api.web.state import Resources
@@ -67,6 +69,7 @@ class PacedServer(Server):
         self._app = app
         self._accepting: list[asyncio.Task[None]] = []
         self._rebalanced = 0.0  # when this worker last asked a client to reconnect
+        self._http: type[asyncio.Protocol] | None = None  # uvicorn's protocol class, coalescing its writes
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=[])  # lifespan, and no loop server: the sockets are ours
@@ -105,8 +108,10 @@ class PacedServer(Server):
             self.should_exit = True
 
     def _protocol(self) -> asyncio.Protocol:
-        # As uvicorn's own startup builds it for loop.create_server.
-        make: Any = self.config.http_protocol_class
+        # As uvicorn's own startup builds it for loop.create_server, each answer sent in one write (onewrite.py).
+        if self._http is None:
+            self._http = coalescing(self.config.http_protocol_class)
+        make: Any = self._http
         protocol: asyncio.Protocol = make(
             config=self.config, server_state=self.server_state, app_state=self.lifespan.state
         )
