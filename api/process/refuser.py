@@ -36,7 +36,7 @@ class Refuser:
     def __init__(
         self,
         refusal: Callable[[], bytes | None],
-        hand_off: Callable[[socket.socket], None],
+        hand_off: Callable[[socket.socket], object],
         refused: Callable[[], None],
     ) -> None:
         self._refusal = refusal

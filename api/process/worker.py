@@ -68,6 +68,7 @@ class PacedServer(Server):
         super().__init__(config=config)
         self._app = app
         self._accepting: list[asyncio.Task[None]] = []
+        self._connecting: set[asyncio.Task[None]] = set()  # connections being handed to uvicorn's protocol
         self._rebalanced = 0.0  # when this worker last asked a client to reconnect
         self._http: type[asyncio.Protocol] | None = None  # uvicorn's protocol class, coalescing its writes
 
@@ -99,6 +100,10 @@ class PacedServer(Server):
         for task in self._accepting:  # stop accepting first; the connections drain in uvicorn's shutdown
             task.cancel()
         await asyncio.gather(*self._accepting, return_exceptions=True)
+        # A hand-off is never cancelled: uvloop closes the socket of a connect_accepted_socket cancelled after
+        # connection_made without telling the protocol, whose request is then answered into a closed handle
+        # and whose connection uvicorn's shutdown waits for until gunicorn kills the worker.
+        await asyncio.gather(*self._connecting, return_exceptions=True)
         await super().shutdown(sockets=sockets)
 
     def _accept_stopped(self, task: asyncio.Task[None]) -> None:
@@ -169,8 +174,12 @@ class PacedServer(Server):
         if res is not None:
             res.metrics.errors.labels("Overloaded").inc()
 
-    def _hand_off(self, conn: socket.socket) -> None:
-        asyncio.get_running_loop().create_task(self._connect(conn))
+    def _hand_off(self, conn: socket.socket) -> asyncio.Task[None]:
+        """Give `conn` to uvicorn's protocol in a task of its own, which shutdown waits for, never cancels."""
+        task = asyncio.get_running_loop().create_task(self._connect(conn))
+        self._connecting.add(task)
+        task.add_done_callback(self._connecting.discard)
+        return task
 
     async def _connect(self, conn: socket.socket) -> None:
         """Give an accepted connection to uvicorn's protocol."""
@@ -229,7 +238,7 @@ class PacedServer(Server):
                         await asyncio.sleep(0)  # a backlog of thousands must not stall the event loop
                     continue
                 refused_in_a_row = 0
-                await self._connect(conn)
+                await asyncio.shield(self._hand_off(conn))  # cancelled here, the hand-off still completes
                 # Let this connection's request reach admission before the next accept: a backlog taken in
                 # one go when admission opens would be refused all but one.
                 await asyncio.sleep(0)
