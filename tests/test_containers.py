@@ -251,10 +251,25 @@ def test_docker_stop_drains_in_flight_requests(engine: Engine, cpu_image: str, c
             record.append((time.perf_counter(), type(exc).__name__, 0))
 
     in_flight: list[Outcome] = []
-    senders = [threading.Thread(target=send, args=(body, in_flight)) for _ in range(6)]
+    connected = threading.Barrier(7)
+
+    def send_in_flight() -> None:
+        # Connected (and warm) first, so that the POSTs leave together and are read before the stop: a
+        # request still in the kernel when the server stops is a latecomer, not one in flight.
+        with httpx.Client(base_url=url, timeout=60) as client:
+            client.get("/health")
+            connected.wait()
+            try:
+                response = client.post("/predict", json=body)
+                in_flight.append((time.perf_counter(), response.status_code, len(response.json())))
+            except httpx.HTTPError as exc:
+                in_flight.append((time.perf_counter(), type(exc).__name__, 0))
+
+    senders = [threading.Thread(target=send_in_flight) for _ in range(6)]
     for thread in senders:
         thread.start()
-    time.sleep(0.3)  # accepted, and being computed
+    connected.wait(timeout=30)
+    time.sleep(0.15)  # sent, read, and being computed (the six take about 0.6 s on 2 cores)
     late: list[Outcome] = []
     stopping = threading.Event()
 
