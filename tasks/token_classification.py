@@ -111,6 +111,7 @@ SPEC = TaskSpec(
     architectures=("ForTokenClassification",),
     output="logits",
     pairs=False,
+    offsets=True,
     parity=parity,
     gates=(Gate("token_agreement", 0.98, True, "share of tokens whose label matches PyTorch"),),
     parameters=PARAMETERS,

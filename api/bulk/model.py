@@ -74,7 +74,7 @@ class BulkModel:
         tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
         self.model = model_info(settings.bundle, manifest, task, vocab(tokenizer))
         self.params = task.parse_params(raw, self.model)
-        self.encoder = Encoder(tokenizer, manifest.max_length, task.windows)
+        self.encoder = Encoder(tokenizer, manifest.max_length, task.windows, task.offsets)
         self.long_input = long_input
         self.reading = LongInput.window(None, self.encoder.window_tokens) if long_input == "window" else TRUNCATE
         bound_malloc()

@@ -136,7 +136,7 @@ async def load(settings: Settings) -> Resources:
         manifest.pad_id,
     )
     model = model_info(settings.bundle, manifest, task, words)
-    encoder = Encoder(tokenizer, manifest.max_length, task.windows)
+    encoder = Encoder(tokenizer, manifest.max_length, task.windows, task.offsets)
     on_gpu = backend.providers[0] != "CPUExecutionProvider"
     # The device does a GPU bundle's work: no CPU cores to account for.
     pool = None if on_gpu else CorePool(settings.cores, settings.core_pool)
