@@ -1,5 +1,6 @@
 """`hare bench bulk`: `hare run` over a corpus, against the bundle's own model-only rate on the same texts and
-sentence-transformers' torch `encode` (batch 32), in one run, on this machine.
+the peers' own calls over the same corpus (bench/bulk_peers.py), in one run, on this machine; stored in the
+result store as a run of kind "bulk" (its summary: bench/bulk_tables.py).
 
     corpus       prose (Python's own documentation) cut at random token counts from `shortest` to `longest`
     model-only   the same texts tokenized beforehand, cut into the job's chunks and length-sorted calls at the
@@ -7,8 +8,12 @@ sentence-transformers' torch `encode` (batch 32), in one run, on this machine.
                  tokenizing, post-processing or writing (its wall time over all calls)
     hare run     the command itself in a child process (bundle load included), its peak RSS from the kernel;
                  once more on a quarter of the corpus, to show that memory does not grow with the corpus
-    torch        SentenceTransformer.encode(batch_size=32) on the model folder; hare's vectors' cosine to it
+    peers        sentence-transformers torch (the reference), onnx and openvino `encode`, batch 32, and
+                 fastembed `embed`, batch 32, each with the cosine p1 of its vectors to torch's; one missing
+                 here is skipped with the reason
 
+Each candidate makes one pass over the texts, one after the other: on a machine other work shares, the CPU
+time a row costs is the steadier comparison, and the run keeps it beside the wall clock and the load average.
 The bench reaches `hare run` as a user does, through the command line (bench never imports the server).
 """
 
@@ -20,21 +25,35 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 from tokenizers import Tokenizer
 
+from bench.bulk_peers import LABELS, PEERS, encode_corpus, workspace
+from bench.bulk_tables import HARE_RUN, MODEL_ONLY, goals
 from bench.inputs import load_tokenizer
+from bench.peers.candidates.base import Skip, reason
 from bench.peers.texts import prose
+from bench.store import Store
+from bench.subjects import manifest_hash
+from bench.tables import wide_console
 from container.bundle import MAX_BATCH_SIZE, MODEL_FILE, TOKENIZER_FILE, read_manifest, resolve_max_batch_tokens
-from container.machine import physical_cores
+from container.machine import describe, physical_cores, versions
 from container.runtime import OnnxModel
 from tasks.ops import cosine, length_batches, pad_batch
 
 CHUNK_ROWS = 4096  # the job's default chunk (api/bulk/job.py): model-only sorts by length within the same rows
+PACKAGES = ("hare", "onnxruntime", "tokenizers", "numpy", "pyarrow", "torch", "transformers", "sentence-transformers",
+            "optimum", "optimum-onnx", "optimum-intel", "openvino", "fastembed")  # fmt: skip
+
+
+class Cancelled(Exception):
+    """The run was stopped by a signal between or during its candidates."""
 
 
 @dataclass(frozen=True)
@@ -47,20 +66,42 @@ class Rate:
 
 
 @dataclass(frozen=True)
-class BulkFigures:
-    """One bulk run: each candidate's rate, hare run's job time alone (without loading the bundle), its peak
-    RSS on the whole corpus and on a quarter of it (MB), and the 1st percentile of cosine(torch, hare) (None
-    where torch was not run)."""
+class BulkOptions:
+    bundle: Path  # an embedding bundle
+    rows: int  # texts in the corpus
+    model_dir: Path | None  # the peers' sentence-transformers folder; None leaves every peer out
+    peers: tuple[str, ...] = PEERS
+    streams: int = 0  # cores for every candidate (0: the physical cores)
+    shortest: int = 10
+    longest: int = 300
+    work: Path | None = None  # where the peers' exports are kept (default: the bench cache)
+    name: str = ""
+    temp: Path | None = None  # where the corpus and hare run's outputs are written (default: the system's)
+
+
+@dataclass
+class Outcome:
+    """What a run measured, as stored in its summary (bench/bulk_tables.py)."""
 
     rows: int
-    tokens: int
-    model_only: Rate
-    hare: Rate
-    hare_job_rows_per_s: float
-    torch: Rate | None
-    rss_mb: float
-    rss_quarter_mb: float
-    cosine_p1: float | None
+    tokens: int = 0
+    streams: int = 0
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    hare_job_rows_s: float | None = None
+    rss_mb: float = 0.0
+    rss_quarter_mb: float = 0.0
+
+    def add(self, key: str, label: str, rate: Rate | None, cosine_p1: float | None = None, skipped: str = "") -> None:
+        self.candidates.append(
+            {
+                "key": key,
+                "label": label,
+                "rows_s": rate.rows_per_s if rate else None,
+                "cpu_per_1000": rate.cpu_per_1000 if rate else None,
+                "cosine_p1": cosine_p1,
+                "skipped": skipped,
+            }
+        )
 
 
 def corpus(tok: Tokenizer, n: int, shortest: int = 10, longest: int = 300, seed: int = 0) -> list[str]:
@@ -117,20 +158,27 @@ def _rate(rows: int, wall: float, cpu: float) -> Rate:
     return Rate(rows / wall, cpu / rows * 1000)
 
 
-def hare_run(bundle: Path, source: Path, out: Path, rows: int) -> tuple[Rate, float, float]:
+def hare_run(
+    bundle: Path, source: Path, out: Path, rows: int, streams: int, stop: threading.Event | None = None
+) -> tuple[Rate, float, float]:
     """`hare run` in a child process: its rate (its CPU time from the kernel), rows a second of the job alone
     (its summary's time, without loading the bundle), and its peak RSS in MB (VmHWM, polled: the kernel's
-    ru_maxrss of a child counts the parent's memory it was forked from)."""
+    ru_maxrss of a child counts the parent's memory it was forked from). A set `stop` ends it (Cancelled)."""
     summary = out.with_suffix(".summary.json")
     command = [sys.executable, "-m", "hare.cli", "run", str(bundle), "-i", str(source), "-o", str(out)]
+    command += ["--streams", str(streams), "-q", "--overwrite", "--summary", str(summary)]
     start = time.perf_counter()
-    child = subprocess.Popen([*command, "-q", "--overwrite", "--summary", str(summary)], stdout=subprocess.DEVNULL)
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     peak = 0
     while True:
         peak = max(peak, _hwm_kb(child.pid))
         pid, status, usage = os.wait4(child.pid, os.WNOHANG)
         if pid:
             break
+        if stop is not None and stop.is_set():
+            child.kill()
+            child.wait()
+            raise Cancelled("stopped by a signal during hare run")
         time.sleep(0.1)
     wall = time.perf_counter() - start
     child.returncode = os.waitstatus_to_exitcode(status)
@@ -148,37 +196,120 @@ def _hwm_kb(pid: int) -> int:
     return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
 
 
-def torch_encode(model_dir: Path, texts: list[str], threads: int) -> tuple[Rate, np.ndarray]:
-    """sentence-transformers' own encode with batch 32 on `threads` torch threads: its rate, its vectors."""
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    torch.set_num_threads(threads)
-    model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
-    model.encode(texts[:64], batch_size=32)
-    start, cpu = time.perf_counter(), time.process_time()
-    vectors = model.encode(texts, batch_size=32, convert_to_numpy=True, show_progress_bar=False)
-    return _rate(len(texts), time.perf_counter() - start, time.process_time() - cpu), np.asarray(vectors, np.float32)
+def _say(message: str) -> None:
+    wide_console().print(message, style="dim")
 
 
-def measure(bundle: Path, n: int, model_dir: Path | None, streams: int = 0, work: Path | None = None) -> BulkFigures:
-    """Every figure of the module docstring, in that order, on `n` texts."""
-    streams = streams or physical_cores()
-    texts = corpus(load_tokenizer(bundle / TOKENIZER_FILE), n)
-    with tempfile.TemporaryDirectory(dir=work) as folder:
+def run_bulk(
+    options: BulkOptions, store: Store, stop: threading.Event | None = None, say: Callable[[str], None] = _say
+) -> int:
+    """Measure every candidate of the module docstring on one corpus, store the run (kind "bulk"), return its
+    id. A signal between or during candidates ends it as "cancelled", with what was measured so far."""
+    streams = options.streams or physical_cores()
+    manifest = read_manifest(options.bundle)
+    texts = corpus(load_tokenizer(options.bundle / TOKENIZER_FILE), options.rows, options.shortest, options.longest)
+    peers = options.peers if options.model_dir is not None else ()
+    settings = {
+        "bundle": str(options.bundle),
+        "variant": manifest.variant,
+        "model_dir": str(options.model_dir or ""),
+        "rows": options.rows,
+        "shortest": options.shortest,
+        "longest": options.longest,
+        "streams": streams,
+        "batch": 32,
+        "peers": list(peers),
+    }
+    run_id = store.create_run(
+        "bulk",
+        name=options.name,
+        task=manifest.task,
+        target=str(options.bundle),
+        manifest_hash=manifest_hash(options.bundle),
+        machine=describe(),
+        versions=versions(PACKAGES),
+        settings=settings,
+    )
+    outcome, load_start = Outcome(options.rows, streams=streams), os.getloadavg()
+    status, message = "done", ""
+    try:
+        _measure(options, texts, peers, outcome, stop, say)
+    except Cancelled as exc:
+        status, message = "cancelled", str(exc)
+    except BaseException as exc:
+        store.update_run(run_id, summary=_summary(outcome, load_start))
+        store.finish_run(run_id, "failed", reason(exc))
+        raise
+    store.update_run(run_id, summary=_summary(outcome, load_start))
+    store.finish_run(run_id, status, message)
+    return run_id
+
+
+def _summary(outcome: Outcome, load_start: tuple[float, float, float]) -> dict[str, Any]:
+    return {
+        **outcome.__dict__,
+        "goals": goals(outcome.candidates, outcome.rss_mb),
+        "load_start": list(load_start),
+        "load_end": list(os.getloadavg()),
+    }
+
+
+def _measure(
+    options: BulkOptions,
+    texts: list[str],
+    peers: tuple[str, ...],
+    outcome: Outcome,
+    stop: threading.Event | None,
+    say: Callable[[str], None],
+) -> None:
+    def check() -> None:
+        if stop is not None and stop.is_set():
+            raise Cancelled("stopped by a signal")
+
+    n, streams = len(texts), outcome.streams
+    with tempfile.TemporaryDirectory(dir=options.temp) as folder:
         whole, quarter = Path(folder) / "corpus.jsonl", Path(folder) / "quarter.jsonl"
-        whole.write_bytes(b"".join(orjson.dumps({"id": i, "text": t}) + b"\n" for i, t in enumerate(texts)))
-        quarter.write_bytes(b"".join(orjson.dumps({"id": i, "text": t}) + b"\n" for i, t in enumerate(texts[: n // 4])))
-        model_rate, tokens = model_only(bundle, texts, streams)
-        hare, job, rss = hare_run(bundle, whole, Path(folder) / "out.parquet", n)
-        _, _, rss_quarter = hare_run(bundle, quarter, Path(folder) / "quarter.parquet", n // 4)
+        _jsonl(whole, texts)
+        _jsonl(quarter, texts[: n // 4])
+        say(f"model-only: {n:,} texts on {streams} streams")
+        model_rate, outcome.tokens = model_only(options.bundle, texts, streams)
+        outcome.add(MODEL_ONLY, "the bundle's model alone", model_rate)
+        check()
+        say("hare run: the corpus, then its first quarter (memory)")
+        hare, outcome.hare_job_rows_s, outcome.rss_mb = hare_run(
+            options.bundle, whole, Path(folder) / "out.parquet", n, streams, stop
+        )
+        _, _, outcome.rss_quarter_mb = hare_run(
+            options.bundle, quarter, Path(folder) / "quarter.parquet", n // 4, streams, stop
+        )
         hare_vectors = _vectors(Path(folder) / "out.parquet")
-        torch_rate: Rate | None = None
-        p1: float | None = None
-        if model_dir is not None:
-            torch_rate, reference = torch_encode(model_dir, texts, streams)
-            p1 = float(np.percentile(cosine(reference, hare_vectors), 1))
-    return BulkFigures(n, tokens, model_rate, hare, job, torch_rate, rss, rss_quarter, p1)
+    hare_at = len(outcome.candidates)
+    outcome.add(HARE_RUN, "hare run (start and load included)", hare)
+    if options.model_dir is None:
+        return
+    space = workspace(options.model_dir, options.bundle, options.work)
+    reference: np.ndarray | None = None
+    for key in sorted(peers, key=lambda k: k != "torch"):  # torch first: the reference
+        check()
+        say(f"{key}: loading, then {n:,} texts")
+        try:
+            wall, cpu, vectors = encode_corpus(space, key, texts, streams)
+        except Skip as exc:
+            say(f"{key} skipped: {exc}")
+            outcome.add(key, LABELS[key], None, skipped=str(exc))
+            continue
+        if key == "torch":
+            reference = vectors
+            outcome.candidates[hare_at]["cosine_p1"] = _p1(reference, hare_vectors)
+        outcome.add(key, LABELS[key], _rate(n, wall, cpu), _p1(reference, vectors) if reference is not None else None)
+
+
+def _p1(reference: np.ndarray, vectors: np.ndarray) -> float:
+    return float(np.percentile(cosine(reference, vectors), 1))
+
+
+def _jsonl(path: Path, texts: list[str]) -> None:
+    path.write_bytes(b"".join(orjson.dumps({"id": i, "text": t}) + b"\n" for i, t in enumerate(texts)))
 
 
 def _vectors(path: Path) -> np.ndarray:
@@ -186,28 +317,3 @@ def _vectors(path: Path) -> np.ndarray:
 
     column = pq.read_table(path, columns=["embeddings"]).column("embeddings").combine_chunks()
     return np.asarray(column.flatten(), np.float32).reshape(len(column), -1)
-
-
-def rows(figures: BulkFigures) -> list[tuple[str, str]]:
-    """The figures as (what, value) lines for a table."""
-    f = figures
-
-    def rate(r: Rate) -> str:
-        return f"{r.rows_per_s:,.1f} rows/s, {r.cpu_per_1000:,.1f} CPU s per 1,000 rows"
-
-    out = [
-        ("texts", f"{f.rows:,} ({f.tokens:,} tokens)"),
-        ("model-only", rate(f.model_only)),
-        ("hare run", f"{rate(f.hare)} (the job alone {f.hare_job_rows_per_s:,.1f} rows/s)"),
-        ("hare run / model-only", _ratios(f.hare, f.model_only)),
-    ]
-    if f.torch is not None:
-        out.append(("torch encode, batch 32", rate(f.torch)))
-        out.append(("hare run / torch", _ratios(f.hare, f.torch)))
-        out.append(("cosine p1 hare vs torch", f"{f.cosine_p1:.4f}"))
-    out.append(("peak RSS", f"{f.rss_mb:,.0f} MB (a quarter of the corpus: {f.rss_quarter_mb:,.0f} MB)"))
-    return out
-
-
-def _ratios(a: Rate, b: Rate) -> str:
-    return f"{a.rows_per_s / b.rows_per_s:.2f}x by the wall clock, {b.cpu_per_1000 / a.cpu_per_1000:.2f}x by CPU time"

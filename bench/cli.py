@@ -1,4 +1,4 @@
-"""`hare bench`: run | headline | overload | peers | model | ceiling | list | show | compare | export | report.
+"""`hare bench`: run | headline | overload | peers | bulk | model | ceiling | list | show | compare | export | report.
 
 hare bench run BUNDLE --seq 8,128 --batch 1 --concurrency 2 --baseline vanilla,comet
 hare bench run http://127.0.0.1:8000 --bundle BUNDLE        (a server already running)
@@ -6,6 +6,8 @@ hare bench run BUNDLE --load open --rate 50,100 --duration 20
 hare bench headline                                         (the issue's scenario, with its goals)
 hare bench peers [MODEL_DIR] [--bundle BUNDLE]              (in process: hare's bundle vs sentence-transformers,
                                                              its ONNX/OpenVINO backends and int8, fastembed)
+hare bench bulk [BUNDLE] --rows 20000                       (hare run over a corpus vs the model alone and the
+                                                             peers' encode/embed, batch 32)
 hare bench model mpnet-base DIR                             (a random-weights folder of a real geometry)
 hare bench ceiling                                          (the load generator against a trivial server)
 hare bench list | show RUN | compare RUN RUN | export RUN --format csv | report RUN --format html
@@ -172,13 +174,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     peers.add_argument("--name", default="", help="a label for the run")
     _common(peers)
 
-    bulk = sub.add_parser("bulk", help="`hare run` over a corpus vs the model alone and torch encode (bench/bulk.py)")
+    bulk = sub.add_parser(
+        "bulk",
+        help="`hare run` over a corpus vs the model alone and the peers' encode/embed (bench/bulk.py)",
+        description="See bench/bulk.py for each candidate; a peer whose packages are missing is skipped, saying why.",
+    )
     bulk.add_argument(
         "bundle", nargs="?", type=Path, default=Path("bundles/all-MiniLM-L6-v2"), help="an embedding bundle"
     )
-    bulk.add_argument("--rows", type=int, default=20_000, help="texts in the corpus (default 20,000)")
-    bulk.add_argument("--model-dir", type=Path, help="torch's model folder (default: the default model's)")
-    bulk.add_argument("--no-torch", action="store_true", help="leave sentence-transformers out")
+    bulk.add_argument("--rows", type=int, default=20_000, help="texts of 10-300 tokens in the corpus (default 20,000)")
+    bulk.add_argument("--model-dir", type=Path, help="the peers' model folder (default: the default model's)")
+    bulk.add_argument("--skip", type=_names, default=[], help="peers to leave out: torch,onnx,openvino,fastembed")
+    bulk.add_argument("--streams", type=int, default=0, help="cores for every candidate (default: physical cores)")
+    bulk.add_argument("--work", type=Path, default=None, help="where the peers' exports are kept (default: cache)")
+    bulk.add_argument("--name", default="", help="a label for the run")
+    _common(bulk)
 
     model = sub.add_parser("model", help="write a random-weights model folder of a real checkpoint's geometry")
     model.add_argument("name", choices=sorted(GEOMETRIES), help="the geometry (see bench/geometries.py)")

@@ -156,18 +156,34 @@ def peers(args: argparse.Namespace) -> int:
 
 
 def bulk(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from bench import bulk
+    from bench.bulk import BulkOptions, run_bulk
+    from bench.bulk_peers import PEERS
     from container.defaults import default_model_dir
 
-    model_dir = None if args.no_torch else (args.model_dir or default_model_dir())
-    figures = bulk.measure(args.bundle, args.rows, model_dir)
-    table = Table(title=f"hare bench bulk: {args.bundle}", show_header=False, title_justify="left")
-    for what, value in bulk.rows(figures):
-        table.add_row(what, value)
-    wide_console().print(table)
-    return 0
+    unknown = sorted(set(args.skip) - set(PEERS))
+    if unknown:
+        raise InputError(f"unknown peers {', '.join(unknown)}; choose among {', '.join(PEERS)}")
+    if args.rows < 8:
+        raise InputError("--rows: at least 8 texts (hare run also runs on a quarter of them)")
+    if not (args.bundle / "hare.json").is_file():
+        raise InputError(f"{args.bundle} is not a hare bundle (no hare.json): build one with `hare optimize`")
+    peers = tuple(p for p in PEERS if p not in args.skip)
+    model_dir = args.model_dir or default_model_dir()
+    options = BulkOptions(
+        bundle=args.bundle,
+        rows=args.rows,
+        model_dir=model_dir if peers else None,
+        peers=peers,
+        streams=args.streams,
+        work=args.work,
+        name=args.name,
+    )
+    store = open_store(args)
+    with cancellable() as stop:
+        run_id = run_bulk(options, store, stop)
+    run = store.run(run_id)
+    print_run(store, run_id)
+    return CANCELLED if run.status == "cancelled" else (0 if run.status == "done" else 1)
 
 
 def model(args: argparse.Namespace) -> int:

@@ -39,6 +39,11 @@ KINDS: dict[str, tuple[str, str]] = {
         "In process: hare's bundle against sentence-transformers (torch, ONNX, OpenVINO, int8) and fastembed "
         "on the same texts, with each one's cosine to torch.",
     ),
+    "bulk": (
+        "hare bench bulk",
+        "`hare run` over a corpus of 10-300-token texts against the bundle's own model-only rate and the peers' "
+        "encode/embed at batch 32 on the same texts, each with its cosine to torch, and issue 49's goals.",
+    ),
     "quick": ("hare bench run --quick", "Two short points: a smoke test, not a measurement."),
 }
 OLD_OVERLOAD = (
@@ -153,6 +158,10 @@ def tables(store: Store, run: Run) -> list[Table]:
         from bench.peers.tables import peers_tables
 
         return peers_tables(run.summary, run.settings)
+    if run.kind == "bulk":
+        from bench.bulk_tables import bulk_tables
+
+        return bulk_tables(run.summary, run.settings)
     points = store.points(run.id)
     out = [points_table(points)] if points else []
     ratios = store.ratios(run.id)
@@ -175,7 +184,12 @@ def overload_goals(store: Store, run: Run) -> list[str]:
 
 
 def notes(run: Run) -> list[str]:
-    """The lines `hare bench show` prints under a peers run's tables (load average, how exports were made)."""
+    """The lines `hare bench show` prints under a peers or bulk run's tables (load average, how exports were
+    made, a bulk run's corpus and memory)."""
+    if run.kind == "bulk":
+        from bench.bulk_tables import notes as bulk_notes
+
+        return bulk_notes(run.summary, run.settings)
     if run.kind != "peers":
         return []
     from bench.peers.tables import peers_notes

@@ -48,6 +48,14 @@ def print_run(store: Store, run_id: int) -> None:
 
         print_peers(run.summary, run.settings)
         return
+    if run.kind == "bulk":
+        from bench.bulk_tables import bulk_tables, notes
+
+        for table in bulk_tables(run.summary, run.settings):
+            console.print(table)
+        for note in notes(run.summary, run.settings):
+            console.print(note)
+        return
     console.print(points_table(store.points(run_id)))
     ratios = store.ratios(run_id)
     if ratios:

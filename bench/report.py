@@ -218,6 +218,17 @@ def _goal_rows(goals: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[st
     return head, rows
 
 
+def _rich_rows(table: Any) -> tuple[list[str], list[list[str]]]:
+    """A rich Table's header and cells as plain text (its markup dropped)."""
+    from rich.text import Text
+
+    def plain(x: Any) -> str:
+        return x.plain if isinstance(x, Text) else Text.from_markup(str(x)).plain
+
+    head = [plain(c.header) for c in table.columns]
+    return head, [list(r) for r in zip(*([plain(x) for x in c.cells] for c in table.columns), strict=True)]
+
+
 def _html_table(head: list[str], rows: list[list[str]]) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
@@ -258,6 +269,12 @@ def write_report(store: Store, run_id: int, out: Path, fmt: str) -> Path:
         "with the server (its CPU use is the client cpu column, in cores). model-only is the bundle's ONNX session "
         "called in process on pre-tokenized inputs, one stream."
     )
+    if run.kind == "bulk":  # no points: its figures are in its summary (bench/bulk_tables.py)
+        from bench.bulk_tables import bulk_tables
+        from bench.bulk_tables import notes as bulk_notes
+
+        sections = [(str(t.title), _rich_rows(t)) for t in bulk_tables(run.summary, run.settings)]
+        notes = "; ".join(bulk_notes(run.summary, run.settings)) + "."
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "md":
         assets = out.with_name(out.stem + "-files")

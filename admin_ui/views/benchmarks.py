@@ -14,7 +14,7 @@ from typing import Any
 
 import streamlit as st
 
-from admin_ui import benchpoints, benchruns, charts, state
+from admin_ui import benchbulk, benchpoints, benchruns, charts, state
 from admin_ui.benchjob import BenchConfig, BenchJob
 from admin_ui.benchprogress import Plan, Progress, live_point_rows
 from admin_ui.percentiles import needed_answers, resolved
@@ -163,6 +163,9 @@ def _results_panel(store: Store) -> None:
     run = by_id[run_id]
     if run.status in ("failed", "cancelled") and run.message:
         st.warning(benchruns.run_outcome(run))
+    if run.kind == "bulk":  # no points: a bulk run's figures are its summary's
+        _bulk(run)
+        return
     points = store.points(run.id)
     if not points:
         st.info("This run has no measured point.")
@@ -190,6 +193,23 @@ def _results_panel(store: Store) -> None:
         st.markdown("**hare against its baselines (same run, same settings; above 1 means hare is ahead)**")
         common.rows_table(ratios)
         st.altair_chart(charts.target_bars(benchpoints.throughput_rows(full)), width="stretch")
+    with st.expander("Machine, versions and settings of this run"):
+        st.json({"machine": run.machine, "versions": run.versions, "settings": run.settings}, expanded=False)
+
+
+def _bulk(run: Any) -> None:
+    """A `hare bench bulk` run: its candidates and goals as tables, its corpus, memory and load below."""
+    view = benchbulk.bulk_view(run)
+    if not view.candidates:
+        st.info("This bulk run measured nothing.")
+        return
+    st.markdown("**hare run against the model alone and its peers: one pass over the same texts each**")
+    common.table(view.candidates, view.numeric, key="hare-bulk", widths={"candidate": 240, "skipped because": 320})
+    if view.goals:
+        st.markdown("**Goals (issue 49)**")
+        common.table(view.goals, view.numeric, key="hare-bulk-goals", widths={"goal": 380})
+    for note in view.notes:
+        st.caption(note)
     with st.expander("Machine, versions and settings of this run"):
         st.json({"machine": run.machine, "versions": run.versions, "settings": run.settings}, expanded=False)
 

@@ -39,11 +39,13 @@ class Skip(Exception):
 @dataclass
 class Encoder:
     """One loaded candidate at one thread count: `encode` texts to vectors; `enter` before each slot; `close`
-    when the run is over (a server to stop)."""
+    when the run is over (a server to stop); `model` the library's own object, for a caller that makes its own
+    calls (`hare bench bulk` calls encode or embed once over a whole corpus, bench/bulk_peers.py)."""
 
     encode: Callable[[list[str]], Vectors]
     enter: Callable[[], None] = lambda: None
     close: Callable[[], None] = lambda: None
+    model: Any = None
 
 
 def missing(key: str) -> str:

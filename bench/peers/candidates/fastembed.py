@@ -39,7 +39,7 @@ def load_fastembed(space: Workspace, threads: int) -> Encoder:
     def encode(texts: list[str]) -> Vectors:
         return np.stack(list(model.embed(texts, batch_size=len(texts)))).astype(np.float32)
 
-    return Encoder(encode)
+    return Encoder(encode, model=model)
 
 
 def fastembed_folder(space: Workspace) -> tuple[Path, str]:

@@ -31,7 +31,7 @@ def st_encoder(model: Any, enter: Callable[[], None] = lambda: None) -> Encoder:
         vectors = model.encode(texts, batch_size=len(texts), convert_to_numpy=True, show_progress_bar=False)
         return np.asarray(vectors, dtype=np.float32)
 
-    return Encoder(encode, enter)
+    return Encoder(encode, enter, model=model)
 
 
 def export_folder(space: Workspace, backend: str) -> Path:

@@ -1,0 +1,116 @@
+"""`hare bench bulk` (bench/bulk.py): its corpus has the lengths it promises; one real run on a tiny
+sentence-transformers model (the model alone, `hare run` in a child process, torch's encode, a peer that is not
+installed) is stored as a run of kind "bulk" that `hare bench show`, the results page, a run's report and the
+console show. No timing is asserted: only that every figure was measured and is shown."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from admin_ui.benchbulk import bulk_view
+from bench import measure
+from bench.bulk import BulkOptions, corpus, run_bulk
+from bench.inputs import load_tokenizer
+from bench.page import render
+from bench.peers.candidates import base
+from bench.readout import print_run
+from bench.report import write_report
+from bench.store import Run, Store
+from tasks.errors import InputError
+from tests.conftest import ModelFactory, quick_bundle
+from tests.test_console_support import benchmarks_page
+from tests.tiny_models import make_sentence_transformer
+
+ROWS = 160
+
+
+@pytest.fixture(scope="module")
+def bulk_run(tiny_model: ModelFactory, tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, Run]:
+    """One run on a tiny model's fp32 bundle: torch, and fastembed made absent whatever this environment holds."""
+    work = tmp_path_factory.mktemp("bulk")
+    folder = make_sentence_transformer(work / "model", tiny_model("feature-extraction"), pooling="mean")
+    bundle = quick_bundle(folder, "feature-extraction", work / "bundle")
+    store = Store(work / "bench.db")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(base.NEEDS, "fastembed", ("fastembed_not_installed_here",))
+        options = BulkOptions(bundle, ROWS, folder, ("torch", "fastembed"), 2, 10, 60, work / "exports", "tiny")
+        run_id = run_bulk(options, store, say=lambda _: None)
+    return store, store.run(run_id)
+
+
+def test_the_corpus_runs_from_shortest_to_longest(fp32_bundle: ModelFactory) -> None:
+    tok = load_tokenizer(fp32_bundle("feature-extraction") / "tokenizer.json")
+    lengths = [len(e.ids) for e in tok.encode_batch(corpus(tok, 300, 10, 60))]
+    assert min(lengths) >= 9 and max(lengths) <= 61  # a cut at a token boundary may merge or split one token
+    assert min(lengths) <= 15 and max(lengths) >= 55
+
+
+def test_a_run_measures_every_candidate_and_skips_an_absent_peer_saying_why(bulk_run: tuple[Store, Run]) -> None:
+    _, run = bulk_run
+    assert (run.kind, run.status, run.name) == ("bulk", "done", "tiny")
+    assert run.machine["cpu"] and run.machine["physical_cores"] >= 1 and run.versions["onnxruntime"]
+    s = run.summary
+    assert s["rows"] == ROWS and s["tokens"] > ROWS * 9 and s["streams"] == 2
+    by_key = {c["key"]: c for c in s["candidates"]}
+    assert list(by_key) == ["model-only", "hare-run", "torch", "fastembed"]
+    for key in ("model-only", "hare-run", "torch"):
+        assert by_key[key]["rows_s"] > 0 and by_key[key]["cpu_per_1000"] > 0 and not by_key[key]["skipped"]
+    # hare's fp32 bundle answers what torch answers; torch is the reference itself
+    assert by_key["hare-run"]["cosine_p1"] > 0.999 and by_key["torch"]["cosine_p1"] > 0.9999
+    assert by_key["model-only"]["cosine_p1"] is None
+    assert "not installed: fastembed_not_installed_here" in by_key["fastembed"]["skipped"]
+    assert by_key["fastembed"]["rows_s"] is None
+    assert s["rss_quarter_mb"] > 50 and 50 < s["rss_mb"] < 2000 and s["hare_job_rows_s"] > 0
+    goals = {g["goal"].split(" (")[0]: g for g in s["goals"]}
+    assert goals["hare run rows/s over model-only"]["value"] > 0
+    assert goals["hare run over the fastest peer at cosine p1 >= 0.99"]["value"] > 0  # torch, the only peer
+    assert goals["hare run peak RSS, MB"]["met"] is True
+
+
+def test_show_the_results_page_and_a_report_list_a_bulk_run(
+    bulk_run: tuple[Store, Run], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, run = bulk_run
+    print_run(store, run.id)
+    shown = capsys.readouterr().out
+    assert "hare run (start and load included)" in shown and "fastembed_not_installed_here" in shown
+    page = render(store)
+    assert "## bulk: `hare bench bulk`" in page and f"### Run {run.id}," in page
+    assert "| sentence-transformers torch (reference) |" in page and "peak RSS" in page
+    report = write_report(store, run.id, tmp_path / "bulk.html", "html").read_text()
+    assert "hare run rows/s over model-only" in report and "% of model-only" in report
+
+
+def test_the_console_shows_a_bulk_run(bulk_run: tuple[Store, Run], monkeypatch: pytest.MonkeyPatch) -> None:
+    store, run = bulk_run
+    view = bulk_view(run)
+    assert [r["candidate"].split(" ")[0] for r in view.candidates] == [
+        "the",
+        "hare",
+        "sentence-transformers",
+        "fastembed",
+    ]
+    assert view.candidates[0]["% of model-only"] == "100.0" and view.candidates[3]["rows/s"] == "–"
+    assert len(view.candidates[2]["cosine p1 to torch"].split(".")[1]) == 4
+    monkeypatch.setenv("HARE_CONSOLE_BENCH_DB", str(store.path))
+    monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", "http://127.0.0.1:9")
+    at = AppTest.from_function(benchmarks_page, default_timeout=30).run()
+    assert not at.exception
+    frames = [f.value for f in at.dataframe]
+    bulk = next(f for f in frames if "% of model-only" in f.columns)
+    assert list(bulk["candidate"])[1] == "hare run (start and load included)"
+    assert any("goal" in f.columns for f in frames)
+    assert any("peak RSS" in c.value for c in at.caption)
+
+
+def test_bench_bulk_refuses_an_unknown_peer_and_a_folder_that_is_no_bundle(tmp_path: Path) -> None:
+    args = argparse.Namespace(bundle=tmp_path, rows=100, skip=["pytorch"], model_dir=None, streams=0, work=None)
+    with pytest.raises(InputError, match="unknown peers pytorch"):
+        measure.bulk(args)
+    args.skip = []
+    with pytest.raises(InputError, match="not a hare bundle"):
+        measure.bulk(args)
