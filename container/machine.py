@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import os
 import platform
+import shutil
+import subprocess
 from collections.abc import Sequence
 from functools import cache
 from importlib import metadata
@@ -95,7 +97,7 @@ def physical_cores() -> int:
 
 @cache
 def describe() -> dict[str, Any]:
-    """CPU model, core counts and the instruction-set flags that matter for inference."""
+    """CPU model, core counts, the instruction-set flags that matter for inference, and the GPUs."""
     model, flags = platform.processor() or platform.machine(), set[str]()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
@@ -113,7 +115,36 @@ def describe() -> dict[str, Any]:
         "flags": kept,
         "int8_path": int8_path(kept),
         "platform": platform.platform(),
+        "gpus": gpus(),
     }
+
+
+def gpus() -> list[str]:
+    """Each NVIDIA GPU as nvidia-smi names it, with its driver and memory ([] where there is none)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    query = ["--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+    try:
+        listed = subprocess.run([smi, *query], capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    named = []
+    for line in listed.splitlines():
+        name, driver, memory = ([*map(str.strip, line.split(",")), "", ""])[:3]
+        if name:
+            named.append(f"{name} (driver {driver}, {memory})")
+    return named
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+    """A stored run's machine (describe()'s record) in one line, as every report shows it."""
+    m = machine
+    line = (
+        f"{m.get('cpu', '?')}, {m.get('physical_cores', '?')} physical / {m.get('logical_cores', '?')} logical "
+        f"cores, int8 path {m.get('int8_path', '?')}, flags {' '.join(m.get('flags', [])) or '-'}"
+    )
+    return line + "".join(f"; GPU {g}" for g in m.get("gpus", []))
 
 
 def int8_path(flags: list[str]) -> str:

@@ -119,3 +119,19 @@ def test_int8_weights_of_the_levels_this_cpu_is_given_add_up_exactly(levels: int
     exact = a.astype(np.int64) @ b.astype(np.int64)
     here = machine.describe()["int8_path"]
     assert np.array_equal(_matmul_integer(a, b), exact) == (levels <= weight_levels(here))
+
+
+def test_a_run_names_its_gpus_with_their_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "NVIDIA H200, 580.95.05, 143771 MiB"\necho "NVIDIA H200, 580.95.05, 143771 MiB"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert machine.gpus() == ["NVIDIA H200 (driver 580.95.05, 143771 MiB)"] * 2
+    line = machine.machine_line({"cpu": "Xeon", "physical_cores": 16, "logical_cores": 32, "gpus": machine.gpus()})
+    assert line.endswith(
+        "; GPU NVIDIA H200 (driver 580.95.05, 143771 MiB); GPU NVIDIA H200 (driver 580.95.05, 143771 MiB)"
+    )
+    smi.write_text("#!/bin/sh\nexit 9\n")  # a driver that fails: no GPU named, no crash
+    assert machine.gpus() == []
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert machine.gpus() == []
