@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from admin_ui.tables import MISSING, cell
-from bench.bulk_tables import DIGITS, candidate_rows, goal_rows, notes
+from bench.bulk_tables import DIGITS, candidate_rows, goals, notes
 from bench.store import Run
 
 GOAL_DIGITS = {"figure": 3}
@@ -26,8 +26,8 @@ def bulk_view(run: Run) -> BulkView:
     """A bulk run as the console shows it: its candidates (rows/s, tokens/s, share of the model-only rate, CPU
     per row, cosine p1 to torch, why a peer was skipped), the issue's goals, and the lines under them."""
     rows = [_text(r, DIGITS) for r in candidate_rows(run.summary)]
-    goals = [_text(g, GOAL_DIGITS) for g in goal_rows(run.summary)]
-    return BulkView(rows, goals, notes(run.summary, run.settings), [*DIGITS, *GOAL_DIGITS, "target"])
+    judged = [_text(g, GOAL_DIGITS) for g in goals(run.summary)]
+    return BulkView(rows, judged, notes(run.summary, run.settings), [*DIGITS, *GOAL_DIGITS, "target"])
 
 
 def _text(row: Mapping[str, Any], digits: Mapping[str, int]) -> dict[str, str]:

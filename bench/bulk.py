@@ -35,7 +35,7 @@ import orjson
 from tokenizers import Tokenizer
 
 from bench.bulk_peers import LABELS, PEERS, encode_corpus, workspace
-from bench.bulk_tables import HARE_RUN, MODEL_ONLY, goals
+from bench.bulk_tables import HARE_RUN, MODEL_ONLY
 from bench.inputs import load_tokenizer
 from bench.peers.candidates.base import Skip, reason
 from bench.peers.texts import prose
@@ -248,7 +248,6 @@ def run_bulk(
 def _summary(outcome: Outcome, load_start: tuple[float, float, float]) -> dict[str, Any]:
     return {
         **outcome.__dict__,
-        "goals": goals(outcome.candidates, outcome.rss_mb),
         "load_start": list(load_start),
         "load_end": list(os.getloadavg()),
     }
