@@ -90,6 +90,7 @@ class Outcome:
     hare_job_rows_s: float | None = None
     rss_mb: float = 0.0
     rss_quarter_mb: float = 0.0
+    exports: dict[str, str] = field(default_factory=dict)  # how the peers' exports were made and compute
 
     def add(self, key: str, label: str, rate: Rate | None, cosine_p1: float | None = None, skipped: str = "") -> None:
         self.candidates.append(
@@ -301,6 +302,7 @@ def _measure(
             reference = vectors
             outcome.candidates[hare_at]["cosine_p1"] = _p1(reference, hare_vectors)
         outcome.add(key, LABELS[key], _rate(n, wall, cpu), _p1(reference, vectors) if reference is not None else None)
+        outcome.exports = dict(space.notes)
 
 
 def _p1(reference: np.ndarray, vectors: np.ndarray) -> float:

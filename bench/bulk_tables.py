@@ -13,6 +13,7 @@ The summary a bulk run stores (Run.summary):
     hare_job_rows_s     `hare run`'s own job time (its --summary: without process start and bundle load)
     rss_mb, rss_quarter_mb   `hare run`'s peak RSS on the corpus and on its first quarter
     load_start, load_end     the machine's load average (1, 5, 15 min)
+    exports             what the peers' loaders noted (how an export was made, what OpenVINO computes in)
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def notes(summary: dict[str, Any], settings: dict[str, Any]) -> list[str]:
     start, end = summary.get("load_start"), summary.get("load_end")
     if start and end:
         out.append(f"load average (1, 5, 15 min): {_loads(start)} at the start, {_loads(end)} at the end")
-    return out
+    return out + [f"{key}: {note}" for key, note in summary.get("exports", {}).items()]
 
 
 def _loads(values: Sequence[float]) -> str:
