@@ -265,7 +265,10 @@ class Settings:
         "127.0.0.1,::1",
     )
     model_name: str | None = _setting(
-        "HARE_MODEL_NAME", _optional, "the model name /v1/embeddings reports (empty: the bundle's folder name)", None
+        "HARE_MODEL_NAME",
+        _optional,
+        "the model name clients see (OpenAI's model, KServe's); empty: the bundle's own (its folder's name when built)",
+        None,
     )
     log_level: str = _setting("HARE_LOG_LEVEL", _choice(LOG_LEVELS), "log level", "info")
     access_log: bool = _setting("HARE_ACCESS_LOG", parse_bool, "log every request line (never bodies)", False)

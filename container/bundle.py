@@ -64,6 +64,9 @@ class Manifest:
     int8_levels: the shipped dynamic int8 graph's weights' levels a side (64 where the build's CPU adds int8
       products in saturating 16-bit pairs: container/machine.py, weight_levels); 127 otherwise (full-range
       weights, fp32 and blockwise int8 graphs, bundles from before it was recorded).
+    name: what clients call the model (OpenAI's `model`, KServe's model name): the bundle folder's name when it
+      was built (`hare optimize --out`), kept when the folder is moved or mounted elsewhere (a container's
+      /bundle); empty in a bundle from before it was recorded (the folder's name is served then).
     pick: how autotune chose `variant` (container/optimize/autotune.py, Pick): winner, fastest, runner_up,
       margin (the runner-up's score over the fastest's, less 1), tie and tied, rounds, statistic, clear_margin;
       empty in a bundle from before it was recorded.
@@ -98,6 +101,7 @@ class Manifest:
     budget_machine: dict[str, Any] = field(default_factory=dict)
     pick: dict[str, Any] = field(default_factory=dict)
     int8_levels: int = FULL_LEVELS
+    name: str = ""
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

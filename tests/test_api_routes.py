@@ -64,6 +64,26 @@ async def test_info_describes_the_bundle_and_the_process(ner: AppClient) -> None
     assert "aggregation_strategy" in info["parameters"] and isinstance(info["pid"], int)
 
 
+async def test_a_bundle_keeps_the_name_it_was_built_under_wherever_it_is_mounted(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    """A container mounts its bundle at /bundle: clients still address the model by the name it was built
+    under (OpenAI's model, KServe's URL), or by HARE_MODEL_NAME; a bundle from before names were recorded
+    goes by its folder's name."""
+    built = tiny_bundle("feature-extraction")
+    bundle = shutil.copytree(built, tmp_path / "bundle")
+    async with serve(bundle) as client:
+        assert (await client.get("/info")).json()["model"] == built.name
+        assert (await client.post("/v1/embeddings", json={"input": "hi"})).json()["model"] == built.name
+        assert (await client.get(f"/v2/models/{built.name}")).status_code == 200
+    async with serve(bundle, HARE_MODEL_NAME="mine") as client:
+        assert (await client.get("/info")).json()["model"] == "mine"
+    manifest = json.loads((bundle / "hare.json").read_text())
+    (bundle / "hare.json").write_text(json.dumps({k: v for k, v in manifest.items() if k != "name"}))
+    async with serve(bundle) as client:
+        assert (await client.get("/info")).json()["model"] == "bundle"
+
+
 async def test_the_batch_budget_is_the_bundles_unless_the_operator_sets_one(
     tiny_bundle: ModelFactory, tmp_path: Path
 ) -> None:

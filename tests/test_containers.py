@@ -189,8 +189,8 @@ def test_cpu_image_becomes_ready_and_its_start_time_is_recorded(
         assert time.monotonic() < deadline, log
         time.sleep(0.5)
     info = httpx.get(f"{url}/info", timeout=5).json()
-    embedded = ("feature-extraction", "bert", "mean", True)  # all-MiniLM-L6-v2 (its name is the folder's: "bundle")
-    assert (info["task"], info["model_type"], info["pooling"], info["normalize"]) == embedded, info
+    embedded = ("all-MiniLM-L6-v2", "feature-extraction", "bert", "mean", True)  # by its name, not /bundle's
+    assert (info["model"], info["task"], info["model_type"], info["pooling"], info["normalize"]) == embedded, info
     _log(f"hare:cpu: docker run to /ready in {took:.2f} s (goal {READY_BUDGET_S:g} s)")
 
 

@@ -169,7 +169,7 @@ async def load(settings: Settings) -> Resources:
             encoder.window_tokens,
         ),
         limiter=RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None,
-        model_name=settings.model_name or settings.bundle.resolve().name,
+        model_name=settings.model_name or manifest.name or settings.bundle.resolve().name,
         compute_type="gpu+optimized" if on_gpu else "cpu+optimized",
     )
     res.info = orjson.dumps(_info(res))

@@ -363,6 +363,7 @@ def manifest(
         activation=src.activation,
         pad_id=src.pad_id or 0,
         pair_template=src.pair_template,
+        name=opts.out.resolve().name,
         heads=src.sparse.outputs if src.sparse else [],
         **(autotune.budget_fields(token_rates, streams) if token_rates else {}),
     )
