@@ -17,6 +17,7 @@ from rich.table import Table
 
 from bench.store import Run, Store
 from bench.tables import markdown, points_table, ratios_table
+from container.machine import machine_line
 
 # kind -> the command that makes such runs, and what they measure; the page's sections go in this order.
 KINDS: dict[str, tuple[str, str]] = {
@@ -121,11 +122,7 @@ def run_section(store: Store, run: Run) -> list[str]:
 
 def _facts(run: Run) -> list[tuple[str, str]]:
     m = run.machine
-    machine = (
-        f"{m.get('cpu', '?')}, {m.get('physical_cores', '?')} physical / {m.get('logical_cores', '?')} logical "
-        f"cores, int8 path {m.get('int8_path', '?')}, flags {' '.join(m.get('flags', [])) or '-'}"
-        + (f", {m['platform']}" if m.get("platform") else "")
-    )
+    machine = machine_line(m) + (f", {m['platform']}" if m.get("platform") else "")
     same_day = (run.finished_at or "")[:10] == run.created_at[:10]
     end = _when(run.finished_at, "%H:%M:%S UTC" if same_day else "%Y-%m-%d %H:%M:%S UTC")
     status = f"{run.status}, {_when(run.created_at, '%H:%M:%S UTC')} to {end}"

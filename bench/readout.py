@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bench.store import Store
 from bench.tables import wide_console
+from container.machine import machine_line
 from tasks.errors import InputError
 
 
@@ -38,8 +39,7 @@ def print_run(store: Store, run_id: int) -> None:
     m = run.machine
     console.print(
         f"[bold]run {run.id}[/] {run.kind} {run.status} · {run.task} · {run.target}\n"
-        f"machine: {m.get('cpu', '?')}, {m.get('physical_cores', '?')} physical / {m.get('logical_cores', '?')} "
-        f"logical cores, flags {' '.join(m.get('flags', []))}\n"
+        f"machine: {machine_line(m)}\n"
         f"versions: {' '.join(f'{k} {v}' for k, v in run.versions.items())}\n"
         f"bundle manifest sha256: {run.manifest_hash or '-'}" + (f"\nmessage: {run.message}" if run.message else "")
     )

@@ -19,6 +19,7 @@ from typing import Any
 
 from bench.store import Point, Ratio, Run, Store
 from bench.tables import POINT_COLUMNS, RATIO_COLUMNS, fmt, md_table, point_row, ratio_row
+from container.machine import machine_line
 from tasks.errors import InputError
 
 COLORS = {"hare": "#d9480f", "vanilla": "#495057", "comet": "#1c7ed6", "model-only": "#2b8a3e"}
@@ -242,8 +243,7 @@ def _header(run: Run) -> list[tuple[str, str]]:
         ("when", f"{run.created_at} to {run.finished_at or '-'}"),
         ("task", run.task),
         ("measured", run.target),
-        ("machine", f"{m.get('cpu', '?')}, {m.get('physical_cores', '?')} physical / "
-                    f"{m.get('logical_cores', '?')} logical cores, flags {' '.join(m.get('flags', [])) or '-'}"),
+        ("machine", machine_line(m)),
         ("versions", ", ".join(f"{k} {v}" for k, v in run.versions.items())),
         ("bundle manifest sha256", run.manifest_hash or "-"),
         ("message", run.message or "-"),

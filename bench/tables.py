@@ -89,7 +89,8 @@ def runs_table(runs: Sequence[Run]) -> Table:
             r.kind,
             r.task,
             r.target,
-            f"{r.machine.get('cpu', '')} ({r.machine.get('physical_cores', '?')} cores)",
+            f"{r.machine.get('cpu', '')} ({r.machine.get('physical_cores', '?')} cores)"
+            + "".join(f", {g.split(' (driver')[0]}" for g in r.machine.get("gpus", [])),
             r.message[:60],
         )
     return table
