@@ -15,20 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding
 
 from api.bulk.columns import Answers, item_name, per_input
 from api.bulk.reader import Chunk, Reject
 from api.config import Settings
 from api.engine.backend import Backend
-from api.engine.encoder import Encoder, vocab
-from api.engine.pipeline import model_info
-from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
-from container.runtime import bound_malloc
+from api.engine.opened import open_bundle
+from container.bundle import MODEL_FILE
 from tasks.base import TRUNCATE, Inputs, LongInput, Outputs
 from tasks.errors import InputError, InvalidRequest
 from tasks.ops import length_batches
-from tasks.registry import TASKS
 
 LONG_INPUTS = ("truncate", "window", "refuse")  # the values of /predict's long_input (tasks.base.LongInput)
 
@@ -56,12 +53,10 @@ class BulkModel:
     `settings` gives the batch budget and the target, as `hare serve` resolves them for this bundle."""
 
     def __init__(self, settings: Settings, raw: Mapping[str, object], long_input: str = "truncate") -> None:
-        manifest = read_manifest(settings.bundle)
-        if manifest.task not in TASKS:
-            raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
-        self.settings = settings = settings.for_bundle(manifest)
-        self.manifest = manifest
-        self.task = task = TASKS[manifest.task]
+        opened = open_bundle(settings)
+        self.settings = settings = opened.settings
+        self.manifest = manifest = opened.manifest
+        self.task = task = opened.task
         if long_input not in LONG_INPUTS:
             raise InputError(f"--long-input must be one of {', '.join(LONG_INPUTS)}, got {long_input!r}")
         if long_input == "window" and not task.windows:
@@ -71,13 +66,11 @@ class BulkModel:
             raise InvalidRequest(
                 f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {', '.join(task.parameters)}"
             )
-        tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
-        self.model = model_info(settings.bundle, manifest, task, vocab(tokenizer))
+        self.model = opened.model
         self.params = task.parse_params(raw, self.model)
-        self.encoder = Encoder(tokenizer, manifest.max_length, task.windows, task.offsets)
+        self.encoder = opened.encoder
         self.long_input = long_input
         self.reading = LongInput.window(None, self.encoder.window_tokens) if long_input == "window" else TRUNCATE
-        bound_malloc()
         # One-thread sessions, called from one model thread per core: how the bundle's batch budget was measured.
         target = settings.target or manifest.target
         self.backend = Backend(

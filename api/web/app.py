@@ -18,25 +18,22 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding
 
 from api.config import Settings
 from api.engine.backend import Backend
 from api.engine.batching import Batcher
 from api.engine.cores import CorePool
-from api.engine.encoder import Encoder, vocab
-from api.engine.pipeline import Pipeline, model_info
+from api.engine.opened import open_bundle
+from api.engine.pipeline import Pipeline
 from api.engine.policy import BatchPolicy
 from api.web import errors, openapi, routes
 from api.web.metrics import Metrics, MetricsMiddleware
 from api.web.public import RateLimiter
 from api.web.schemas import COMMON, Limits
 from api.web.state import Resources
-from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, read_manifest, resolve_max_batch_tokens
+from container.bundle import MODEL_FILE, Manifest, resolve_max_batch_tokens
 from container.machine import int8_check, same_cpu, versions
-from container.runtime import bound_malloc
-from tasks.errors import InputError
-from tasks.registry import TASKS
 
 log = logging.getLogger("hare")
 
@@ -113,16 +110,10 @@ def create_app_from_env() -> Starlette:
 
 async def load(settings: Settings) -> Resources:
     """Open the bundle and build the worker's resources; the batching loop starts on the running loop."""
-    manifest = read_manifest(settings.bundle)
-    if manifest.task not in TASKS:
-        raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
-    _check_machine(settings, manifest)
-    settings = settings.for_bundle(manifest)
-    task = TASKS[manifest.task]
-    tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
+    opened = open_bundle(settings)
+    _check_machine(settings, opened.manifest)  # the operator's settings: what they left to the bundle
+    settings, manifest, task, encoder = opened.settings, opened.manifest, opened.task, opened.encoder
     metrics = Metrics()
-    words = vocab(tokenizer)
-    bound_malloc()
     # Session creation can take seconds on big models: off the loop, so the worker keeps its heartbeat.
     backend = await asyncio.to_thread(
         Backend,
@@ -130,13 +121,12 @@ async def load(settings: Settings) -> Resources:
         settings.target or manifest.target,
         settings.widths,
         manifest.output,
-        words.unk_id,
+        opened.words.unk_id,
         metrics.unknown_tokens.inc,
         settings.cpu_arena,
         manifest.pad_id,
     )
-    model = model_info(settings.bundle, manifest, task, words)
-    encoder = Encoder(tokenizer, manifest.max_length, task.windows, task.offsets)
+    model = opened.model
     on_gpu = backend.providers[0] != "CPUExecutionProvider"
     # The device does a GPU bundle's work: no CPU cores to account for.
     pool = None if on_gpu else CorePool(settings.cores, settings.core_pool)

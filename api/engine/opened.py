@@ -1,0 +1,51 @@
+"""A bundle opened for answering, as a server worker (api/web/app.py) and a bulk job (api/bulk/model.py) both
+need it: the manifest read and checked, the settings completed from it, the task, the tokenizer as an
+Encoder, and the served model's facts for post-processing. The ONNX Runtime sessions are left to each caller,
+which makes the ones it runs (a worker's widths, a bulk job's one-thread sessions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+
+from api.config import Settings
+from api.engine.encoder import Encoder, vocab
+from api.engine.pipeline import model_info
+from container.bundle import TOKENIZER_FILE, Manifest, read_manifest
+from container.runtime import bound_malloc
+from tasks.base import ModelInfo, TaskSpec, Vocab
+from tasks.errors import InputError
+from tasks.registry import TASKS
+
+
+@dataclass(frozen=True, slots=True)
+class OpenBundle:
+    """settings: the caller's, with what they left to the bundle filled from its manifest (Settings.for_bundle)."""
+
+    settings: Settings
+    manifest: Manifest
+    task: TaskSpec
+    words: Vocab
+    model: ModelInfo
+    encoder: Encoder
+
+
+def open_bundle(settings: Settings) -> OpenBundle:
+    """Open `settings.bundle`; InputError names what is wrong with it."""
+    manifest = read_manifest(settings.bundle)
+    if manifest.task not in TASKS:
+        raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
+    settings = settings.for_bundle(manifest)
+    task = TASKS[manifest.task]
+    tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
+    words = vocab(tokenizer)
+    bound_malloc()  # before the sessions are made: their buffers then go back to the system when freed
+    return OpenBundle(
+        settings=settings,
+        manifest=manifest,
+        task=task,
+        words=words,
+        model=model_info(settings.bundle, manifest, task, words),
+        encoder=Encoder(tokenizer, manifest.max_length, task.windows, task.offsets),
+    )
