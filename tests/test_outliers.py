@@ -12,14 +12,18 @@ all.)"""
 
 from __future__ import annotations
 
+import io
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from container.bundle import Manifest
 from container.machine import NARROW_LEVELS
-from container.optimize import pipeline
+from container.optimize import mixed, pipeline
+from container.optimize.cli import variant_table
 from tasks.registry import get_task
 from tests.outliers import Injected, activation_ratios, embeddings, inject_massive_activations
 from tests.tiny_models import make_model
@@ -50,16 +54,29 @@ def test_the_outliers_reach_the_projections_and_the_embeddings_still_tell_texts_
     assert cosines[~np.eye(len(vectors), dtype=bool)].mean() < 0.5
 
 
-def _optimize(folder: Path, out: Path) -> Manifest:
+def _optimize(
+    folder: Path,
+    out: Path,
+    only: Sequence[str] = ("fp32", "int8", "int8-per-channel", "int8-mixed"),
+    thresholds: Mapping[str, float] | None = None,
+) -> Manifest:
     options = pipeline.OptimizeOptions(
         model_dir=folder,
         task=get_task("feature-extraction"),
         out=out,
-        only=["fp32", "int8", "int8-per-channel", "int8-mixed"],
+        only=list(only),
         int8_levels=NARROW_LEVELS,  # exact on every x86 int8 kernel (module docstring)
+        thresholds=dict(thresholds or {}),
         **QUICK,  # type: ignore[arg-type]
     )
     return pipeline.optimize(options)
+
+
+def _table(manifest: Manifest) -> str:
+    """The variant table `hare optimize` prints, as text."""
+    console = Console(width=240, record=True, file=io.StringIO())
+    console.print(variant_table(manifest))
+    return console.export_text()
 
 
 def test_broken_int8_is_refused_with_its_figures_and_int8_mixed_takes_a_scale_per_token(
@@ -79,3 +96,42 @@ def test_broken_int8_is_refused_with_its_figures_and_int8_mixed_takes_a_scale_pe
     assert chosen["passed"] and chosen["gates"]["cosine_p1"]["passed"], chosen["gates"]
     shipped = reports[manifest.variant]
     assert shipped["passed"] and all(g["passed"] for g in shipped["gates"].values())
+
+
+def test_int8_mixed_splits_the_outlier_channels_where_no_matmul_may_stay_fp32(
+    decoder: tuple[Path, Injected], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every MatMul int8 misses the gate on this decoder (a delimiter's massive channels take its row's levels),
+    and here none may stay fp32 (as where the harm spreads over more MatMuls than the stage's cap). A split
+    computes the injected outlier channels in fp32 and quantizes the rest of each token without them, so the
+    inliers keep their levels: int8-mixed passes by splits alone. (Before, a split kept 1/48 of the rows by
+    weight size, 1 of 32 here, and quantized the activations with the outliers in them; with no fp32 allowed
+    the stage refused.)"""
+    monkeypatch.setattr(mixed, "MAX_FP32", 0.0)
+    folder, injected = decoder
+    manifest = _optimize(folder, tmp_path / "bundle", ["fp32", "int8-mixed"])
+    chosen = {v["name"]: v for v in manifest.variants}["int8-mixed"]
+    build = chosen["build"]
+    assert chosen["error"] is None and build["fp32"] == [] and build["split"], build
+    assert chosen["passed"] and chosen["gates"]["cosine_p1"]["passed"], chosen["gates"]
+    behind = [n for n in build["split"] if "layers.0/" not in n]  # behind layer 0, which writes the outliers
+    assert behind and all(set(injected.channels) <= set(build["channels"][n]) for n in behind), build["channels"]
+
+
+def test_a_refused_int8_mixed_says_its_figure_and_the_gate(
+    decoder: tuple[Path, Injected], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no int8 choice meets the gate, every int8 variant's entry says why: its figure against the gate
+    (int8-mixed's refusal starts with them, which the build's table shows), and fp32 ships."""
+    monkeypatch.setattr(mixed, "MAX_FP32", 0.0)
+    folder, _ = decoder
+    manifest = _optimize(folder, tmp_path / "bundle", ["fp32", "int8", "int8-mixed"], {"cosine_p1": 0.99999})
+    reports = {v["name"]: v for v in manifest.variants}
+    assert manifest.variant == "fp32"
+    gate = reports["int8"]["gates"]["cosine_p1"]
+    assert not reports["int8"]["passed"] and gate["value"] < gate["threshold"] == 0.99999
+    refusal = reports["int8-mixed"]["error"]
+    assert not reports["int8-mixed"]["passed"] and refusal.startswith("refused: at best cosine_p1 0."), refusal
+    assert "(gate 0.99999)" in refusal[:80] and "split instead" in refusal
+    row = next(line for line in _table(manifest).splitlines() if "int8-mixed" in line)
+    assert "(gate 0.99999)" in row

@@ -180,7 +180,11 @@ def variant_table(manifest: Manifest) -> Table:
     for col in ["variant", "MB", "max|Δ|", "gates", "ok", *[f"{p} ms" for p in points]]:
         table.add_column(col, justify="left" if col in ("variant", "gates") else "right")
     for v in manifest.variants:
-        gates = ", ".join(f"{m}={g['value']:.4g}" for m, g in v["gates"].items() if m != "max_abs_diff")
+        gates = ", ".join(  # a failed gate with its threshold: the table says why a variant was refused
+            f"{m}={g['value']:.4g}" + ("" if g["passed"] else f" (gate {g['threshold']:g})")
+            for m, g in v["gates"].items()
+            if m != "max_abs_diff"
+        )
         diff = v["metrics"].get("max_abs_diff")
         table.add_row(
             ("* " if v["chosen"] else "= " if v["name"] in tied else "  ") + v["name"],

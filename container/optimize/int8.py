@@ -1,15 +1,16 @@
 """The int8 arithmetic int8-mixed writes (container/optimize/mixed.py): a MatMul on per-channel int8 weights
 with one activation scale per call (the operators ONNX Runtime's dynamic quantizer writes, which it fuses into
 one kernel) or one per token (written here: the quantizer has no such mode), either one split (its few input
-channels of largest weight rows in fp32 beside the int8 product of the rest: LLM.int8()'s decomposition,
-Dettmers et al. 2022), and the simulation graph in which each MatMul switches between fp32 and any of them,
-so that the CPU's own int8 kernel judges every choice. Also lookup tables (a word embedding) stored as int8 rows.
+channels where the outliers flow in fp32 beside the int8 product of the rest, whose activations are quantized
+without them: LLM.int8()'s decomposition, Dettmers et al. 2022), and the simulation graph in which each
+MatMul switches between fp32 and any of them, so that the CPU's own int8 kernel judges every choice. Also
+lookup tables (a word embedding) stored as int8 rows.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -28,6 +29,10 @@ TENSOR, TOKEN, SPLIT = 1, 2, 2
 # cosine p1 0.9943 against 0.9909 all int8 and 0.9958 with them fp32; one thread at 128 tokens on the AVX2
 # kernel, 21.6 ms against 21.3 all int8 and 32.9 fp32 (docs/optimizer.md).
 SPLIT_SHARE = 1 / 48
+# More rows where more than that many carry outliers: every row whose figure is at least OUTLIER times the median
+# row's (a hidden size of 32 with 4 massive channels: 1 row by the share alone), up to MAX_SPLIT_SHARE of them.
+OUTLIER = 4.0
+MAX_SPLIT_SHARE = 1 / 8
 # What the per-token arithmetic reads: 127 levels a side, the least row maximum, a unit scale, the zero point.
 TOKEN_CONSTANTS = ("hare_int8_levels", "hare_int8_least", "hare_int8_one", "hare_int8_middle")
 # Lookup tables smaller than this stay fp32 as they are: int8 rows are for the word embedding, most of an
@@ -79,33 +84,45 @@ def arithmetic(x: str, y: str, w: str, p: str, scales: str, name: str = "") -> l
     ]
 
 
-def split_rows(weight: NDArray[np.float32]) -> NDArray[np.int64]:
-    """The rows of `weight` [K, N] a split computes in fp32 (SPLIT_SHARE of them, at least one), in order: those
-    of the largest max |w|. After smoothing at alpha, row j's largest weight is (max|x_j| max|w_j|)^alpha in
-    the unsmoothed terms, so this ranks the channels by the largest product they can carry."""
-    count = max(1, math.ceil(weight.shape[0] * SPLIT_SHARE))
-    return np.sort(np.argsort(-np.abs(weight).max(axis=1), kind="stable")[:count]).astype(np.int64)
+def split_rows(weight: NDArray[np.float32], carried: NDArray[np.float32] | None = None) -> NDArray[np.int64]:
+    """The rows of `weight` [K, N] a split computes in fp32, in order: those of the largest figures `carried` (one
+    per row: smoothing.split_channels ranks where the outliers flow), or without it of the largest max |w|.
+    SPLIT_SHARE of them (at least one), or as many as are OUTLIER times the median row's, up to
+    MAX_SPLIT_SHARE."""
+    carried = np.abs(weight).max(axis=1) if carried is None else carried
+    outliers = int((carried >= OUTLIER * np.median(carried)).sum())
+    share = max(1, math.ceil(weight.shape[0] * SPLIT_SHARE))
+    count = max(share, min(outliers, math.ceil(weight.shape[0] * MAX_SPLIT_SHARE)))
+    return np.sort(np.argsort(-carried, kind="stable")[:count]).astype(np.int64)
 
 
-def split_weights(weight: NDArray[np.float32], p: str, levels: int = FULL_LEVELS) -> list[onnx.TensorProto]:
-    """What split_arithmetic reads: the int8 weight of `weight` with its split rows zeroed (`{p}_rest`, as
-    int8_weights: the other rows get the columns' levels), the rows' indices `{p}_rows` and their fp32 values
-    `{p}_rowweights`."""
-    rows = split_rows(weight)
+def split_weights(
+    weight: NDArray[np.float32], p: str, levels: int = FULL_LEVELS, rows: NDArray[np.int64] | None = None
+) -> list[onnx.TensorProto]:
+    """What split_arithmetic reads: the int8 weight of `weight` with its split rows (`rows`, default
+    split_rows) zeroed (`{p}_rest`, as int8_weights: the other rows get the columns' levels), the rows' indices
+    `{p}_rows`, their fp32 values `{p}_rowweights` and `{p}_keep`, 0 on those input channels and 1 elsewhere."""
+    rows = split_rows(weight) if rows is None else rows
     rest = weight.copy()
     rest[rows] = 0
+    keep = np.ones(weight.shape[0], np.float32)
+    keep[rows] = 0
     return [
         *int8_weights(rest, f"{p}_rest", levels),
         numpy_helper.from_array(rows, f"{p}_rows"),
         numpy_helper.from_array(weight[rows], f"{p}_rowweights"),
+        numpy_helper.from_array(keep, f"{p}_keep"),
     ]
 
 
 def split_arithmetic(x: str, y: str, w: str, p: str, scales: str, name: str = "") -> list[onnx.NodeProto]:
-    """One split MatMul from `x` to `y`: the int8 arithmetic of `scales` on the weight without its split rows,
-    plus the split channels of `x` (a Gather) times those rows in fp32 (split_weights, prefix `w`)."""
+    """One split MatMul from `x` to `y`: the int8 arithmetic of `scales` on `x` without its split channels (zeroed,
+    so that an outlier there leaves the others their levels: a massive channel would otherwise set every
+    token's or the call's scale) and the weight without their rows, plus those channels of `x` (a Gather) times
+    their rows in fp32 (split_weights, prefix `w`)."""
     return [
-        *arithmetic(x, f"{p}_int8", f"{w}_rest", p, scales, name),
+        helper.make_node("Mul", [x, f"{w}_keep"], [f"{p}_xrest"]),
+        *arithmetic(f"{p}_xrest", f"{p}_int8", f"{w}_rest", p, scales, name),
         helper.make_node("Gather", [x, f"{w}_rows"], [f"{p}_xrows"], name=f"{p}_rows", axis=-1),
         # Unnamed, as smoothing.targets leaves a MatMul: the fp32 rows are not a candidate for int8.
         helper.make_node("MatMul", [f"{p}_xrows", f"{w}_rowweights"], [f"{p}_yrows"]),
@@ -138,10 +155,16 @@ def int8_weights(weight: NDArray[np.float32], p: str, levels: int = FULL_LEVELS)
     ]
 
 
-def simulation(model: onnx.ModelProto, names: Sequence[str], levels: int = FULL_LEVELS) -> onnx.ModelProto:
+def simulation(
+    model: onnx.ModelProto,
+    names: Sequence[str],
+    levels: int = FULL_LEVELS,
+    rows: Mapping[str, NDArray[np.int64]] | None = None,
+) -> onnx.ModelProto:
     """`model` (consumed) with the MatMuls `names` switchable by the int64 input SWITCHES (one entry per
     name, in order): 0 fp32, TENSOR int8 with one activation scale per call, TOKEN int8 with one per token,
-    either + SPLIT split; weights of `levels` a side."""
+    either + SPLIT split (its fp32 rows `rows[name]`, default split_rows); weights of `levels` a side."""
+    rows = rows or {}
     inits = {t.name: t for t in model.graph.initializer}
     index = {name: i for i, name in enumerate(names)}
     add_token_constants(model)
@@ -152,7 +175,8 @@ def simulation(model: onnx.ModelProto, names: Sequence[str], levels: int = FULL_
             continue
         i, p = index[node.name], f"hare_sim{index[node.name]}"
         weight = numpy_helper.to_array(inits[node.input[1]])
-        model.graph.initializer.extend([*int8_weights(weight, p, levels), *split_weights(weight, p, levels)])
+        split_part = split_weights(weight, p, levels, rows.get(node.name))
+        model.graph.initializer.extend([*int8_weights(weight, p, levels), *split_part])
         codes = {"i": i, "token": TOKEN, "tokensplit": TOKEN + SPLIT}
         model.graph.initializer.extend(
             numpy_helper.from_array(np.array(v, np.int64), f"{p}_{k}") for k, v in codes.items()
@@ -215,17 +239,25 @@ def per_token(model: onnx.ModelProto, names: Sequence[str], levels: int = FULL_L
     return _rewrite(model, names, lambda x, y, w, p: arithmetic(x, y, w, p, "token", p), int8_weights, levels)
 
 
-def split(model: onnx.ModelProto, names: Sequence[str], scales: str, levels: int = FULL_LEVELS) -> onnx.ModelProto:
-    """`model` (consumed) with the fp32 MatMuls `names` split (split_arithmetic, activation scales `scales`):
-    the simulation's arithmetic, each MatMulInteger named `{name}_quant`. Weights no other node reads are
-    dropped."""
+def split(
+    model: onnx.ModelProto,
+    names: Sequence[str],
+    scales: str,
+    levels: int = FULL_LEVELS,
+    rows: Mapping[str, Sequence[int]] | None = None,
+) -> onnx.ModelProto:
+    """`model` (consumed) with the fp32 MatMuls `names` split (split_arithmetic, activation scales `scales`,
+    fp32 rows `rows[name]`, default split_rows): the simulation's arithmetic, each MatMulInteger named
+    `{name}_quant`. Weights no other node reads are dropped."""
     if scales == "token":
         add_token_constants(model)
+    chosen = rows or {}
+    by_weight = {n.input[1]: np.asarray(chosen[n.name], np.int64) for n in model.graph.node if n.name in chosen}
     return _rewrite(
         model,
         names,
         lambda x, y, w, p: split_arithmetic(x, y, w, p, scales, p),
-        split_weights,
+        lambda weight, w, levels: split_weights(weight, w, levels, by_weight.get(w)),
         levels,
     )
 

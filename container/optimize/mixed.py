@@ -87,7 +87,7 @@ from container.optimize.int8 import (
     tables,
 )
 from container.optimize.simulator import Judgement, Simulator
-from container.optimize.smoothing import activation_maxima, smooth, smoothing_groups, targets
+from container.optimize.smoothing import activation_maxima, smooth, smoothing_groups, split_channels, targets
 from container.optimize.validate import Parity
 
 # Smoothing strengths tried (0: none). SmoothQuant's default is 0.5; all-MiniLM-L6-v2 needs 0.7.
@@ -143,6 +143,7 @@ class Plan:
     matmuls: int
     fp32: list[str]
     split: list[str] = field(default_factory=list)
+    channels: dict[str, list[int]] = field(default_factory=dict)
     tables: list[str] = field(default_factory=list)
     harm: dict[str, float] = field(default_factory=dict)
     calibration: int = 0
@@ -198,11 +199,12 @@ def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) ->
     maxima: dict[str, NDArray[np.float32]] = {}
 
     def simulator(alpha: float) -> Simulator:
-        """The simulation of the graph smoothed at `alpha`: one at a time, as each holds the graph about
-        three times (the one held is dropped before the next is built)."""
+        """The simulation of the graph smoothed at `alpha`, its splits' channels chosen there: one at a time,
+        as each holds the graph about three times (the one held is dropped before the next is built)."""
         if alpha not in held:
             held.clear()
-            held[alpha] = Simulator(smooth(model, maxima, alpha), names, folder, parity, passes, levels)
+            rows = split_channels(model, maxima, alpha)
+            held[alpha] = Simulator(smooth(model, maxima, alpha), names, folder, parity, passes, levels, rows)
         return held[alpha]
 
     off = np.zeros(len(names), np.int64)
@@ -211,6 +213,8 @@ def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) ->
         raise Refused(f"the fp32 graph itself misses the gates on the calibration samples ({_show(reference)})")
     ideal = reference.figures
     maxima |= activation_maxima(model, [simulator(0.0).feeds[i] for i in subset], folder)
+    if maxima:
+        held.clear()  # the reference's simulation split its MatMuls by their weights alone
     alphas = ALPHAS if maxima else (0.0,)
     code = {"tensor": TENSOR, "token": TOKEN}
     tried = {  # every alpha's all-int8 graph with each kind of activation scales, on the calibration subset
@@ -238,7 +242,20 @@ def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) ->
     cap = int(len(names) * MAX_FP32)
     order: list[int] = []
     harm: dict[str, float] = {}
+
+    def rank() -> None:
+        """The sensitivity pass: each MatMul alone in int8 on the ranking subset, most harmful first."""
+        base = sim.judge(off, ranking).figures
+        alone = []
+        for i in range(len(names)):
+            one = off.copy()
+            one[i] = code[scales]
+            alone.append(sim.judge(one, ranking, base))
+        order[:] = sorted(range(len(names)), key=lambda i: (-alone[i].harm, -alone[i].error))
+        harm.update({names[i]: round(alone[i].harm, 4) for i in order})
+
     switches = np.full(len(names), code[scales])
+    refusal = ""
     while True:
         kept = int((switches == 0).sum())
         if whole is None and judged.harm <= 1 - MARGIN:
@@ -253,37 +270,46 @@ def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) ->
                 else f"the calibration samples still give {_show(judged)} (a choice must leave {MARGIN:.0%} of "
                 f"each gate's room from fp32's figures {_show(reference)} unused)"
             )
-            raise Refused(
+            refusal = (
                 f"with {kept} of {len(names)} MatMuls in fp32 (the most allowed: "
                 f"{', '.join(names[i] for i in order[:kept]) or 'none'}), smoothing alpha {alpha:g} and one "
                 f"activation scale per {scales}, {where}"
             )
-        if not order:  # the sensitivity pass: each MatMul alone in int8, on the ranking subset
-            base = sim.judge(off, ranking).figures
-            alone = []
-            for i in range(len(names)):
-                one = off.copy()
-                one[i] = code[scales]
-                alone.append(sim.judge(one, ranking, base))
-            order = sorted(range(len(names)), key=lambda i: (-alone[i].harm, -alone[i].error))
-            harm = {names[i]: round(alone[i].harm, 4) for i in order}
+            break
+        if not order:
+            rank()
         switches[order[kept]] = 0
         judged, whole = sim.judge(switches, subset, ideal), None
-    splits = 0
-    for count in range(kept, min(len(names), SPLIT_MORE * kept) + 1) if kept else ():
+    # Splits in place of the fp32 choice: from as many as were kept fp32 up to SPLIT_MORE times as many, or,
+    # where no fp32 choice passed, from one up to every MatMul (a split costs about what int8 does).
+    splits, closest, split_best = 0, judged, None
+    first, last = (1, len(names)) if refusal else (kept, min(len(names), SPLIT_MORE * kept))
+    if refusal and not order:
+        rank()
+    for count in range(first, last + 1) if kept or refusal else ():
         trial = np.full(len(names), code[scales])
         trial[order[:count]] += SPLIT
         tight = sim.judge(trial, subset, ideal)
+        closest = tight if tight.harm < closest.harm else closest
+        split_best = tight if split_best is None or tight.harm < split_best.harm else split_best
         if tight.harm <= 1 - MARGIN and sim.judge(trial, everything).passed:
             judged, splits, kept, switches = tight, count, 0, trial
             break
+    if refusal and not splits:  # the closest figures and the gates first: the build's table shows the start
+        raise Refused(
+            f"at best {_against_gates(closest)} on the calibration samples; {refusal}"
+            + (f"; split instead (1 to {len(names)} of them), at best {_show(split_best)}" if split_best else "")
+        )
     # Last, the lookup tables as int8 rows, kept only if the choice still meets the gates the same way with them.
     # Their simulation is built from a smoothed copy it consumes, as the others are: no third copy is held.
     stored = tables(model)
+    rows = split_channels(model, maxima, alpha)
     if stored:
         held.clear()
         del sim
-        tabled = Simulator(int8_tables(smooth(model, maxima, alpha), stored), names, folder, parity, passes, levels)
+        tabled = Simulator(
+            int8_tables(smooth(model, maxima, alpha), stored), names, folder, parity, passes, levels, rows
+        )
         tight = tabled.judge(switches, subset, ideal)
         if tight.harm <= 1 - MARGIN and tabled.judge(switches, everything).passed:
             judged = tight
@@ -298,6 +324,7 @@ def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) ->
         matmuls=len(names),
         fp32=[names[i] for i in order[:kept]],
         split=[names[i] for i in order[:splits]],
+        channels={names[i]: rows[names[i]].tolist() for i in order[:splits] if names[i] in rows},
         tables=stored,
         harm=harm,
         calibration=len(subset),
@@ -318,6 +345,11 @@ def _weight_bytes(path: Path) -> int:
     )
 
 
+def _against_gates(judged: Judgement) -> str:
+    """The gates' figures against their thresholds, for a refusal."""
+    return ", ".join(f"{m} {v:.4g} (gate {judged.thresholds[m]:g})" for m, v in judged.figures.items())
+
+
 def _show(judged: Judgement) -> str:
     """The gates' figures, for a message."""
     return ", ".join(f"{m}={v:.4g}" for m, v in judged.figures.items())
@@ -331,7 +363,7 @@ def build(fp32: Path, out: Path, parity: Parity, levels: int = FULL_LEVELS) -> d
     try:
         smoothed, chosen = plan(fp32, parity, folder, levels)
         # The split MatMuls first, in either kind of scales: the targets left named are fp32 or int8.
-        smoothed = split(smoothed, chosen.split, chosen.scales, levels)
+        smoothed = split(smoothed, chosen.split, chosen.scales, levels, chosen.channels)
         int8 = [n for n in (t.name for t in targets(smoothed)) if n not in chosen.fp32]
         big = graphs.too_big(smoothed)
         if chosen.scales == "token":

@@ -6,7 +6,7 @@ choice with it."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,7 @@ class Judgement:
     passed: bool
     harm: float
     error: float
+    thresholds: dict[str, float] = field(default_factory=dict)
 
 
 class Simulator:
@@ -57,10 +58,11 @@ class Simulator:
         parity: Parity,
         passes: list[int],
         levels: int = FULL_LEVELS,
+        rows: Mapping[str, NDArray[np.int64]] | None = None,
     ) -> None:
         self.names = list(names)
         self.parity = parity
-        self.session = cpu_session(simulation(model, self.names, levels), folder)
+        self.session = cpu_session(simulation(model, self.names, levels, rows), folder)
         inputs = [i.name for i in self.session.get_inputs() if i.name != SWITCHES]
         self.feeds = [pad_batch([e], inputs) for e in parity.encodings]
         with np.load(parity.reference) as stored:
@@ -90,6 +92,7 @@ class Simulator:
             all(bool(v["passed"]) for v in judged.values()),
             harm,
             error / scale,
+            {g.metric: float(judged[g.metric]["threshold"]) for g in task.gates},
         )
 
 

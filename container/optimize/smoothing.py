@@ -1,7 +1,8 @@
 """Smoothing (SmoothQuant, Xiao et al. 2022) for the mixed int8 stage (container/optimize/mixed.py): the
 MatMuls dynamic int8 quantizes, those that read one activation, that activation's largest values per channel
 on calibration samples, and the graph with each such activation divided by per-channel factors and the weight
-rows multiplied by them (the same function in fp32, the outliers moved into the weights)."""
+rows multiplied by them (the same function in fp32, the outliers moved into the weights); and the channels a
+split MatMul computes in fp32, where those outliers flow."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import onnx
 from numpy.typing import NDArray
 from onnx import TensorProto, helper, numpy_helper
 
+from container.optimize.int8 import split_rows
 from container.optimize.simulator import cpu_session
 
 # Bounds on a smoothing factor, against channels that are (nearly) silent in the calibration samples.
@@ -88,12 +90,7 @@ def smooth(model: onnx.ModelProto, maxima: Mapping[str, NDArray[np.float32]], al
         if activation not in maxima:
             continue
         weights = [numpy_helper.to_array(inits[n.input[1]]) for n in nodes]
-        wmax = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
-        xmax = maxima[activation]
-        live = (xmax > 0) & (wmax > 0)
-        s = np.ones_like(xmax)
-        s[live] = xmax[live] ** alpha / wmax[live] ** (1 - alpha)
-        s = np.clip(s, *SCALE_RANGE).astype(np.float32)
+        s = _factors(maxima[activation], weights, alpha)
         scaled = f"{activation}/hare_smooth"
         out.graph.initializer.append(numpy_helper.from_array((1 / s).astype(np.float32), f"{scaled}/inverse"))
         muls[activation] = helper.make_node("Mul", [activation, f"{scaled}/inverse"], [scaled], name=scaled)
@@ -109,3 +106,38 @@ def smooth(model: onnx.ModelProto, maxima: Mapping[str, NDArray[np.float32]], al
     del out.graph.node[:]
     out.graph.node.extend(ordered)
     return out
+
+
+def _factors(xmax: NDArray[np.float32], weights: Sequence[NDArray[np.float32]], alpha: float) -> NDArray[np.float32]:
+    """The smoothing factors s_j = max|x_j|^alpha / max|w_j|^(1 - alpha) of one activation read by `weights`."""
+    wmax = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
+    live = (xmax > 0) & (wmax > 0)
+    s = np.ones_like(xmax)
+    s[live] = xmax[live] ** alpha / wmax[live] ** (1 - alpha)
+    return np.clip(s, *SCALE_RANGE).astype(np.float32)
+
+
+def split_channels(
+    model: onnx.ModelProto, maxima: Mapping[str, NDArray[np.float32]], alpha: float
+) -> dict[str, NDArray[np.int64]]:
+    """The input channels each target MatMul computes in fp32 when split (int8.split_rows) in the graph smoothed
+    at `alpha`: where the outliers flow, on either side of the product. A channel ranks by the larger of its
+    smoothed activation maximum (max|x_j| / s_j over `maxima`, the unsmoothed graph's) against the median
+    channel's and its smoothed weight row's maximum against the median row's: a massive activation channel
+    (at alpha 0), or the weight row smoothing moved it into. A MatMul whose activation has no maxima is left
+    out (split_rows then ranks its rows by their weights alone)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    found: dict[str, NDArray[np.int64]] = {}
+    for activation, nodes in smoothing_groups(model).items():
+        if activation not in maxima:
+            continue
+        weights = [numpy_helper.to_array(inits[n.input[1]]) for n in nodes]
+        s = _factors(maxima[activation], weights, alpha) if alpha else np.ones_like(maxima[activation])
+        x = _against_median(maxima[activation] / s)
+        for node, weight in zip(nodes, weights, strict=True):
+            found[node.name] = split_rows(weight, np.maximum(x, _against_median(np.abs(weight).max(axis=1) * s)))
+    return found
+
+
+def _against_median(values: NDArray[np.float32]) -> NDArray[np.float32]:
+    return values / max(float(np.median(values)), 1e-30)
