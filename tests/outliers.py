@@ -22,7 +22,7 @@ Llama-style decoder's weights (nothing at run time):
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,9 +62,12 @@ class Injected:
     median: float
 
 
-def make_outlier_decoder(folder: Path, seed: int = 0, **config: Any) -> Injected:
+def make_outlier_decoder(
+    folder: Path, seed: int = 0, injection: Mapping[str, Any] | None = None, **config: Any
+) -> Injected:
     """A Qwen3 embedder (make_model's sentence-transformers folder, `config` over the tiny geometry) with
-    massive activations injected at inject_massive_activations' defaults; its maximum length is its positions."""
+    massive activations injected by inject_massive_activations (`injection` over its defaults); its maximum
+    length is its positions."""
     make_model(folder, "feature-extraction", "qwen3", seed, **config)
     if "max_position_embeddings" in config:
         for name, key in (
@@ -73,7 +76,7 @@ def make_outlier_decoder(folder: Path, seed: int = 0, **config: Any) -> Injected
         ):
             declared = json.loads((folder / name).read_text())
             (folder / name).write_text(json.dumps(declared | {key: config["max_position_embeddings"]}))
-    return inject_massive_activations(folder)
+    return inject_massive_activations(folder, **(injection or {}))
 
 
 def inject_massive_activations(

@@ -294,7 +294,7 @@ def test_the_summary_names_what_int8_mixed_kept_fp32_and_split() -> None:
     lines = build_lines(cast(Manifest, SimpleNamespace(variants=[split, kept, {"name": "fp32", "build": {}}])))
     assert lines == [
         "int8-mixed: smoothing alpha 0.6 on 24 activations, one activation scale per token, int8 weights of 64 "
-        "levels a side; 0 of 36 MatMuls kept fp32; 2 split, their largest weight rows fp32 (a/MatMul, b/MatMul); "
+        "levels a side; 0 of 36 MatMuls kept fp32; 2 split, their outlier channels fp32 (a/MatMul, b/MatMul); "
         "chosen on 58 samples, 59 simulated passes, 43.6 s",
         "int8-mixed: smoothing alpha 0.6 on 24 activations, one activation scale per token, int8 weights of 64 "
         "levels a side; 1 of 36 MatMuls kept fp32 (a/MatMul); chosen on 58 samples, 59 simulated passes, 43.6 s",

@@ -212,7 +212,7 @@ def build_lines(manifest: Manifest) -> list[str]:
         how = f"chosen on {chose['calibration']} samples, {chose['passes']} simulated passes, {chose['seconds']:.1f} s"
         named = f" ({', '.join(kept)})" if kept else ""
         split = chose.get("split", [])  # older bundles: none
-        split_named = f"; {len(split)} split, their largest weight rows fp32 ({', '.join(split)})" if split else ""
+        split_named = f"; {len(split)} split, their outlier channels fp32 ({', '.join(split)})" if split else ""
         table_names = chose.get("tables", [])  # older bundles: none
         stored = f"; lookup tables in int8 rows ({', '.join(table_names)})" if table_names else ""
         lines.append(

@@ -24,13 +24,17 @@ cheapest first, each chosen against the reference on a calibration subset of the
    scales' best alpha, if it does; otherwise the better of the two goes on to 3.
 3. Mixed precision. Each MatMul's harm is measured alone (only it quantized: how much of each gate's room
    between the fp32 graph and the threshold it takes); the most harmful stay fp32, one more at a time, until
-   every gate passes with MARGIN of its room to spare on the subset and passes on every sample. More than
-   MAX_FP32 of them in fp32 (or none quantizable) refuses the variant, with the figures. Then, split instead
-   of fp32: the same MatMuls, and up to SPLIT_MORE times as many in the same order, are tried split (their
-   few input channels of largest weight rows in fp32 beside an int8 product of the rest, int8.split), one
-   more at a time; the first that meets the gates the same way replaces the fp32 choice. A split costs little
-   more than int8: all-MiniLM-L6-v2 on the AVX2 kernel (64-level weights), 8 split and none fp32, runs at
-   1.44x the fused fp32 graph, against 1.34x with the 4 that would otherwise stay fp32.
+   every gate passes with MARGIN of its room to spare on the subset and passes on every sample, at most
+   MAX_FP32 of them. Then, split instead of fp32 (LLM.int8()'s decomposition, int8.split): the input channels
+   where the outliers flow (smoothing.split_channels: the smoothed activation's or weight row's maximum far
+   past the median channel's; the massive channels of a decoder) computed in fp32 beside an int8 product of
+   the rest, whose activations are quantized without them, so a massive channel no longer takes a token's (or
+   a call's) levels. The same MatMuls, and up to SPLIT_MORE times as many in the same order, are tried split
+   one more at a time; the first that meets the gates the same way replaces the fp32 choice. Where no choice
+   within MAX_FP32 passed, 1 to every MatMul are tried split the same way; none passing refuses the variant,
+   its closest figures against the gates first. A split costs little more than int8: all-MiniLM-L6-v2 on the
+   AVX2 kernel (64-level weights), 8 split and none fp32, runs at 1.44x the fused fp32 graph, against 1.34x
+   with the 4 that would otherwise stay fp32.
 
 Last, the lookup tables (the word embedding: dynamic int8 quantizes it, int8-mixed's MatMul choice leaves it
 fp32) are tried as int8 rows, one scale per row (int8.int8_tables), under the same rule: kept if the chosen
@@ -51,7 +55,8 @@ validated like every variant.
 The cost is linear in the MatMuls: one pass per alpha and kind of scales over the subset (CALIBRATION_TOKENS
 tokens), one or two over every sample, one per MatMul over a subset of at most RANKING_TOKENS / MatMuls
 tokens (only when some must stay fp32), one per MatMul kept fp32, and up to SPLIT_MORE times as many more
-for the splits (and one over every sample for each that meets the margin), one or two for the tables; then
+for the splits (as many as MatMuls where no fp32 choice passed; and one over every sample for each that meets
+the margin), one or two for the tables; then
 one quantizer run (or hare's per-token rewrite). The choice is fitted to (part of) the samples the gate then
 checks, which MARGIN hedges; a --validation-file of the served texts checks the shipped graph on unseen ones.
 
@@ -127,11 +132,12 @@ class Plan:
 
     alpha: the smoothing strength (0: none); scales: the int8 activations' scales, one per call ("tensor") or
     per token ("token"); levels: the int8 weights' levels a side (machine.weight_levels); smoothed: activations
-    scaled. matmuls: MatMuls with a constant
-    2-D weight (the candidates); fp32: those kept in fp32, most harmful first; split: those split
-    (int8.split) instead, most harmful first (fp32 is then empty). tables: the lookup tables stored as int8
-    rows (int8.int8_tables; empty: those there are stay fp32). harm: each MatMul's share of the
-    tightest gate's room when it alone is int8, most harmful first (empty when none had to stay fp32).
+    scaled. matmuls: MatMuls with a constant 2-D weight (the candidates); fp32: those kept in fp32, most
+    harmful first; split: those split (int8.split) instead, most harmful first (fp32 is then empty); channels:
+    each split MatMul's input channels in fp32 (smoothing.split_channels; absent: its largest weight rows).
+    tables: the lookup tables stored as int8 rows (int8.int8_tables; empty: those there are stay fp32). harm:
+    each MatMul's share of the tightest gate's room when it alone is int8, most harmful first (empty when none
+    had to stay fp32).
     calibration: samples in the calibration subset; figures: the gates' figures of the chosen graph there.
     passes: simulation passes over a subset or the whole set.
     """
