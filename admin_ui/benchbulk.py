@@ -3,15 +3,13 @@ rows from the run's stored summary (bench/bulk_tables.py). Nothing here touches 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from admin_ui.tables import MISSING, cell
-from bench.bulk_tables import DIGITS, candidate_rows, goals, notes
+from admin_ui.tables import numeric_columns, text_rows
+from bench.bulk_tables import candidate_rows, goals, notes
 from bench.store import Run
 
-GOAL_DIGITS = {"figure": 3}
+SKIPPED = "skipped because"
 
 
 @dataclass(frozen=True)
@@ -24,17 +22,12 @@ class BulkView:
 
 def bulk_view(run: Run) -> BulkView:
     """A bulk run as the console shows it: its candidates (rows/s, tokens/s, share of the model-only rate, CPU
-    per row, cosine p1 to torch, why a peer was skipped), the issue's goals, and the lines under them."""
-    rows = [_text(r, DIGITS) for r in candidate_rows(run.summary)]
-    judged = [_text(g, GOAL_DIGITS) for g in goals(run.summary)]
-    return BulkView(rows, judged, notes(run.summary, run.settings), [*DIGITS, *GOAL_DIGITS, "target"])
-
-
-def _text(row: Mapping[str, Any], digits: Mapping[str, int]) -> dict[str, str]:
-    out = {}
-    for column, value in row.items():
-        if column in digits and isinstance(value, float):
-            out[column] = f"{value:,.{digits[column]}f}"
-        else:
-            out[column] = cell(value) if value != "" else MISSING
-    return out
+    per row, cosine p1 to torch), the issue's goals, and the lines under them (why a peer was skipped first); every
+    figure printed as the console prints figures (admin_ui/tables.py: about three significant digits)."""
+    rows, judged = candidate_rows(run.summary), goals(run.summary)
+    # Why a peer was skipped is a sentence: said under the table, whole, rather than cut in a grid cell.
+    skipped = [f"{r['candidate']} skipped: {r.pop(SKIPPED)}" for r in rows if r.get(SKIPPED)]
+    for row in rows:
+        row.pop(SKIPPED, None)
+    numeric = numeric_columns(rows) + numeric_columns(judged)
+    return BulkView(text_rows(rows), text_rows(judged), skipped + notes(run.summary, run.settings), numeric)

@@ -204,7 +204,7 @@ def _bulk(run: Any) -> None:
         st.info("This bulk run measured nothing.")
         return
     st.markdown("**hare run against the model alone and its peers: one pass over the same texts each**")
-    common.table(view.candidates, view.numeric, key="hare-bulk", widths={"candidate": 240, "skipped because": 320})
+    common.table(view.candidates, view.numeric, key="hare-bulk", widths={"candidate": 240})
     if view.goals:
         st.markdown("**Goals (issue 49)**")
         common.table(view.goals, view.numeric, key="hare-bulk-goals", widths={"goal": 380})
