@@ -6,7 +6,7 @@ hare bench run BUNDLE --load open --rate 50,100 --duration 20
 hare bench headline                                         (the issue's scenario, with its goals)
 hare bench peers [MODEL_DIR] [--bundle BUNDLE]              (in process: hare's bundle vs sentence-transformers,
                                                              its ONNX/OpenVINO backends and int8, fastembed)
-hare bench bulk [BUNDLE] --rows 20000                       (hare run over a corpus vs the model alone and the
+hare bench bulk [BUNDLE] --rows 2000                        (hare run over a corpus vs the model alone and the
                                                              peers' encode/embed, batch 32)
 hare bench model mpnet-base DIR                             (a random-weights folder of a real geometry)
 hare bench ceiling                                          (the load generator against a trivial server)
@@ -182,7 +182,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     bulk.add_argument(
         "bundle", nargs="?", type=Path, default=Path("bundles/all-MiniLM-L6-v2"), help="an embedding bundle"
     )
-    bulk.add_argument("--rows", type=int, default=20_000, help="texts of 10-300 tokens in the corpus (default 20,000)")
+    bulk.add_argument(
+        "--rows", type=int, default=2_000, help="texts of 10-300 tokens (default 2,000: minutes a candidate on 2 cores)"
+    )
     bulk.add_argument("--model-dir", type=Path, help="the peers' model folder (default: the default model's)")
     bulk.add_argument("--skip", type=_names, default=[], help="peers to leave out: torch,onnx,openvino,fastembed")
     bulk.add_argument("--streams", type=int, default=0, help="cores for every candidate (default: physical cores)")
