@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,7 @@ import httpx
 import numpy as np
 import pytest
 import uvicorn
+import uvloop
 
 from api.config import Settings
 from api.process.worker import PacedServer
@@ -253,3 +255,48 @@ def test_a_worker_freezes_what_its_start_made_so_collections_skip_it(tiny_bundle
         assert ready and frozen > 1000
     finally:
         gc.unfreeze()  # the test process's own objects go back to the collector
+
+
+def test_a_request_on_a_connection_still_being_handed_over_at_shutdown_is_answered(
+    tiny_bundle: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`docker stop` while the accept loop hands a new connection to uvicorn: the hand-off completes and its
+    request is answered before the worker exits. Cancelled inside uvloop's connect_accepted_socket, the socket
+    was closed under the protocol's feet: its answer went nowhere and the worker waited for it until killed."""
+    app = create_app(Settings.from_env({"HARE_BUNDLE": str(tiny_bundle("feature-extraction")), "HARE_WORKERS": "1"}))
+    config = uvicorn.Config(app, lifespan="on", log_level="warning")
+    config.load()
+    server = PacedServer(config, app)
+    server.lifespan = config.lifespan_class(config)
+    handing, hand_over = asyncio.Event(), asyncio.Event()
+    connect = server._connect
+
+    async def held_connect(conn: socket.socket) -> None:  # the hand-off, held until shutdown has begun
+        handing.set()
+        await hand_over.wait()
+        await connect(conn)
+
+    monkeypatch.setattr(server, "_connect", held_connect)
+    body = b'{"inputs": "hello"}'
+    head = f"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    request = head.encode() + body
+
+    async def main() -> bytes:
+        listener = socket.create_server(("127.0.0.1", 0))
+        await server.startup(sockets=[listener])
+        reader, writer = await asyncio.open_connection(*listener.getsockname()[:2])
+        writer.write(request)
+        await asyncio.wait_for(handing.wait(), 10)
+        stopping = asyncio.create_task(server.shutdown(sockets=[listener]))
+        await asyncio.sleep(0.05)  # the accept loop is cancelled meanwhile
+        hand_over.set()
+        try:
+            return await asyncio.wait_for(reader.read(), 10)  # up to the server's close
+        finally:
+            server.force_exit = True  # a connection lost in the hand-off would hold the shutdown for ever
+            await asyncio.wait_for(stopping, 30)
+            writer.close()
+            listener.close()
+
+    answer = uvloop.run(main())
+    assert answer.startswith(b"HTTP/1.1 200"), answer

@@ -103,7 +103,11 @@ class PacedServer(Server):
         # A hand-off is never cancelled: uvloop closes the socket of a connect_accepted_socket cancelled after
         # connection_made without telling the protocol, whose request is then answered into a closed handle
         # and whose connection uvicorn's shutdown waits for until gunicorn kills the worker.
-        await asyncio.gather(*self._connecting, return_exceptions=True)
+        if self._connecting:
+            await asyncio.gather(*self._connecting, return_exceptions=True)
+            # A turn of the loop for them to read what their clients sent: uvicorn's shutdown closes a
+            # connection that has no request under way.
+            await asyncio.sleep(0)
         await super().shutdown(sockets=sockets)
 
     def _accept_stopped(self, task: asyncio.Task[None]) -> None:
