@@ -289,7 +289,7 @@ def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) ->
     # Splits in place of the fp32 choice: from as many as were kept fp32 up to SPLIT_MORE times as many, or,
     # where no fp32 choice passed, from one up to every MatMul (a split costs about what int8 does).
     splits, closest, split_best = 0, judged, None
-    first, last = (1, len(names)) if refusal else (kept, min(len(names), SPLIT_MORE * kept))
+    first, last = (1, len(names) if SPLIT_MORE else 0) if refusal else (kept, min(len(names), SPLIT_MORE * kept))
     if refusal and not order:
         rank()
     for count in range(first, last + 1) if kept or refusal else ():
@@ -309,7 +309,7 @@ def plan(fp32: Path, parity: Parity, folder: Path, levels: int = FULL_LEVELS) ->
     # Last, the lookup tables as int8 rows, kept only if the choice still meets the gates the same way with them.
     # Their simulation is built from a smoothed copy it consumes, as the others are: no third copy is held.
     stored = tables(model)
-    rows = split_channels(model, maxima, alpha)
+    rows = split_channels(model, maxima, alpha) if splits else {}
     if stored:
         held.clear()
         del sim
