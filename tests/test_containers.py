@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from api.web.metrics import FLUSH_SECONDS
 from tests.conftest import ModelFactory, unavailable
 from tests.docker_engine import (
     BASE_IMAGE,
@@ -168,6 +169,9 @@ def test_cpu_image_answers_predict(cpu_server: tuple[str, str, float]) -> None:
     assert len(embedding) == 384 and all(isinstance(x, float) for x in embedding)
     assert abs(sum(x * x for x in embedding) - 1) < 1e-3  # all-MiniLM-L6-v2 embeddings are normalized
     assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    # The worker that answered writes its samples to the shared values within FLUSH_SECONDS; the one that
+    # answers /metrics may be the other.
+    time.sleep(2 * FLUSH_SECONDS)
     metrics = httpx.get(f"{url}/metrics", timeout=5).text
     assert 'hare_requests_total{route="/predict",status="200"}' in metrics
 
