@@ -8,6 +8,8 @@ result store as a run of kind "bulk" (its summary: bench/bulk_tables.py).
                  tokenizing, post-processing or writing (its wall time over all calls)
     hare run     the command itself in a child process (bundle load included), its peak RSS from the kernel;
                  once more on a quarter of the corpus, to show that memory does not grow with the corpus
+    its job      the same run's job alone, from its --summary (wall and CPU time without process start, bundle
+                 load and probe): timed as the peers are, whose clocks start after their load and warm-up
     peers        sentence-transformers torch (the reference), onnx and openvino `encode`, batch 32, and
                  fastembed `embed`, batch 32, each with the cosine p1 of its vectors to torch's; one missing
                  here is skipped with the reason
@@ -35,7 +37,7 @@ import orjson
 from tokenizers import Tokenizer
 
 from bench.bulk_peers import LABELS, PEERS, encode_corpus, workspace
-from bench.bulk_tables import HARE_RUN, MODEL_ONLY
+from bench.bulk_tables import HARE_JOB, HARE_RUN, MODEL_ONLY
 from bench.inputs import load_tokenizer
 from bench.peers.candidates.base import Skip, reason
 from bench.peers.texts import prose
@@ -161,10 +163,11 @@ def _rate(rows: int, wall: float, cpu: float) -> Rate:
 
 def hare_run(
     bundle: Path, source: Path, out: Path, rows: int, streams: int, stop: threading.Event | None = None
-) -> tuple[Rate, float, float]:
-    """`hare run` in a child process: its rate (its CPU time from the kernel), rows a second of the job alone
-    (its summary's time, without loading the bundle), and its peak RSS in MB (VmHWM, polled: the kernel's
-    ru_maxrss of a child counts the parent's memory it was forked from). A set `stop` ends it (Cancelled)."""
+) -> tuple[Rate, Rate, float]:
+    """`hare run` in a child process: its rate (its CPU time from the kernel), the rate of the job alone (its
+    summary's wall and CPU time, without process start and bundle load), and its peak RSS in MB (VmHWM,
+    polled: the kernel's ru_maxrss of a child counts the parent's memory it was forked from). A set `stop`
+    ends it (Cancelled)."""
     summary = out.with_suffix(".summary.json")
     command = [sys.executable, "-m", "hare.cli", "run", str(bundle), "-i", str(source), "-o", str(out)]
     command += ["--streams", str(streams), "-q", "--overwrite", "--summary", str(summary)]
@@ -185,8 +188,9 @@ def hare_run(
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode != 0:
         raise RuntimeError(f"hare run failed with exit code {child.returncode}")
-    job = float(orjson.loads(summary.read_bytes())["seconds"])
-    return _rate(rows, wall, usage.ru_utime + usage.ru_stime), rows / job, peak / 1024
+    job = orjson.loads(summary.read_bytes())
+    job_rate = _rate(rows, float(job["seconds"]), float(job["cpu_seconds"]))
+    return _rate(rows, wall, usage.ru_utime + usage.ru_stime), job_rate, peak / 1024
 
 
 def _hwm_kb(pid: int) -> int:
@@ -276,15 +280,15 @@ def _measure(
         outcome.add(MODEL_ONLY, "the bundle's model alone", model_rate)
         check()
         say("hare run: the corpus, then its first quarter (memory)")
-        hare, outcome.hare_job_rows_s, outcome.rss_mb = hare_run(
-            options.bundle, whole, Path(folder) / "out.parquet", n, streams, stop
-        )
+        hare, job, outcome.rss_mb = hare_run(options.bundle, whole, Path(folder) / "out.parquet", n, streams, stop)
+        outcome.hare_job_rows_s = job.rows_per_s
         _, _, outcome.rss_quarter_mb = hare_run(
             options.bundle, quarter, Path(folder) / "quarter.parquet", n // 4, streams, stop
         )
         hare_vectors = _vectors(Path(folder) / "out.parquet")
     hare_at = len(outcome.candidates)
     outcome.add(HARE_RUN, "hare run (start and load included)", hare)
+    outcome.add(HARE_JOB, "hare run's job alone (timed as the peers)", job)
     if options.model_dir is None:
         return
     space = workspace(options.model_dir, options.bundle, options.work)
@@ -300,7 +304,8 @@ def _measure(
             continue
         if key == "torch":
             reference = vectors
-            outcome.candidates[hare_at]["cosine_p1"] = _p1(reference, hare_vectors)
+            for ours in outcome.candidates[hare_at : hare_at + 2]:  # the run and its job: the same vectors
+                ours["cosine_p1"] = _p1(reference, hare_vectors)
         outcome.add(key, LABELS[key], _rate(n, wall, cpu), _p1(reference, vectors) if reference is not None else None)
         outcome.exports = dict(space.notes)
 

@@ -75,11 +75,14 @@ def test_a_run_measures_every_candidate_and_skips_an_absent_peer_saying_why(bulk
     s = run.summary
     assert s["rows"] == ROWS and s["tokens"] > ROWS * 9 and s["streams"] == 2
     by_key = {c["key"]: c for c in s["candidates"]}
-    assert list(by_key) == ["model-only", "hare-run", "torch", "fastembed"]
-    for key in ("model-only", "hare-run", "torch"):
+    assert list(by_key) == ["model-only", "hare-run", "hare-job", "torch", "fastembed"]
+    for key in ("model-only", "hare-run", "hare-job", "torch"):
         assert by_key[key]["rows_s"] > 0 and by_key[key]["cpu_per_1000"] > 0 and not by_key[key]["skipped"]
     # hare's fp32 bundle answers what torch answers; torch is the reference itself
     assert by_key["hare-run"]["cosine_p1"] > 0.999 and by_key["torch"]["cosine_p1"] > 0.9999
+    assert by_key["hare-job"]["cosine_p1"] == by_key["hare-run"]["cosine_p1"]  # the same run's vectors
+    # the job alone leaves out the process start and bundle load that the whole run counts
+    assert by_key["hare-job"]["cpu_per_1000"] < by_key["hare-run"]["cpu_per_1000"]
     assert by_key["model-only"]["cosine_p1"] is None
     assert "not installed: fastembed_not_installed_here" in by_key["fastembed"]["skipped"]
     assert by_key["fastembed"]["rows_s"] is None
@@ -88,6 +91,7 @@ def test_a_run_measures_every_candidate_and_skips_an_absent_peer_saying_why(bulk
     for how in ("wall clock", "CPU time"):
         assert judged[f"hare run over model-only, by {how}"]["figure"] > 0
         assert judged[f"hare run over the fastest peer at cosine p1 >= 0.99, by {how}"]["figure"] > 0  # torch
+        assert judged[f"hare run's job alone over that peer, by {how}"]["figure"] > 0
     assert judged["hare run peak RSS, MB"]["met"] == "yes"
 
 
@@ -111,11 +115,12 @@ def test_the_console_shows_a_bulk_run(bulk_run: tuple[Store, Run], monkeypatch: 
     assert [r["candidate"].split(" ")[0] for r in view.candidates] == [
         "the",
         "hare",
+        "hare",
         "sentence-transformers",
         "fastembed",
     ]
-    assert view.candidates[0]["% of model-only"] == "100" and view.candidates[3]["rows/s"] == "–"
-    assert view.candidates[2]["cosine p1 to torch"] == "1.00" and "rows/s" in view.numeric
+    assert view.candidates[0]["% of model-only"] == "100" and view.candidates[4]["rows/s"] == "–"
+    assert view.candidates[3]["cosine p1 to torch"] == "1.00" and "rows/s" in view.numeric
     assert view.notes[0].startswith("fastembed embed skipped: not installed: fastembed_not_installed_here")
     monkeypatch.setenv("HARE_CONSOLE_BENCH_DB", str(store.path))
     monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", "http://127.0.0.1:9")
@@ -144,6 +149,7 @@ def test_the_goals_leave_out_a_peer_below_the_cosine_bar_and_judge_by_both_clock
     candidates = [
         candidate("model-only", 100.0, 20.0, None),
         candidate("hare-run", 95.0, 25.0, 0.998),
+        candidate("hare-job", 100.0, 20.0, 0.998),
         candidate("openvino", 50.0, 40.0, 0.995),
         candidate("onnx", 80.0, 30.0, 0.97),  # faster, but not at cosine p1 >= 0.99: not the bar
         candidate("fastembed", None, None, None),  # skipped
@@ -153,8 +159,10 @@ def test_the_goals_leave_out_a_peer_below_the_cosine_bar_and_judge_by_both_clock
     assert judged == [
         ("hare run over model-only, by wall clock", 0.95, "yes"),
         ("hare run over the fastest peer at cosine p1 >= 0.99 (openvino), by wall clock", 1.9, "yes"),
+        ("hare run's job alone over that peer, by wall clock", 2.0, "yes"),
         ("hare run over model-only, by CPU time", 0.8, "NO"),
         ("hare run over the fastest peer at cosine p1 >= 0.99 (openvino), by CPU time", 1.6, "yes"),
+        ("hare run's job alone over that peer, by CPU time", 2.0, "yes"),
         ("hare run peak RSS, MB", 1100, "NO"),
     ]
     summary["candidates"] = candidates[:2]  # no peer ran: that goal has no figure, neither met nor missed

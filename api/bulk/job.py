@@ -71,6 +71,7 @@ class Summary:
     skipped: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the process's CPU time (all its threads) over the same span as `seconds`
     resumed: bool = False
     reasons: collections.Counter[str] = field(default_factory=collections.Counter)
 
@@ -122,10 +123,10 @@ def run_job(settings: Settings, options: BulkOptions, progress: Progress | None 
     streams = options.streams or model.streams
     summary = Summary(options.output, options.rejects_path, resumed=resumed)
     progress.start(corpus.size, "rows" if corpus.format == "parquet" else "bytes", streams, model.batching)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     pipeline = _Pipeline(model, parts, corpus.id_type, streams, progress, summary)
     chunks = pipeline.run(corpus.chunks(options.chunk_rows, max_chars, done))
-    summary.seconds = time.perf_counter() - start
+    summary.seconds, summary.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     summary.rejected = parts.merge(chunks, options.output, summary.rejects)
     checkpoint.close_folder(folder)
     return summary
