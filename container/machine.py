@@ -97,7 +97,14 @@ def physical_cores() -> int:
 
 @cache
 def describe() -> dict[str, Any]:
-    """CPU model, core counts, the instruction-set flags that matter for inference, and the GPUs."""
+    """The record a build or a bench run keeps of its machine: the CPU (cpu_record) and the GPUs."""
+    return cpu_record() | {"gpus": gpus()}
+
+
+@cache
+def cpu_record() -> dict[str, Any]:
+    """CPU model, core counts and the instruction-set flags that matter for inference: what a worker compares
+    with its bundle's record at start (same_cpu, int8_check), without asking for the GPUs."""
     model, flags = platform.processor() or platform.machine(), set[str]()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
@@ -115,7 +122,6 @@ def describe() -> dict[str, Any]:
         "flags": kept,
         "int8_path": int8_path(kept),
         "platform": platform.platform(),
-        "gpus": gpus(),
     }
 
 
@@ -155,7 +161,7 @@ def int8_path(flags: list[str]) -> str:
 def same_cpu(record: dict[str, Any]) -> bool:
     """Whether `record` (a describe() kept in a bundle) names this machine's CPU model and physical cores:
     what a measurement made there, such as a batch budget, depends on."""
-    here = describe()
+    here = cpu_record()
     return record.get("cpu") == here["cpu"] and record.get("physical_cores") == here["physical_cores"]
 
 
@@ -166,7 +172,7 @@ def int8_check(record: dict[str, Any], levels: int = FULL_LEVELS) -> dict[str, A
     unless both paths add its products exactly (x86 int8 sums are integers: then the answers are the same).
     A bundle built before hare recorded the path reads it from the flags kept."""
     built = record.get("int8_path") or int8_path(list(record.get("flags", [])))
-    here = describe()["int8_path"]
+    here = cpu_record()["int8_path"]
     exact = levels <= weight_levels(built) and levels <= weight_levels(here)
     return {"checked_on": built, "serving_on": here, "same": built == here, "levels": levels, "exact": exact}
 

@@ -83,7 +83,7 @@ def test_the_int8_path_and_its_weight_levels_come_from_proc_cpuinfo(
     fake = tmp_path / "cpuinfo"
     fake.write_text(cpuinfo)
     monkeypatch.setattr(machine, "Path", lambda p: fake if str(p) == "/proc/cpuinfo" else Path(p))
-    here = machine.describe.__wrapped__()  # describe() is cached for this machine
+    here = machine.cpu_record.__wrapped__()  # cpu_record() (describe()'s CPU part) is cached for this machine
     assert (here["cpu"], here["int8_path"]) == (cpu, path)
     assert weight_levels(here["int8_path"]) == levels
     assert set(here["flags"]) <= set(cpuinfo.split()) and "avx2" in here["flags"]
