@@ -158,6 +158,7 @@ def peers(args: argparse.Namespace) -> int:
 def bulk(args: argparse.Namespace) -> int:
     from bench.bulk import BulkOptions, run_bulk
     from bench.bulk_peers import PEERS
+    from container.bundle import read_manifest
     from container.defaults import default_model_dir
 
     unknown = sorted(set(args.skip) - set(PEERS))
@@ -165,8 +166,7 @@ def bulk(args: argparse.Namespace) -> int:
         raise InputError(f"unknown peers {', '.join(unknown)}; choose among {', '.join(PEERS)}")
     if args.rows < 8:
         raise InputError("--rows: at least 8 texts (hare run also runs on a quarter of them)")
-    if not (args.bundle / "hare.json").is_file():
-        raise InputError(f"{args.bundle} is not a hare bundle (no hare.json): build one with `hare optimize`")
+    read_manifest(args.bundle)  # a folder that is no bundle is refused before the corpus is made
     peers = tuple(p for p in PEERS if p not in args.skip)
     model_dir = args.model_dir or default_model_dir()
     options = BulkOptions(

@@ -43,18 +43,15 @@ def print_run(store: Store, run_id: int) -> None:
         f"versions: {' '.join(f'{k} {v}' for k, v in run.versions.items())}\n"
         f"bundle manifest sha256: {run.manifest_hash or '-'}" + (f"\nmessage: {run.message}" if run.message else "")
     )
-    if run.kind == "peers":
-        from bench.peers.tables import print_peers
+    if run.kind in ("peers", "bulk"):  # figures kept in the run's summary: the results page's tables and notes
+        from rich.markup import escape
 
-        print_peers(run.summary, run.settings)
-        return
-    if run.kind == "bulk":
-        from bench.bulk_tables import bulk_tables, notes
+        from bench.page import notes, tables
 
-        for table in bulk_tables(run.summary, run.settings):
+        for table in tables(store, run):
             console.print(table)
-        for note in notes(run.summary, run.settings):
-            console.print(note)
+        for note in notes(run):
+            console.print(escape(note))
         return
     console.print(points_table(store.points(run_id)))
     ratios = store.ratios(run_id)
