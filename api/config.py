@@ -169,6 +169,13 @@ class Settings:
     target: str | None = _setting(
         "HARE_TARGET", _optional, "cpu or gpu execution provider (empty: the bundle's target)", None
     )
+    cuda_graphs: bool = _setting(
+        "HARE_CUDA_GRAPHS",
+        parse_bool,
+        "on a GPU, replay a captured CUDA graph for each padded batch shape up to 4,096 tokens (the kernels of "
+        "a call launched at once, not one by one); a bundle ORT cannot capture runs plainly, said in the log",
+        True,
+    )
     max_batch_size: int = _setting("HARE_MAX_BATCH_SIZE", _int(1), "sequences per model call at most", MAX_BATCH_SIZE)
     max_batch_tokens: int = _setting(
         "HARE_MAX_BATCH_TOKENS",

@@ -101,14 +101,25 @@ class OnnxModel:
     """A loaded graph. `run` takes a superset of feeds and passes on only the declared inputs."""
 
     def __init__(
-        self, path: Path, target: str = "cpu", threads: int = 0, output: str | None = None, arena: bool = True
+        self,
+        path: Path,
+        target: str = "cpu",
+        threads: int = 0,
+        output: str | None = None,
+        arena: bool = True,
+        cuda_graph: bool = False,
     ) -> None:
+        """`cuda_graph`: a GPU session that can capture CUDA graphs (container/cudagraphs.py); ORT refuses it
+        when a node would run on the CPU, so it gets the CUDA provider alone."""
         if target not in available_targets():
             raise InputError(
                 f"target {target!r} needs {PROVIDERS[target][0]}, but this onnxruntime offers "
                 f"{', '.join(ort.get_available_providers())}"
             )
         providers = [(name, PROVIDER_OPTIONS.get(name, {})) for name in PROVIDERS[target]]
+        if cuda_graph:
+            name, options = providers[0]
+            providers = [(name, options | {"enable_cuda_graph": "1"})]
         self.session = ort.InferenceSession(str(path), session_options(threads, arena, target), providers=providers)
         self.input_names: list[str] = [i.name for i in self.session.get_inputs()]
         self.output = output or self.session.get_outputs()[0].name

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-SHAPES = [(1, 16), (1, 128), (8, 128)]
+SHAPES = [(1, 16), (1, 128), (8, 128), (32, 128)]
 CUDA = "CUDAExecutionProvider"
 
 

@@ -7,10 +7,15 @@ out. It owns the whole model call, so the batcher and warm-up never see a tensor
 One ONNX Runtime session per width (intra-op thread count) the scheduler may grant: ORT fixes a session's
 threads when it is made, so a call that may use every core needs its own session. Each costs about one more
 copy of the weights (measured: +116 MB for a 90 MB fp32 MiniLM); widths (1,) keep one session.
+
+On a GPU, `graph_shapes` makes the one session replay a captured CUDA graph for each batch that one of those
+padded shapes holds (container/cudagraphs.py); a bundle whose graph cannot be captured runs plainly, said in
+the log.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -18,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 from tokenizers import Encoding
 
+from container.cudagraphs import CudaGraphs, Shape
 from container.runtime import InferenceFailed, OnnxModel
 from tasks.ops import pad_batch
 
@@ -29,6 +35,7 @@ SHRINK_ABOVE = 2048
 # A batch above this many padded tokens leaves the arena grown past what small requests need: `trim` gives it
 # back once the worker is idle (the warm-up's longest sequence included).
 TRIM_ABOVE = 256
+log = logging.getLogger("hare.backend")
 
 
 class Backend:
@@ -44,8 +51,13 @@ class Backend:
         on_unknown: Callable[[int], None] | None = None,
         arena: bool = True,
         pad_id: int = 0,
+        graph_shapes: Sequence[Shape] = (),
     ) -> None:
-        self.sessions = {w: OnnxModel(path, target, w, output, arena=arena) for w in sorted(set(widths))}
+        self.graphs = _graphs(path, output, arena, graph_shapes, pad_id) if target == "gpu" and graph_shapes else None
+        if self.graphs is not None:
+            self.sessions = {min(widths): self.graphs.model}
+        else:
+            self.sessions = {w: OnnxModel(path, target, w, output, arena=arena) for w in sorted(set(widths))}
         first = next(iter(self.sessions.values()))
         self.input_names = first.input_names
         self.providers = first.providers
@@ -71,7 +83,7 @@ class Backend:
         """Give the arena's unused memory back if a batch grew it (for an idle worker: the sessions share one
         CPU arena, container/runtime.py, which a one-token run with the shrink option trims). It holds no core
         of the pool: a one-token run on the one-thread session is about a millisecond."""
-        if not self._grown:
+        if not self._grown or self.graphs is not None:  # a graphed session's plain runs need their graph id
             return
         self._grown = False
         session = self.sessions[min(self.sessions)]
@@ -88,7 +100,7 @@ class Backend:
             if unknown:
                 self._on_unknown(unknown)
         padded = len(batch) * max((len(e) for e in batch), default=0)
-        out = session.run(feeds, shrink=padded > SHRINK_ABOVE)
+        out = self.graphs.run(feeds) if self.graphs is not None else session.run(feeds, shrink=padded > SHRINK_ABOVE)
         if TRIM_ABOVE < padded <= SHRINK_ABOVE:
             self._grown = True
         if len(out) != len(batch):
@@ -96,3 +108,17 @@ class Backend:
         if out.ndim > 2:
             return [out[i, : len(e)] for i, e in enumerate(batch)]
         return list(out)
+
+
+def _graphs(path: Path, output: str | None, arena: bool, shapes: Sequence[Shape], pad_id: int) -> CudaGraphs | None:
+    """A CUDA-graph session with every shape captured, or None (and why, in the log) where ONNX Runtime
+    cannot capture this graph (a node it places on the CPU, say): the caller then makes plain sessions."""
+    try:
+        model = OnnxModel(path, "gpu", 1, output, arena=arena, cuda_graph=True)
+        graphs = CudaGraphs(model, shapes, pad_id)
+        graphs.capture()
+    except Exception as exc:  # ORT's errors are untyped; the plain sessions still serve the bundle
+        log.warning("CUDA graphs off for this bundle (plain GPU runs instead): %s", str(exc)[:500])
+        return None
+    log.info("CUDA graphs captured for %d batch shapes up to %s", len(shapes), max(shapes, key=lambda s: s[0] * s[1]))
+    return graphs

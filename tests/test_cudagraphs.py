@@ -1,0 +1,73 @@
+"""CUDA graphs (container/cudagraphs.py): which padded shape a batch runs at, and the fixed-buffer path giving
+every batch the rows a plain run gives, on a real session of a tiny model. On a CPU the path runs without
+capture (device "cpu": the same padding, bound buffers, reuse and trimming); where a GPU is, the captured
+graphs are checked against plain GPU runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from tokenizers import Tokenizer
+
+from api.engine.backend import Backend
+from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
+from container.cudagraphs import GRAPH_TOKENS, CudaGraphs, graph_shapes, pick
+from container.runtime import OnnxModel
+from tasks.ops import pad_batch
+from tests.conftest import ModelFactory
+
+TEXTS = [
+    "a short one",
+    "a somewhat longer sentence than the first, with a clause",
+    "three",
+    "the fourth text says a little more about nothing at all, at some length, for the padding",
+    "five",
+]
+
+
+def test_a_batch_runs_at_the_smallest_shape_that_holds_it() -> None:
+    shapes = graph_shapes(max_batch_size=32, max_batch_tokens=16384, max_length=256)
+    assert pick(shapes, 3, 100) == (4, 128)
+    assert pick(shapes, 1, 9) == (1, 16)
+    assert pick(shapes, 1, 256) == (1, 256)  # the model's longest sequence has its shape
+    assert pick(shapes, 64, 16) is None  # more sequences than a call takes: a plain run
+    assert max(b * n for b, n in shapes) <= GRAPH_TOKENS  # big batches spend their time in kernels, not launches
+    assert pick(shapes, 32, 256) is None
+    # A bundle whose longest sequence is not a listed length still has shapes up to it.
+    assert pick(graph_shapes(8, 4096, 100), 2, 90) == (2, 100)
+    # The batch budget bounds the shapes too.
+    assert max(b * n for b, n in graph_shapes(64, 512, 512)) <= 512
+
+
+@pytest.mark.parametrize("task", ["feature-extraction", "token-classification"])
+def test_every_batch_gets_the_rows_a_plain_run_gives(tiny_bundle: ModelFactory, task: str) -> None:
+    bundle = tiny_bundle(task)
+    manifest = read_manifest(bundle)
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    model = OnnxModel(bundle / MODEL_FILE, "cpu", 1, manifest.output)
+    graphs = CudaGraphs(model, graph_shapes(4, 4096, manifest.max_length), manifest.pad_id, device="cpu")
+    # Batches of 1 to 5 sequences: 5 is above every shape (a plain run); 3 is padded to 4 rows, and each
+    # shape's buffers are reused by later batches with other texts (no stale ids or rows).
+    for size in (1, 3, 2, 5, 3, 1):
+        batch = tokenizer.encode_batch(TEXTS[:size] if size != 3 else TEXTS[2:5])
+        feeds = pad_batch(batch, model.input_names, manifest.pad_id)
+        got = graphs.run(feeds)
+        want = model.run(feeds)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="needs a CUDA GPU")
+def test_captured_graphs_answer_as_plain_gpu_runs(tiny_bundle: ModelFactory) -> None:
+    bundle = tiny_bundle("feature-extraction")
+    manifest = read_manifest(bundle)
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    shapes = graph_shapes(8, 4096, manifest.max_length)
+    graphed = Backend(bundle / MODEL_FILE, "gpu", (1,), manifest.output, pad_id=manifest.pad_id, graph_shapes=shapes)
+    plain = Backend(bundle / MODEL_FILE, "gpu", (1,), manifest.output, pad_id=manifest.pad_id)
+    assert graphed.graphs is not None and plain.graphs is None
+    for size in (1, 3, 5, 2, 5, 1):
+        batch = tokenizer.encode_batch(TEXTS[-size:])
+        for got, want in zip(graphed.run(batch), plain.run(batch), strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-4)
