@@ -19,6 +19,7 @@ from container.machine import physical_cores
 from tasks.errors import InputError
 
 PROFILES = ("throughput", "latency")
+ENGINES = ("auto", "shared", "per-worker")
 # Throughput profile: one worker process per physical core, so the Python side (HTTP, tokenizing, answering)
 # has an event loop per core, each worker running at least this many model streams. Keep-alive connections
 # stick to the worker that accepted them and the kernel often hands several to one worker: with two streams,
@@ -169,6 +170,20 @@ class Settings:
     target: str | None = _setting(
         "HARE_TARGET", _optional, "cpu or gpu execution provider (empty: the bundle's target)", None
     )
+    engine: str = _setting(
+        "HARE_ENGINE",
+        _choice(ENGINES),
+        "shared: one engine process holds the model and runs every worker's calls together (the workers parse, "
+        "tokenize and answer); per-worker: each worker runs its own sessions; auto: shared for a GPU bundle "
+        "served by several workers (separate sessions time-slice the GPU), per-worker otherwise",
+        "auto",
+    )
+    engine_socket: Path | None = _setting(  # noqa: RUF009 (_setting returns a dataclasses.field)
+        "HARE_ENGINE_SOCKET",
+        lambda text: Path(text) if text else None,
+        "the shared engine's Unix socket (set by the gunicorn config when it starts one; empty: none)",
+        None,
+    )
     cuda_graphs: bool = _setting(
         "HARE_CUDA_GRAPHS",
         parse_bool,
@@ -300,6 +315,12 @@ class Settings:
             threads=settings.threads or threads,
             cores=settings.cores or physical_cores(),
         )
+
+    def shared_engine(self, manifest: Manifest) -> bool:
+        """Whether one engine process should run the model for all workers (HARE_ENGINE)."""
+        if self.engine == "auto":
+            return (self.target or manifest.target) == "gpu" and self.workers > 1
+        return self.engine == "shared"
 
     def on_bundle_target(self, manifest: Manifest) -> bool:
         """Whether the bundle is served on the target it was built and measured for (HARE_TARGET may differ)."""

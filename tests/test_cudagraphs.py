@@ -71,3 +71,20 @@ def test_captured_graphs_answer_as_plain_gpu_runs(tiny_bundle: ModelFactory) -> 
         batch = tokenizer.encode_batch(TEXTS[-size:])
         for got, want in zip(graphed.run(batch), plain.run(batch), strict=True):
             np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_shapes_with_big_outputs_run_plainly_with_the_same_rows(
+    tiny_bundle: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = tiny_bundle("feature-extraction")
+    manifest = read_manifest(bundle)
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    model = OnnxModel(bundle / MODEL_FILE, "cpu", 1, manifest.output)
+    one_row = 16 * int(model.session.get_outputs()[0].shape[-1]) * 4  # a (1, 16) shape's token states, in bytes
+    monkeypatch.setattr("container.cudagraphs.GRAPH_OUTPUT_BYTES", one_row)
+    graphs = CudaGraphs(model, graph_shapes(4, 4096, manifest.max_length), manifest.pad_id, device="cpu")
+    graphs.capture()
+    assert graphs.captured == [(1, 16)]  # every other shape's output is bigger
+    for texts in (TEXTS[:1], TEXTS[:3]):
+        feeds = pad_batch(tokenizer.encode_batch(texts), model.input_names, manifest.pad_id)
+        np.testing.assert_allclose(graphs.run(feeds), model.run(feeds), atol=1e-4)

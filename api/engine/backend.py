@@ -93,21 +93,46 @@ class Backend:
     def run(self, batch: Sequence[Encoding], width: int = 1) -> list[Array]:
         """Each sequence's rows: [labels] per sequence, or [its length, dim] for token-level outputs (padding
         trimmed off). `width` picks the session (the widest not above it)."""
+        feeds = self.feeds(batch)
+        return split_rows(self.run_padded(feeds, width), batch)
+
+    def feeds(self, batch: Sequence[Encoding]) -> dict[str, NDArray[np.int64]]:
+        """The graph's padded inputs for `batch`, its unknown tokens counted."""
+        return padded_feeds(batch, self.input_names, self._pad_id, self._unk_id, self._on_unknown)
+
+    def run_padded(self, feeds: dict[str, NDArray[np.int64]], width: int = 1) -> Array:
+        """The model's output for padded `feeds` (sequences x tokens), padding rows and columns included."""
         session = self.sessions[max((w for w in self.sessions if w <= width), default=min(self.sessions))]
-        feeds = pad_batch(batch, session.input_names, self._pad_id)
-        if self._unk_id is not None and self._on_unknown is not None and "input_ids" in feeds:
-            unknown = int(np.count_nonzero(feeds["input_ids"] == self._unk_id))
-            if unknown:
-                self._on_unknown(unknown)
-        padded = len(batch) * max((len(e) for e in batch), default=0)
+        padded = next(iter(feeds.values())).size
         out = self.graphs.run(feeds) if self.graphs is not None else session.run(feeds, shrink=padded > SHRINK_ABOVE)
         if TRIM_ABOVE < padded <= SHRINK_ABOVE:
             self._grown = True
-        if len(out) != len(batch):
-            raise InferenceFailed(f"the model returned {len(out)} rows for {len(batch)} sequences")
-        if out.ndim > 2:
-            return [out[i, : len(e)] for i, e in enumerate(batch)]
-        return list(out)
+        return out
+
+
+def padded_feeds(
+    batch: Sequence[Encoding],
+    input_names: Sequence[str],
+    pad_id: int,
+    unk_id: int | None,
+    on_unknown: Callable[[int], None] | None,
+) -> dict[str, NDArray[np.int64]]:
+    """The graph's inputs for `batch`, padded to its longest sequence, with its unknown tokens counted."""
+    feeds = pad_batch(batch, input_names, pad_id)
+    if unk_id is not None and on_unknown is not None and "input_ids" in feeds:
+        unknown = int(np.count_nonzero(feeds["input_ids"] == unk_id))
+        if unknown:
+            on_unknown(unknown)
+    return feeds
+
+
+def split_rows(out: Array, batch: Sequence[Encoding]) -> list[Array]:
+    """A padded output cut into each sequence's rows (token-level outputs trimmed to the sequence's length)."""
+    if len(out) != len(batch):
+        raise InferenceFailed(f"the model returned {len(out)} rows for {len(batch)} sequences")
+    if out.ndim > 2:
+        return [out[i, : len(e)] for i, e in enumerate(batch)]
+    return list(out)
 
 
 def _graphs(path: Path, output: str | None, arena: bool, shapes: Sequence[Shape], pad_id: int) -> CudaGraphs | None:
@@ -120,5 +145,6 @@ def _graphs(path: Path, output: str | None, arena: bool, shapes: Sequence[Shape]
     except Exception as exc:  # ORT's errors are untyped; the plain sessions still serve the bundle
         log.warning("CUDA graphs off for this bundle (plain GPU runs instead): %s", str(exc)[:500])
         return None
-    log.info("CUDA graphs captured for %d batch shapes up to %s", len(shapes), max(shapes, key=lambda s: s[0] * s[1]))
+    captured = graphs.captured
+    log.info("CUDA graphs captured for %d batch shapes: %s", len(captured), " ".join(f"{b}x{n}" for b, n in captured))
     return graphs

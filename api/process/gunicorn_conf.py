@@ -15,6 +15,9 @@ behave the same.
 - Cheap refusal: a 429 closes its connection (api/web/errors.py); while admission refuses, a worker answers a new
   connection's POST with a prebuilt 429 from its accept loop, paced by the measured capacity (api/process/worker.py,
   api/process/refuser.py), so refusals keep up with arrivals and a greedy flood waits in the listen backlog.
+- A shared engine where the settings ask for one (HARE_ENGINE; a GPU bundle with several workers by default):
+  started here before the workers (api/process/engine.py), which reach it by HARE_ENGINE_SOCKET, and stopped
+  after them; the server does not start if the engine does not.
 - Prometheus multiprocess mode: every worker writes its samples under PROMETHEUS_MULTIPROC_DIR, a fresh
   folder made here (before prometheus_client is imported anywhere, since it reads the variable on import)
   and removed when gunicorn exits; a dead worker's live gauges are dropped.
@@ -24,12 +27,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from api.config import Settings
 from api.engine.cores import forget
+from container.bundle import read_manifest
+
+ENGINE_START_SECONDS = 600  # a big model's load and its graphs' capture
 
 _settings = Settings.from_env()
 
@@ -70,12 +79,35 @@ if Path("/dev/shm").is_dir():
     worker_tmp_dir = "/dev/shm"  # heartbeat files off the (possibly slow, possibly read-only) disk
 
 
+_engine: subprocess.Popen[bytes] | None = None
+_engine_dir: str | None = None
+
+
 def on_starting(server: Any) -> None:
-    """Start from an empty metrics folder: samples of a previous run must not leak into this one."""
+    """Start from an empty metrics folder (samples of a previous run must not leak into this one), and start
+    the shared engine if there is to be one."""
     folder = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("*.db"):
         stale.unlink()
+    if _settings.engine_socket is None and _settings.shared_engine(read_manifest(_settings.bundle)):
+        start_engine()
+
+
+def start_engine() -> None:
+    """The engine process, listening before this returns; RuntimeError if it exits or does not listen."""
+    global _engine, _engine_dir
+    _engine_dir = tempfile.mkdtemp(prefix="hare-engine-")
+    socket = Path(_engine_dir) / "engine.sock"
+    os.environ["HARE_ENGINE_SOCKET"] = str(socket)  # the workers, forked after this, read it
+    _engine = subprocess.Popen([sys.executable, "-m", "api.process.engine"])
+    deadline = time.monotonic() + ENGINE_START_SECONDS
+    while not socket.exists():
+        if _engine.poll() is not None:
+            raise RuntimeError(f"the shared engine exited with status {_engine.returncode} before it listened")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the shared engine did not listen within {ENGINE_START_SECONDS} s")
+        time.sleep(0.05)
 
 
 def child_exit(server: Any, worker: Any) -> None:
@@ -86,6 +118,13 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 def on_exit(server: Any) -> None:
-    for owned in (_owned_metrics_dir, _owned_core_pool):
+    """After the workers: stop the engine, remove what this config made."""
+    if _engine is not None:
+        _engine.terminate()
+        try:
+            _engine.wait(10)
+        except subprocess.TimeoutExpired:
+            _engine.kill()
+    for owned in (_owned_metrics_dir, _owned_core_pool, _engine_dir):
         if owned:
             shutil.rmtree(owned, ignore_errors=True)

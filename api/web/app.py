@@ -27,6 +27,7 @@ from api.engine.cores import CorePool
 from api.engine.opened import open_bundle
 from api.engine.pipeline import Pipeline
 from api.engine.policy import BatchPolicy
+from api.engine.remote import RemoteBackend
 from api.web import errors, openapi, routes
 from api.web.metrics import Metrics, MetricsMiddleware
 from api.web.public import RateLimiter
@@ -115,21 +116,28 @@ async def load(settings: Settings) -> Resources:
     _check_machine(settings, opened.manifest)  # the operator's settings: what they left to the bundle
     settings, manifest, task, encoder = opened.settings, opened.manifest, opened.task, opened.encoder
     metrics = Metrics()
-    # Session creation can take seconds on big models: off the loop, so the worker keeps its heartbeat.
-    backend = await asyncio.to_thread(
-        Backend,
-        settings.bundle / MODEL_FILE,
-        settings.target or manifest.target,
-        settings.widths,
-        manifest.output,
-        opened.words.unk_id,
-        metrics.unknown_tokens.inc,
-        settings.cpu_arena,
-        manifest.pad_id,
-        graph_shapes(settings.max_batch_size, settings.max_batch_tokens, manifest.max_length)
-        if settings.cuda_graphs
-        else (),
-    )
+    # Session creation can take seconds on big models (and the engine its start): off the loop, so the worker
+    # keeps its heartbeat.
+    backend: Backend | RemoteBackend
+    if settings.engine_socket is not None:
+        backend = await asyncio.to_thread(
+            RemoteBackend, settings.engine_socket, manifest.pad_id, opened.words.unk_id, metrics.unknown_tokens.inc
+        )
+    else:
+        backend = await asyncio.to_thread(
+            Backend,
+            settings.bundle / MODEL_FILE,
+            settings.target or manifest.target,
+            settings.widths,
+            manifest.output,
+            opened.words.unk_id,
+            metrics.unknown_tokens.inc,
+            settings.cpu_arena,
+            manifest.pad_id,
+            graph_shapes(settings.max_batch_size, settings.max_batch_tokens, manifest.max_length)
+            if settings.cuda_graphs
+            else (),
+        )
     model = opened.model
     on_gpu = backend.providers[0] != "CPUExecutionProvider"
     # The device does a GPU bundle's work: no CPU cores to account for.

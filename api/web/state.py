@@ -16,6 +16,7 @@ from api.engine.cores import CorePool
 from api.engine.encoder import Encoder
 from api.engine.errors import NotReady
 from api.engine.pipeline import Pipeline
+from api.engine.remote import RemoteBackend
 from api.web.metrics import Metrics
 from api.web.public import RateLimiter
 from api.web.schemas import Limits
@@ -35,7 +36,7 @@ class Resources:
     manifest: Manifest
     task: TaskSpec
     model: ModelInfo
-    backend: Backend
+    backend: Backend | RemoteBackend
     pool: CorePool | None
     encoder: Encoder
     batcher: Batcher[Encoding]

@@ -1,0 +1,172 @@
+"""The shared engine: the one process that holds a GPU bundle's session, running the model calls of every
+worker (api/engine/remote.py) together.
+
+    worker calls ──> a thread per connection ──> pending ──> the GPU thread: all pending calls that fit one
+                                                              batch (max_batch_size, max_batch_tokens),
+                                                              padded to the longest, one run, each call's
+                                                              rows back to its thread, which answers it
+
+No waiting for a batch to fill: while one batch runs on the GPU the next gathers, so the batches grow with
+the load. Every call gets its rows or an error message; a call that cannot be merged (bigger than the
+budget on its own) runs alone.
+
+`gunicorn_conf` starts it (python -m api.process.engine) before the workers, from the same HARE_*
+environment, and stops it after them; it listens on HARE_ENGINE_SOCKET.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import threading
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, Listener
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from api.config import Settings
+from api.engine.backend import Backend
+from api.engine.opened import open_bundle
+from api.engine.remote import receive, send
+from container.bundle import MODEL_FILE
+from container.cudagraphs import graph_shapes
+
+log = logging.getLogger("hare.engine")
+
+
+@dataclass(slots=True)
+class Call:
+    """One worker's model call: its padded feeds, and once run, its rows or the error."""
+
+    feeds: dict[str, NDArray[np.int64]]
+    rows: NDArray[np.float32] | None = None
+    error: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, length = next(iter(self.feeds.values())).shape
+        return int(n), int(length)
+
+
+def merge(calls: list[Call], pad_id: int) -> dict[str, NDArray[np.int64]]:
+    """The calls' feeds stacked into one batch, padded to the longest (pad id for input ids, 0 elsewhere)."""
+    longest = max(c.shape[1] for c in calls)
+    total = sum(c.shape[0] for c in calls)
+    merged = {}
+    for name in calls[0].feeds:
+        out = np.full((total, longest), pad_id if name == "input_ids" else 0, dtype=np.int64)
+        row = 0
+        for c in calls:
+            n, length = c.shape
+            out[row : row + n, :length] = c.feeds[name]
+            row += n
+        merged[name] = out
+    return merged
+
+
+def take(pending: queue.Queue[Call], first: Call, max_size: int, max_tokens: int) -> tuple[list[Call], Call | None]:
+    """`first` and the pending calls after it that fit one batch with it; the first that does not fit is
+    returned apart, to lead the next batch."""
+    calls = [first]
+    size, longest = first.shape
+    while True:
+        try:
+            call = pending.get_nowait()
+        except queue.Empty:
+            return calls, None
+        n, length = call.shape
+        if size + n > max_size or (size + n) * max(longest, length) > max_tokens:
+            return calls, call
+        calls.append(call)
+        size, longest = size + n, max(longest, length)
+
+
+class Engine:
+    def __init__(self, backend: Backend, pad_id: int, max_size: int, max_tokens: int) -> None:
+        self.backend = backend
+        self.pad_id = pad_id
+        self.max_size = max_size
+        self.max_tokens = max_tokens
+        self.pending: queue.Queue[Call] = queue.Queue()
+        self.greeting = {
+            "providers": backend.providers,
+            "input_names": backend.input_names,
+            "output_width": backend.output_width,
+        }
+
+    def run_forever(self) -> None:
+        """The GPU thread: batch after batch of whatever is pending."""
+        lead: Call | None = None
+        while True:
+            first = lead or self.pending.get()
+            calls, lead = take(self.pending, first, self.max_size, self.max_tokens)
+            self.run(calls)
+
+    def run(self, calls: list[Call]) -> None:
+        try:
+            out = self.backend.run_padded(merge(calls, self.pad_id))
+        except Exception as exc:  # every call gets an answer, the error's message if nothing else
+            log.exception("model call failed")
+            for c in calls:
+                c.error = str(exc) or type(exc).__name__
+                c.done.set()
+            return
+        row = 0
+        for c in calls:
+            n, length = c.shape
+            c.rows = out[row : row + n, :length] if out.ndim > 2 else out[row : row + n]
+            row += n
+            c.done.set()
+
+    def serve(self, connection: Connection) -> None:
+        """One worker thread's connection: greet, then answer its calls one at a time until it closes."""
+        with connection:
+            try:
+                send(connection, self.greeting)
+                while True:
+                    header, arrays = receive(connection)
+                    call = Call(dict(zip(header["inputs"], (a.astype(np.int64) for a in arrays), strict=True)))
+                    self.pending.put(call)
+                    call.done.wait()
+                    if call.error is not None:
+                        send(connection, {"error": call.error})
+                    else:
+                        assert call.rows is not None
+                        send(connection, {}, [np.ascontiguousarray(call.rows, dtype=np.float32)])
+            except (EOFError, OSError):
+                return  # the worker closed its end (it stopped, or its thread ended)
+
+
+def main() -> None:
+    settings = Settings.from_env()
+    logging.basicConfig(level=settings.log_level.upper(), format="[%(asctime)s] [%(process)d] [ENGINE] %(message)s")
+    socket = Path(os.environ["HARE_ENGINE_SOCKET"])
+    opened = open_bundle(settings)
+    settings, manifest = opened.settings, opened.manifest
+    shapes = graph_shapes(settings.max_batch_size, settings.max_batch_tokens, manifest.max_length)
+    backend = Backend(
+        settings.bundle / MODEL_FILE,
+        settings.target or manifest.target,  # a GPU's, where gunicorn_conf starts it; a CPU's for the tests
+        (1,),
+        manifest.output,
+        arena=settings.cpu_arena,
+        pad_id=manifest.pad_id,
+        graph_shapes=shapes if settings.cuda_graphs else (),
+    )
+    engine = Engine(backend, manifest.pad_id, settings.max_batch_size, settings.max_batch_tokens)
+    threading.Thread(target=engine.run_forever, name="gpu", daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the workers are gone when gunicorn stops it
+    listener = Listener(str(socket), family="AF_UNIX")
+    log.info("engine ready on %s (%s)", socket, ", ".join(backend.providers))
+    while True:
+        connection = listener.accept()
+        threading.Thread(target=engine.serve, args=(connection,), daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The shared engine (api/process/engine.py) and its worker side (api/engine/remote.py): calls from several
+threads merged into batches within the budget, each answered with exactly the rows a worker's own session
+gives; an engine that goes away answers with an error, never a hang; a real `hare serve` with HARE_ENGINE=shared
+answers over HTTP as one without, and leaves no engine behind when it stops."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Listener
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from api.engine.backend import Backend
+from api.engine.remote import RemoteBackend
+from api.process.engine import Call, Engine, merge, take
+from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
+from container.runtime import InferenceFailed
+from tests.conftest import ModelFactory
+from tests.live_server import hare_serve
+
+TEXTS = ["one", "a second, longer text than the first", "three words here", "and a fourth one, the longest of them all"]
+
+
+def call(n: int, length: int, fill: int) -> Call:
+    ids = np.full((n, length), fill, dtype=np.int64)
+    return Call({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+
+
+def test_pending_calls_merge_within_the_budget_padded_to_the_longest() -> None:
+    pending: queue.Queue[Call] = queue.Queue()
+    for c in (call(2, 5, 2), call(1, 8, 3), call(4, 8, 4)):
+        pending.put(c)
+    first = call(1, 3, 1)
+    batch, lead = take(pending, first, max_size=8, max_tokens=40)
+    assert [c.shape for c in batch] == [(1, 3), (2, 5), (1, 8)]  # 8 x 8 = 64 tokens would pass 40
+    assert lead is not None and lead.shape == (4, 8)  # leads the next batch, not lost
+    merged = merge(batch, pad_id=0)
+    assert merged["input_ids"].shape == (4, 8)
+    assert merged["input_ids"][0].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert merged["attention_mask"][1].tolist() == [1] * 5 + [0] * 3  # padding masked out
+    # A call above the budget on its own still runs, alone.
+    assert take(pending, call(16, 16, 5), max_size=8, max_tokens=40)[0][0].shape == (16, 16)
+
+
+@pytest.fixture
+def engine(fp32_bundle: ModelFactory, tmp_path: Path) -> Iterator[tuple[Path, Backend, Path]]:
+    """An engine on a tiny fp32 bundle's CPU session (int8's batch-wide scales would make merged batches
+    differ a little), listening on a socket in tmp_path as the process does."""
+    bundle = fp32_bundle("feature-extraction")
+    manifest = read_manifest(bundle)
+    backend = Backend(bundle / MODEL_FILE, "cpu", (1,), manifest.output, pad_id=manifest.pad_id)
+    engine = Engine(backend, manifest.pad_id, max_size=32, max_tokens=4096)
+    socket = tmp_path / "engine.sock"
+    listener = Listener(str(socket), family="AF_UNIX")
+    threading.Thread(target=engine.run_forever, daemon=True).start()
+
+    def accept() -> None:
+        while True:
+            try:
+                connection = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=engine.serve, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield socket, backend, bundle
+    listener.close()
+
+
+def test_calls_from_many_threads_get_the_rows_their_own_session_gives(engine: tuple[Path, Backend, Path]) -> None:
+    socket, backend, bundle = engine
+    manifest = read_manifest(bundle)
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    unknown: list[int] = []
+    remote = RemoteBackend(socket, manifest.pad_id, tokenizer.token_to_id("[UNK]"), unknown.append)
+    assert remote.providers == backend.providers and remote.input_names == backend.input_names
+    batches = [tokenizer.encode_batch(TEXTS[i % 4 :] + ["\u2603"] * (i % 2)) for i in range(24)]
+
+    def both(batch: list) -> tuple[list, list]:  # type: ignore[type-arg]
+        return remote.run(batch), backend.run(batch)
+
+    with ThreadPoolExecutor(8) as pool:
+        for got, want in pool.map(both, batches):
+            assert [g.shape for g in got] == [w.shape for w in want]  # token rows trimmed to each sequence
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, atol=1e-5)  # merged with other calls, padded further
+    assert sum(unknown) == 12  # the snowman, counted on the worker's side, once per call that carried it
+
+
+def test_a_gone_engine_is_an_error_not_a_hang(engine: tuple[Path, Backend, Path], tmp_path: Path) -> None:
+    socket, _, bundle = engine
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    remote = RemoteBackend(socket)
+    batch = tokenizer.encode_batch(TEXTS)
+    remote.run(batch)
+    remote._local.held[0].close()  # the connection breaks (the engine died, say)
+    with pytest.raises(InferenceFailed, match="engine is gone"):
+        remote.run(batch)
+
+
+def test_a_shared_engine_server_answers_as_one_without(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    bundle = fp32_bundle("feature-extraction")
+    answers = []
+    for engine in ("per-worker", "shared"):
+        log, env = tmp_path / f"{engine}.log", {"HARE_ENGINE": engine}
+        with hare_serve(bundle, log, 2, env) as (url, process), httpx.Client(base_url=url) as client:
+            answer = client.post("/predict", json={"inputs": TEXTS})
+            assert answer.status_code == 200, answer.text
+            answers.append(np.array(answer.json()))
+            # Several clients at once: each gets its own text's vector back.
+            with ThreadPoolExecutor(6) as pool:
+                rows = list(pool.map(lambda t: client.post("/predict", json={"inputs": [t]}).json()[0], TEXTS * 3))
+            for i, row in enumerate(rows):
+                np.testing.assert_allclose(row, answers[-1][i % 4], atol=1e-4)
+        assert process.returncode is not None
+    np.testing.assert_allclose(answers[0], answers[1], atol=1e-4)
+    assert "[ENGINE]" not in (tmp_path / "per-worker.log").read_text()
+    started = re.search(r"\[(\d+)\] \[ENGINE\] engine ready", (tmp_path / "shared.log").read_text())
+    assert started, "the shared server started no engine"
+    with pytest.raises(ProcessLookupError):  # stopped with the server
+        os.kill(int(started.group(1)), 0)
