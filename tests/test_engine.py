@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -128,3 +129,15 @@ def test_a_shared_engine_server_answers_as_one_without(fp32_bundle: ModelFactory
     assert started, "the shared server started no engine"
     with pytest.raises(ProcessLookupError):  # stopped with the server
         os.kill(int(started.group(1)), 0)
+
+
+def test_a_server_whose_engine_dies_stops_saying_why(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    """Every call would fail from then on: the server stops, so that its supervisor restarts the whole."""
+    log = tmp_path / "serve.log"
+    with hare_serve(fp32_bundle("feature-extraction"), log, 2, {"HARE_ENGINE": "shared"}) as (url, process):
+        assert httpx.post(f"{url}/predict", json={"inputs": TEXTS[:1]}).status_code == 200
+        started = re.search(r"\[(\d+)\] \[ENGINE\] engine ready", log.read_text())
+        assert started
+        os.kill(int(started.group(1)), signal.SIGKILL)
+        assert process.wait(timeout=60) == 1  # the workers drain; the status says it failed
+    assert "the shared engine exited with status -9: stopping the server" in log.read_text()

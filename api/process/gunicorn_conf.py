@@ -17,7 +17,8 @@ behave the same.
   api/process/refuser.py), so refusals keep up with arrivals and a greedy flood waits in the listen backlog.
 - A shared engine where the settings ask for one (HARE_ENGINE; a GPU bundle with several workers by default):
   started here before the workers (api/process/engine.py), which reach it by HARE_ENGINE_SOCKET, and stopped
-  after them; the server does not start if the engine does not.
+  after them; the server does not start if the engine does not, and stops (its workers draining) if the
+  engine dies, so that whatever runs it (Docker, Kubernetes) restarts the whole.
 - Prometheus multiprocess mode: every worker writes its samples under PROMETHEUS_MULTIPROC_DIR, a fresh
   folder made here (before prometheus_client is imported anywhere, since it reads the variable on import)
   and removed when gunicorn exits; a dead worker's live gauges are dropped.
@@ -27,9 +28,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -81,6 +84,8 @@ if Path("/dev/shm").is_dir():
 
 _engine: subprocess.Popen[bytes] | None = None
 _engine_dir: str | None = None
+_stopping = False  # on_exit stops the engine: not a death to report
+_engine_died = False  # then the server exits with status 1, not a clean stop's 0
 
 
 def on_starting(server: Any) -> None:
@@ -91,10 +96,10 @@ def on_starting(server: Any) -> None:
     for stale in folder.glob("*.db"):
         stale.unlink()
     if _settings.engine_socket is None and _settings.shared_engine(read_manifest(_settings.bundle)):
-        start_engine()
+        start_engine(server)
 
 
-def start_engine() -> None:
+def start_engine(server: Any) -> None:
     """The engine process, listening before this returns; RuntimeError if it exits or does not listen."""
     global _engine, _engine_dir
     _engine_dir = tempfile.mkdtemp(prefix="hare-engine-")
@@ -108,6 +113,17 @@ def start_engine() -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the shared engine did not listen within {ENGINE_START_SECONDS} s")
         time.sleep(0.05)
+    threading.Thread(target=_watch_engine, args=(_engine, server), daemon=True).start()
+
+
+def _watch_engine(engine: subprocess.Popen[bytes], server: Any) -> None:
+    """Stop the server if its engine dies: every worker's calls would fail from then on."""
+    global _engine_died
+    status = engine.wait()
+    if not _stopping:
+        server.log.error("the shared engine exited with status %s: stopping the server", status)
+        _engine_died = True
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def child_exit(server: Any, worker: Any) -> None:
@@ -119,6 +135,8 @@ def child_exit(server: Any, worker: Any) -> None:
 
 def on_exit(server: Any) -> None:
     """After the workers: stop the engine, remove what this config made."""
+    global _stopping
+    _stopping = True
     if _engine is not None:
         _engine.terminate()
         try:
@@ -128,3 +146,6 @@ def on_exit(server: Any) -> None:
     for owned in (_owned_metrics_dir, _owned_core_pool, _engine_dir):
         if owned:
             shutil.rmtree(owned, ignore_errors=True)
+    if _engine_died:
+        sys.stderr.flush()
+        os._exit(1)
