@@ -129,7 +129,7 @@ def test_an_lm_reranker_bundle_computes_nothing_vocabulary_sized(lm_reranker: Pa
     graph = onnx.load(str(lm_bundle / MODEL_FILE))
     shapes = {t.name: list(t.dims) for t in graph.graph.initializer}
     for node in graph.graph.node:
-        if node.op_type in ("MatMul", "Gemm", "MatMulInteger", "MatMulNBits", "DynamicQuantizeMatMul"):
+        if node.op_type.startswith(("MatMul", "Gemm", "DynamicQuantizeMatMul")):
             assert all(vocab not in shapes.get(name, []) for name in node.input), node.name
     session = OnnxModel(lm_bundle / MODEL_FILE)
     ids = np.array([[5, 6, 7, 8], [9, 10, 0, 0]], dtype=np.int64)

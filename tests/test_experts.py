@@ -72,7 +72,7 @@ def test_routed_experts_are_matmuls_on_their_own_weights_and_int8_quantizes_them
     blockwise = onnx.load(str(quantize.quantize_blockwise(fp32, tmp_path / "b.onnx")))
     assert names <= {n.name.removesuffix("_Q8") for n in blockwise.graph.node if n.op_type == "MatMulNBits"}
     per_token = int8.per_token(graph, [n.name for n in on_weights])
-    assert names <= {n.name.removesuffix("_quant") for n in per_token.graph.node if n.op_type == "MatMulInteger"}
+    assert names <= {n.name.removesuffix("_quant") for n in per_token.graph.node if n.op_type == "MatMulIntegerToFloat"}
 
 
 @pytest.mark.parametrize(("arch", "task_name"), MOE)

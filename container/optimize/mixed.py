@@ -42,15 +42,14 @@ graph with them still meets the gates with MARGIN to spare on the subset and pas
 left fp32, so they never cost a MatMul its int8. A quarter of the bytes, at the same speed.
 
 Every choice is one pass of a simulation graph over the subset, not a quantizer run: the fp32 graph with each
-MatMul behind an `If` that switches it to either int8 arithmetic as the build writes it (per call: the
-dynamic quantizer's DynamicQuantizeLinear, MatMulInteger on the int8 weight values and per-channel scales it
-would store, the scales' Mul; per token: the same MatMulInteger behind hare's own row scales), so the CPU's
-own int8 kernel runs each choice: CPUs without VNNI add u8 x s8 pairs in 16-bit registers that can saturate
-(ONNX Runtime's quantization docs). There the build's weights keep 64 levels a side (machine.weight_levels),
-which cannot; with 127 (`--int8-weights full`) the choice is made with the saturation's error. Measured on
-all-MiniLM-L6-v2 on
-an AVX-512 VNNI CPU: the built graph's figures equal the simulation's to 5 digits. The built graph is then
-validated like every variant.
+MatMul behind an `If` that switches it to either int8 arithmetic as the build writes it (per call: the dynamic
+quantizer's DynamicQuantizeLinear, MatMulInteger on the int8 weight values and per-channel scales it would
+store, the scales' Mul; per token: the same product, as MatMulIntegerToFloat, behind hare's own row scales), so
+the CPU's own int8 kernel runs each choice: CPUs without VNNI add u8 x s8 pairs in 16-bit registers that can
+saturate (ONNX Runtime's quantization docs). There the build's weights keep 64 levels a side
+(machine.weight_levels), which cannot; with 127 (`--int8-weights full`) the choice is made with the
+saturation's error. Measured on all-MiniLM-L6-v2 on an AVX-512 VNNI CPU: the built graph's figures equal the
+simulation's to 5 digits. The built graph is then validated like every variant.
 
 The cost is linear in the MatMuls: one pass per alpha and kind of scales over the subset (CALIBRATION_TOKENS
 tokens), one or two over every sample, one per MatMul over a subset of at most RANKING_TOKENS / MatMuls
