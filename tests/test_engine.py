@@ -10,6 +10,7 @@ import queue
 import re
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Listener
@@ -53,7 +54,7 @@ def test_pending_calls_merge_within_the_budget_padded_to_the_longest() -> None:
 
 
 @pytest.fixture
-def engine(fp32_bundle: ModelFactory, tmp_path: Path) -> Iterator[tuple[Path, Backend, Path]]:
+def engine(fp32_bundle: ModelFactory, tmp_path: Path) -> Iterator[tuple[Path, Engine, Path]]:
     """An engine on a tiny fp32 bundle's CPU session (int8's batch-wide scales would make merged batches
     differ a little), listening on a socket in tmp_path as the process does."""
     bundle = fp32_bundle("feature-extraction")
@@ -73,12 +74,13 @@ def engine(fp32_bundle: ModelFactory, tmp_path: Path) -> Iterator[tuple[Path, Ba
             threading.Thread(target=engine.serve, args=(connection,), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
-    yield socket, backend, bundle
+    yield socket, engine, bundle
     listener.close()
 
 
-def test_calls_from_many_threads_get_the_rows_their_own_session_gives(engine: tuple[Path, Backend, Path]) -> None:
-    socket, backend, bundle = engine
+def test_calls_from_many_threads_get_the_rows_their_own_session_gives(engine: tuple[Path, Engine, Path]) -> None:
+    socket, served, bundle = engine
+    backend = served.backend
     manifest = read_manifest(bundle)
     tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
     unknown: list[int] = []
@@ -97,7 +99,32 @@ def test_calls_from_many_threads_get_the_rows_their_own_session_gives(engine: tu
     assert sum(unknown) == 12  # the snowman, counted on the worker's side, once per call that carried it
 
 
-def test_a_gone_engine_is_an_error_not_a_hang(engine: tuple[Path, Backend, Path], tmp_path: Path) -> None:
+def test_calls_queued_behind_a_busy_model_run_as_one_batch(engine: tuple[Path, Engine, Path]) -> None:
+    socket, served, bundle = engine
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    remote = RemoteBackend(socket)
+    alone = {t: served.backend.run(tokenizer.encode_batch([t]))[0] for t in TEXTS}
+    batches: list[int] = []
+    run_padded = served.backend.run_padded
+
+    def counted(feeds: dict[str, np.ndarray], width: int = 1) -> np.ndarray:  # type: ignore[type-arg]
+        batches.append(len(feeds["input_ids"]))
+        return run_padded(feeds, width)
+
+    served.backend.run_padded = counted  # type: ignore[method-assign]
+    with ThreadPoolExecutor(4) as pool:
+        with served.busy:  # the model is busy: the calls queue
+            answers = [pool.submit(lambda t=t: remote.run(tokenizer.encode_batch([t]))[0]) for t in TEXTS]
+            deadline = time.monotonic() + 10
+            while served.pending.qsize() < 3 and time.monotonic() < deadline:  # the GPU thread holds the first
+                time.sleep(0.01)
+        rows = [a.result(timeout=30) for a in answers]
+    assert batches == [4]  # one model call for the four
+    for text, row in zip(TEXTS, rows, strict=True):
+        np.testing.assert_allclose(row, alone[text], atol=1e-5)
+
+
+def test_a_gone_engine_is_an_error_not_a_hang(engine: tuple[Path, Engine, Path], tmp_path: Path) -> None:
     socket, _, bundle = engine
     tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
     remote = RemoteBackend(socket)
@@ -136,6 +163,9 @@ def test_a_server_whose_engine_dies_stops_saying_why(fp32_bundle: ModelFactory, 
     log = tmp_path / "serve.log"
     with hare_serve(fp32_bundle("feature-extraction"), log, 2, {"HARE_ENGINE": "shared"}) as (url, process):
         assert httpx.post(f"{url}/predict", json={"inputs": TEXTS[:1]}).status_code == 200
+        deadline = time.monotonic() + 30
+        while log.read_text().count("ready: feature-extraction") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # both workers up
         started = re.search(r"\[(\d+)\] \[ENGINE\] engine ready", log.read_text())
         assert started
         os.kill(int(started.group(1)), signal.SIGKILL)

@@ -28,7 +28,9 @@ from tokenizers import Encoding
 from api.engine.backend import Array, padded_feeds, split_rows
 from container.runtime import InferenceFailed
 
-CONNECT_SECONDS = 300.0  # the engine loads and captures its graphs before it listens
+# The gunicorn config starts the workers once the engine listens: a refused connection is an engine that
+# died, and a worker starting then fails its boot, which stops the server, rather than waiting.
+CONNECT_SECONDS = 5.0
 
 
 def send(connection: Connection, header: dict[str, Any], arrays: Sequence[NDArray[Any]] = ()) -> None:

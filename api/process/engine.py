@@ -7,8 +7,10 @@ worker (api/engine/remote.py) together.
                                                               rows back to its thread, which answers it
 
 No waiting for a batch to fill: while one batch runs on the GPU the next gathers, so the batches grow with
-the load. Every call gets its rows or an error message; a call that cannot be merged (bigger than the
-budget on its own) runs alone.
+the load. A call that finds nothing pending and the model free runs at once on its connection's thread,
+with no hand-off to the GPU thread and back (measured on 2 cores, a tiny model, 2 clients: 2,202 req/s
+through the GPU thread). Every call gets its rows or an error message; a call that cannot be merged
+(bigger than the budget on its own) runs alone.
 
 `gunicorn_conf` starts it (python -m api.process.engine) before the workers, from the same HARE_*
 environment, and stops it after them; it listens on HARE_ENGINE_SOCKET.
@@ -93,6 +95,7 @@ class Engine:
         self.max_size = max_size
         self.max_tokens = max_tokens
         self.pending: queue.Queue[Call] = queue.Queue()
+        self.busy = threading.Lock()  # held by whichever thread runs the model
         self.greeting = {
             "providers": backend.providers,
             "input_names": backend.input_names,
@@ -104,8 +107,9 @@ class Engine:
         lead: Call | None = None
         while True:
             first = lead or self.pending.get()
-            calls, lead = take(self.pending, first, self.max_size, self.max_tokens)
-            self.run(calls)
+            with self.busy:
+                calls, lead = take(self.pending, first, self.max_size, self.max_tokens)
+                self.run(calls)
 
     def run(self, calls: list[Call]) -> None:
         try:
@@ -131,8 +135,14 @@ class Engine:
                 while True:
                     header, arrays = receive(connection)
                     call = Call(dict(zip(header["inputs"], (a.astype(np.int64) for a in arrays), strict=True)))
-                    self.pending.put(call)
-                    call.done.wait()
+                    if self.pending.empty() and self.busy.acquire(blocking=False):
+                        try:
+                            self.run([call])  # alone, at once: nothing to batch it with
+                        finally:
+                            self.busy.release()
+                    else:
+                        self.pending.put(call)
+                        call.done.wait()
                     if call.error is not None:
                         send(connection, {"error": call.error})
                     else:
