@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from api.engine.backend import Backend
 from api.engine.errors import ClientGone
 from api.web.schemas import parse_predict
 from container.runtime import OnnxModel
@@ -169,7 +170,9 @@ async def test_a_full_queue_answers_429_with_retry_after_at_once(tiny_bundle: Mo
 
 async def test_a_failing_model_call_fails_its_requests_and_the_server_goes_on(tiny_bundle: ModelFactory) -> None:
     async with serve(tiny_bundle("text-classification")) as client:
-        sessions = list(client.resources.backend.sessions.values())
+        backend = client.resources.backend
+        assert isinstance(backend, Backend)  # a worker's own sessions (no shared engine on a CPU)
+        sessions = list(backend.sessions.values())
 
         def broken(feeds: Any, shrink: bool = False) -> np.ndarray:
             raise RuntimeError("CUDA fell over")
@@ -214,6 +217,7 @@ async def test_a_waiting_request_whose_client_left_is_withdrawn(tiny_bundle: Mod
 
             return held
 
+        assert isinstance(res.backend, Backend)
         for session in res.backend.sessions.values():
             session.run = holding(session)  # type: ignore[method-assign,assignment]
         busy = asyncio.ensure_future(client.post("/predict", json={"inputs": [f"t{i}" for i in range(12)]}))

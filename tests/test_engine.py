@@ -114,11 +114,11 @@ def test_calls_queued_behind_a_busy_model_run_as_one_batch(engine: tuple[Path, E
     served.backend.run_padded = counted  # type: ignore[method-assign]
     with ThreadPoolExecutor(4) as pool:
         with served.busy:  # the model is busy: the calls queue
-            answers = [pool.submit(lambda t=t: remote.run(tokenizer.encode_batch([t]))[0]) for t in TEXTS]
+            answers = [pool.submit(remote.run, tokenizer.encode_batch([t])) for t in TEXTS]
             deadline = time.monotonic() + 10
             while served.pending.qsize() < 3 and time.monotonic() < deadline:  # the GPU thread holds the first
                 time.sleep(0.01)
-        rows = [a.result(timeout=30) for a in answers]
+        rows = [a.result(timeout=30)[0] for a in answers]
     assert batches == [4]  # one model call for the four
     for text, row in zip(TEXTS, rows, strict=True):
         np.testing.assert_allclose(row, alone[text], atol=1e-5)
