@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 from tokenizers import Tokenizer
 
 from api.engine.backend import Backend
@@ -60,7 +61,7 @@ def engine(fp32_bundle: ModelFactory, tmp_path: Path) -> Iterator[tuple[Path, En
     bundle = fp32_bundle("feature-extraction")
     manifest = read_manifest(bundle)
     backend = Backend(bundle / MODEL_FILE, "cpu", (1,), manifest.output, pad_id=manifest.pad_id)
-    engine = Engine(backend, manifest.pad_id, max_size=32, max_tokens=4096)
+    engine = Engine(backend, manifest.pad_id, max_size=32, max_tokens=4096, registry=CollectorRegistry())
     socket = tmp_path / "engine.sock"
     listener = Listener(str(socket), family="AF_UNIX")
     threading.Thread(target=engine.run_forever, daemon=True).start()
@@ -149,6 +150,11 @@ def test_a_shared_engine_server_answers_as_one_without(fp32_bundle: ModelFactory
                 rows = list(pool.map(lambda t: client.post("/predict", json={"inputs": [t]}).json()[0], TEXTS * 3))
             for i, row in enumerate(rows):
                 np.testing.assert_allclose(row, answers[-1][i % 4], atol=1e-4)
+            metrics = client.get("/metrics").text
+            # The engine's batches reach any worker's /metrics (the shared metrics folder): 13 calls at least.
+            engine_calls = re.search(r"^hare_engine_batch_calls_sum (\S+)$", metrics, re.MULTILINE)
+            assert (engine_calls is not None) == (engine == "shared"), metrics[-2000:]
+            assert engine_calls is None or float(engine_calls.group(1)) >= 13
         assert process.returncode is not None
     np.testing.assert_allclose(answers[0], answers[1], atol=1e-4)
     assert "[ENGINE]" not in (tmp_path / "per-worker.log").read_text()

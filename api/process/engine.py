@@ -13,7 +13,10 @@ through the GPU thread). Every call gets its rows or an error message; a call th
 (bigger than the budget on its own) runs alone.
 
 `gunicorn_conf` starts it (python -m api.process.engine) before the workers, from the same HARE_*
-environment, and stops it after them; it listens on HARE_ENGINE_SOCKET.
+environment, and stops it after them; it listens on HARE_ENGINE_SOCKET. Its model calls are counted in the
+workers' metrics folder (PROMETHEUS_MULTIPROC_DIR, inherited), so any worker's /metrics shows how well the
+workers' calls batch: hare_engine_batch_size (sequences per model call) and hare_engine_batch_calls (worker
+calls merged into one).
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
 from api.config import Settings
 from api.engine.backend import Backend
 from api.engine.opened import open_bundle
 from api.engine.remote import receive, send
+from api.web.metrics import SIZES
 from container.bundle import MODEL_FILE
 from container.cudagraphs import graph_shapes
 
@@ -89,13 +94,31 @@ def take(pending: queue.Queue[Call], first: Call, max_size: int, max_tokens: int
 
 
 class Engine:
-    def __init__(self, backend: Backend, pad_id: int, max_size: int, max_tokens: int) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        pad_id: int,
+        max_size: int,
+        max_tokens: int,
+        registry: CollectorRegistry,
+    ) -> None:
+        """`registry`: where the batch histograms go (the process's default REGISTRY writes them, in
+        multiprocess mode, to files in the workers' metrics folder)."""
         self.backend = backend
         self.pad_id = pad_id
         self.max_size = max_size
         self.max_tokens = max_tokens
         self.pending: queue.Queue[Call] = queue.Queue()
         self.busy = threading.Lock()  # held by whichever thread runs the model
+        self.sequences = Histogram(
+            "hare_engine_batch_size", "sequences per model call of the shared engine", buckets=SIZES, registry=registry
+        )
+        self.merged = Histogram(
+            "hare_engine_batch_calls",
+            "workers' model calls merged into one model call of the shared engine",
+            buckets=SIZES,
+            registry=registry,
+        )
         self.greeting = {
             "providers": backend.providers,
             "input_names": backend.input_names,
@@ -112,6 +135,8 @@ class Engine:
                 self.run(calls)
 
     def run(self, calls: list[Call]) -> None:
+        self.merged.observe(len(calls))
+        self.sequences.observe(sum(c.shape[0] for c in calls))
         try:
             out = self.backend.run_padded(merge(calls, self.pad_id))
         except Exception as exc:  # every call gets an answer, the error's message if nothing else
@@ -168,7 +193,7 @@ def main() -> None:
         pad_id=manifest.pad_id,
         graph_shapes=shapes if settings.cuda_graphs else (),
     )
-    engine = Engine(backend, manifest.pad_id, settings.max_batch_size, settings.max_batch_tokens)
+    engine = Engine(backend, manifest.pad_id, settings.max_batch_size, settings.max_batch_tokens, REGISTRY)
     threading.Thread(target=engine.run_forever, name="gpu", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the workers are gone when gunicorn stops it
     listener = Listener(str(socket), family="AF_UNIX")
