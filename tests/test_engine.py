@@ -158,6 +158,7 @@ def test_a_shared_engine_server_answers_as_one_without(fp32_bundle: ModelFactory
         assert process.returncode is not None
     np.testing.assert_allclose(answers[0], answers[1], atol=1e-4)
     assert "[ENGINE]" not in (tmp_path / "per-worker.log").read_text()
+    assert "providers CPUExecutionProvider (the shared engine's)" in (tmp_path / "shared.log").read_text()
     started = re.search(r"\[(\d+)\] \[ENGINE\] engine ready", (tmp_path / "shared.log").read_text())
     assert started, "the shared server started no engine"
     with pytest.raises(ProcessLookupError):  # stopped with the server

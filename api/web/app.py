@@ -87,7 +87,7 @@ def create_app(settings: Settings) -> Starlette:
                 settings.streams,
                 "/".join(map(str, res.backend.widths)),
                 settings.cores,
-                ",".join(res.backend.providers),
+                ",".join(res.backend.providers) + (" (the shared engine's)" if settings.engine_socket else ""),
             )
             yield
         finally:
