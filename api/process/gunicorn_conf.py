@@ -119,9 +119,9 @@ def start_engine(server: Any) -> None:
 def _watch_engine(engine: subprocess.Popen[bytes], server: Any) -> None:
     """Stop the server if its engine dies: every worker's calls would fail from then on."""
     global _engine_died
-    status = engine.wait()
+    engine.wait()  # its status is not to be trusted: gunicorn's reaping of its workers may take it first
     if not _stopping:
-        server.log.error("the shared engine exited with status %s: stopping the server", status)
+        server.log.error("the shared engine (pid %d) is gone: stopping the server", engine.pid)
         _engine_died = True
         os.kill(os.getpid(), signal.SIGTERM)
 
