@@ -7,7 +7,8 @@ process stays small. `tests/test_bench_stats.py` checks them against numpy on kn
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 PERCENTILES = (50.0, 90.0, 95.0, 99.0)
@@ -56,3 +57,16 @@ def summarize(values: Sequence[float]) -> Summary:
 
 def mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values) if values else math.nan
+
+
+def median_call_seconds(call: Callable[[], object], calls: int = 200, warmup: int = 20) -> float:
+    """The median wall time of `calls` calls of `call`, after `warmup` untimed ones (the GPU scripts' timer:
+    scripts/gpu-probe.py, gpu-graphs.py, gpu-peers.py)."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return percentile(sorted(times), 50.0)

@@ -12,31 +12,19 @@ warm-ups of `Backend.run` (padding, copies and trimming included) at (texts, tok
 from __future__ import annotations
 
 import functools
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from api.engine.backend import Backend
 from bench.inputs import TextMaker, load_tokenizer
+from bench.stats import median_call_seconds
 from container.bundle import MODEL_FILE, read_manifest
 from container.cudagraphs import graph_shapes
 
 SHAPES = [(1, 16), (1, 128), (8, 128), (32, 128)]
-
-
-def median_ms(call: Callable[[], object], n: int = 200) -> float:
-    for _ in range(20):
-        call()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
 
 
 def check(bundle: Path) -> None:
@@ -63,8 +51,8 @@ def check(bundle: Path) -> None:
     print(f"  graphed against plain, 9 batches of 1-64 texts at random lengths: max |diff| {worst:.2e}")
     for texts, tokens in SHAPES:
         batch = tokenizer.encode_batch(maker.texts(tokens, texts))
-        g = median_ms(functools.partial(graphed.run, batch))
-        p = median_ms(functools.partial(plain.run, batch))
+        g = median_call_seconds(functools.partial(graphed.run, batch)) * 1000
+        p = median_call_seconds(functools.partial(plain.run, batch)) * 1000
         print(
             f"  ({texts}, {tokens}) Backend.run median ms: graphs {g:.3f}, plain {p:.3f}"
             f"  ({texts / g * 1000:,.0f} / {texts / p * 1000:,.0f} texts/s)"

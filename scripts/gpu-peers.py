@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,22 +19,12 @@ from numpy.typing import NDArray
 
 from api.engine.backend import Backend
 from bench.inputs import TextMaker, load_tokenizer
+from bench.stats import median_call_seconds
 from container.bundle import MODEL_FILE, read_manifest
 from container.cudagraphs import graph_shapes
 from tasks.ops import normalize_vector, pool_tokens
 
 Vectors = NDArray[np.float32]
-
-
-def median_s(call: Callable[[], object], n: int = 50) -> float:
-    for _ in range(10):
-        call()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def hare_encoder(bundle: Path, target: str) -> Callable[[list[str]], Vectors]:
@@ -85,7 +73,7 @@ def main() -> None:
         texts = maker.texts(tokens, batch)
         a, b = hare(texts), st(texts)
         cosine = float(np.min(np.sum(a * b, axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)))
-        h, s = median_s(functools.partial(hare, texts)), median_s(functools.partial(st, texts))
+        h, s = (median_call_seconds(functools.partial(f, texts), 50, 10) for f in (hare, st))
         print(
             f"  batch {batch} x {tokens} tokens: hare {batch / h:,.0f} texts/s ({h * 1000:.2f} ms), "
             f"sentence-transformers {batch / s:,.0f} ({s * 1000:.2f} ms), {s / h:.2f}x; min cosine {cosine:.4f}"

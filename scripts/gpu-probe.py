@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import collections
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
+from bench.stats import median_call_seconds
 
 SHAPES = [(1, 16), (1, 128), (8, 128), (32, 128)]
 CUDA = "CUDAExecutionProvider"
@@ -29,18 +29,6 @@ def feeds(session: ort.InferenceSession, batch: int, tokens: int) -> dict[str, n
     ids = np.random.default_rng(0).integers(1000, 2000, (batch, tokens), dtype=np.int64)
     values = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
     return {i.name: values[i.name] for i in session.get_inputs()}
-
-
-def median_ms(call: object, n: int = 200) -> float:
-    assert callable(call)
-    for _ in range(20):
-        call()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
 
 
 def placement(model: Path) -> dict[str, int]:
@@ -72,12 +60,12 @@ def probe(bundle: Path) -> None:
 
 def shape_row(model: Path, plain: ort.InferenceSession, output: str, batch: int, tokens: int) -> dict[str, float]:
     x = feeds(plain, batch, tokens)
-    row = {"run": median_ms(lambda: plain.run([output], x))}
+    row = {"run": median_call_seconds(lambda: plain.run([output], x)) * 1000}
     binding = plain.io_binding()
     for name, value in x.items():
         binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
     binding.bind_output(output, "cuda")
-    row["iobinding"] = median_ms(lambda: plain.run_with_iobinding(binding))
+    row["iobinding"] = median_call_seconds(lambda: plain.run_with_iobinding(binding)) * 1000
     try:
         graph = ort.InferenceSession(str(model), providers=[(CUDA, {"use_tf32": "0", "enable_cuda_graph": "1"})])
         gbinding = graph.io_binding()
@@ -86,7 +74,7 @@ def shape_row(model: Path, plain: ort.InferenceSession, output: str, batch: int,
         # hare's GPU graphs keep fp32 outputs (the fp16 chain casts back)
         shape = plain.run([output], x)[0].shape
         gbinding.bind_ortvalue_output(output, ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, "cuda", 0))
-        row["cuda-graph"] = median_ms(lambda: graph.run_with_iobinding(gbinding))
+        row["cuda-graph"] = median_call_seconds(lambda: graph.run_with_iobinding(gbinding)) * 1000
     except Exception as exc:  # the capture refuses graphs with CPU nodes or dynamic allocations
         print(f"  cuda graph at ({batch}, {tokens}): {type(exc).__name__}: {str(exc)[:300]}")
     return row
