@@ -93,12 +93,8 @@ class Backend:
     def run(self, batch: Sequence[Encoding], width: int = 1) -> list[Array]:
         """Each sequence's rows: [labels] per sequence, or [its length, dim] for token-level outputs (padding
         trimmed off). `width` picks the session (the widest not above it)."""
-        feeds = self.feeds(batch)
+        feeds = padded_feeds(batch, self.input_names, self._pad_id, self._unk_id, self._on_unknown)
         return split_rows(self.run_padded(feeds, width), batch)
-
-    def feeds(self, batch: Sequence[Encoding]) -> dict[str, NDArray[np.int64]]:
-        """The graph's padded inputs for `batch`, its unknown tokens counted."""
-        return padded_feeds(batch, self.input_names, self._pad_id, self._unk_id, self._on_unknown)
 
     def run_padded(self, feeds: dict[str, NDArray[np.int64]], width: int = 1) -> Array:
         """The model's output for padded `feeds` (sequences x tokens), padding rows and columns included."""

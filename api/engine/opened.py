@@ -13,6 +13,7 @@ from api.config import Settings
 from api.engine.encoder import Encoder, vocab
 from api.engine.pipeline import model_info
 from container.bundle import TOKENIZER_FILE, Manifest, read_manifest
+from container.cudagraphs import Shape, graph_shapes
 from container.runtime import bound_malloc
 from tasks.base import ModelInfo, TaskSpec, Vocab
 from tasks.errors import InputError
@@ -29,6 +30,13 @@ class OpenBundle:
     words: Vocab
     model: ModelInfo
     encoder: Encoder
+
+    @property
+    def graph_shapes(self) -> list[Shape]:
+        """The padded batch shapes a GPU session captures as CUDA graphs (none when HARE_CUDA_GRAPHS is off)."""
+        if not self.settings.cuda_graphs:
+            return []
+        return graph_shapes(self.settings.max_batch_size, self.settings.max_batch_tokens, self.manifest.max_length)
 
 
 def open_bundle(settings: Settings) -> OpenBundle:

@@ -40,7 +40,6 @@ from api.engine.opened import open_bundle
 from api.engine.remote import receive, send
 from api.web.metrics import SIZES
 from container.bundle import MODEL_FILE
-from container.cudagraphs import graph_shapes
 
 log = logging.getLogger("hare.engine")
 
@@ -183,7 +182,6 @@ def main() -> None:
     socket = Path(os.environ["HARE_ENGINE_SOCKET"])
     opened = open_bundle(settings)
     settings, manifest = opened.settings, opened.manifest
-    shapes = graph_shapes(settings.max_batch_size, settings.max_batch_tokens, manifest.max_length)
     backend = Backend(
         settings.bundle / MODEL_FILE,
         settings.target or manifest.target,  # a GPU's, where gunicorn_conf starts it; a CPU's for the tests
@@ -191,7 +189,7 @@ def main() -> None:
         manifest.output,
         arena=settings.cpu_arena,
         pad_id=manifest.pad_id,
-        graph_shapes=shapes if settings.cuda_graphs else (),
+        graph_shapes=opened.graph_shapes,
     )
     engine = Engine(backend, manifest.pad_id, settings.max_batch_size, settings.max_batch_tokens, REGISTRY)
     threading.Thread(target=engine.run_forever, name="gpu", daemon=True).start()

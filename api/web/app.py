@@ -34,7 +34,6 @@ from api.web.public import RateLimiter
 from api.web.schemas import COMMON, Limits
 from api.web.state import Resources
 from container.bundle import MODEL_FILE, Manifest, resolve_max_batch_tokens
-from container.cudagraphs import graph_shapes
 from container.machine import int8_check, same_cpu, versions
 
 log = logging.getLogger("hare")
@@ -134,9 +133,7 @@ async def load(settings: Settings) -> Resources:
             metrics.unknown_tokens.inc,
             settings.cpu_arena,
             manifest.pad_id,
-            graph_shapes(settings.max_batch_size, settings.max_batch_tokens, manifest.max_length)
-            if settings.cuda_graphs
-            else (),
+            opened.graph_shapes,
         )
     model = opened.model
     on_gpu = backend.providers[0] != "CPUExecutionProvider"
