@@ -45,9 +45,9 @@ from tests.clocked import clocked
 from tests.conftest import ModelFactory
 from tests.tiny_models import make_model
 
-# The integer product of an int8 MatMul: MatMulInteger (one activation scale per call), MatMulIntegerToFloat
-# (per token: int8.arithmetic).
-INT8_PRODUCTS = {"MatMulInteger", "MatMulIntegerToFloat"}
+# The integer product of an int8 MatMul, by its activations' scales (int8.arithmetic): MatMulInteger with one
+# scale per call, MatMulIntegerToFloat with one per token.
+PRODUCT = {"tensor": "MatMulInteger", "token": "MatMulIntegerToFloat"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +168,7 @@ def test_per_token_int8_is_what_the_simulation_ran(embedder: Built, tmp_path: Pa
     onnx.save(int8.per_token(copy.deepcopy(model), names), str(built))
     ops = _ops(built)
     for name in names:
-        assert ops.get(f"{name}_quant") in INT8_PRODUCTS and name not in ops
+        assert ops.get(f"{name}_quant") == PRODUCT["token"] and name not in ops
     sim = simulator.Simulator(model, names, tmp_path, embedder.parity, [])
     output = embedder.parity.task.output
     graph = OnnxModel(built, output=output)
@@ -265,7 +265,7 @@ def test_a_split_takes_the_rows_that_would_take_every_columns_levels(scales: str
     assert error(whole) > 0.5 and error(split) < 0.1  # the rest keeps its levels
     built = int8.split(copy.deepcopy(fp32), ["proj"], scales, NARROW_LEVELS)
     ops = {n.op_type for n in built.graph.node}
-    assert ops & INT8_PRODUCTS and "Gather" in ops and not any(n.name == "proj" for n in built.graph.node)
+    assert {PRODUCT[scales], "Gather"} <= ops and not any(n.name == "proj" for n in built.graph.node)
     assert np.allclose(_run(built, x), split, rtol=1e-5, atol=1e-3)  # the same operators, the same kernel
 
 
@@ -293,7 +293,7 @@ def test_a_loose_gate_quantizes_every_matmul(embedder: Built, tmp_path: Path, le
     assert plan["figures"]["cosine_p1"] >= 0.5 and plan["calibration"] > 0
     ops = _ops(out)
     for name in names:
-        assert ops.get(f"{name}_quant") in INT8_PRODUCTS and name not in ops
+        assert ops.get(f"{name}_quant") == PRODUCT[plan["scales"]] and name not in ops
     assert not (tmp_path / "int8-mixed.work").exists()  # the simulation's files are gone
 
 
@@ -341,7 +341,7 @@ def test_the_most_harmful_matmuls_stay_fp32_until_the_gates_pass(
         if name in expected:  # kept: the exported float MatMul, untouched
             assert ops.get(name) == "MatMul" and f"{name}_quant" not in ops
         else:
-            assert ops.get(f"{name}_quant") in INT8_PRODUCTS and name not in ops
+            assert ops.get(f"{name}_quant") == PRODUCT[plan["scales"]] and name not in ops
 
 
 def test_a_split_replaces_fp32_where_it_passes(
@@ -385,7 +385,7 @@ def test_a_split_replaces_fp32_where_it_passes(
     plan = mixed.build(fp32, tmp_path / "int8-mixed.onnx", gate, NARROW_LEVELS)
     assert plan["fp32"] == [] and plan["split"] == [target]
     ops = _ops(tmp_path / "int8-mixed.onnx")
-    assert ops.get(f"{target}_quant") in INT8_PRODUCTS and target not in ops
+    assert ops.get(f"{target}_quant") == PRODUCT[plan["scales"]] and target not in ops
     assert [op for name, op in ops.items() if name.startswith(f"{target}_quant")].count("Gather") == 1
 
 
