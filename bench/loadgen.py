@@ -65,6 +65,7 @@ class Samples:
     window_s: float = 0.0
     cpu_s: float = 0.0
     probe_delta: dict[int, float] | None = None  # the probe's values at close minus at open (server CPU seconds)
+    probe_s: float = 0.0  # the wall time between the two probes: what probe_delta is spread over
     ok: int = 0
     retry_after: int = 0  # 429 answers that said when to come back (Retry-After)
 
@@ -166,12 +167,13 @@ class _Window:
     async def ticker(self) -> None:
         """Opens the window (CPU clock), reports running figures about once a second, honours `stop`."""
         opened = False
-        last_tick = 0.0
+        last_tick = probed_at = 0.0
         while True:
             now = time.perf_counter()
             if not opened and now >= self.start:
                 self.cpu0, opened = time.process_time(), True
                 self.probe0 = self.probe() if self.probe is not None else None
+                probed_at = time.perf_counter()
             if self.stop is not None and self.stop.is_set():
                 self.close(now)
             if self.over(now):
@@ -186,6 +188,9 @@ class _Window:
             probe1 = self.probe()
             if probe1 is not None:
                 self.samples.probe_delta = {k: v - self.probe0.get(k, 0.0) for k, v in probe1.items()}
+                # The span the probes saw, not the window's nominal length: a busy event loop can open the
+                # window late (the first probe with it) or close it late.
+                self.samples.probe_s = time.perf_counter() - probed_at
         self.samples.window_s = max(end - self.start, 1e-9) if opened else 0.0
 
     def snapshot(self, now: float) -> dict[str, float]:

@@ -82,8 +82,8 @@ class _Scenario:
         if samples.read_latencies:  # as the load generator read the answers, its own waits for a core included
             read = latency_summary(samples, read=True)
             extra["read_p50"], extra["read_p99"] = read.p50, read.p99
-        if samples.probe_delta is not None:  # over the recording window's nominal length
-            extra["server_cores"] = sum(samples.probe_delta.values()) / max(self.options.duration_s, 1e-9)
+        if samples.probe_delta is not None:  # over the span between the probes
+            extra["server_cores"] = sum(samples.probe_delta.values()) / max(samples.probe_s, 1e-9)
         planned = Planned("hare", None, None, seq or self.options.seq_len, 1, users, rate)
         point = make_point(
             self.run_id,

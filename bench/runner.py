@@ -266,7 +266,7 @@ class Runner:
         # Cores per server process, busiest first: a worker near 0 while another is near 1 means the
         # connections (keep-alive) all landed on one worker.
         by_process = (
-            sorted((round(v / window, 3) for v in samples.probe_delta.values()), reverse=True)
+            sorted((round(v / max(samples.probe_s, 1e-9), 3) for v in samples.probe_delta.values()), reverse=True)
             if samples.probe_delta is not None
             else None
         )

@@ -18,7 +18,7 @@ def test_every_phase_is_stored_and_every_goal_printed(
     tiny_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = Store(tmp_path / "bench.db")
-    options = OverloadOptions(tiny_bundle("feature-extraction"), seq_len=16, flood=20, duration_s=0.5, tail_seqs=(8,))
+    options = OverloadOptions(tiny_bundle("feature-extraction"), seq_len=16, flood=20, duration_s=1.0, tail_seqs=(8,))
     run_id = run_overload(options, store, threading.Event())
     scenarios = [p.extra["scenario"] for p in store.points(run_id)]
     cores = physical_cores()
@@ -31,7 +31,8 @@ def test_every_phase_is_stored_and_every_goal_printed(
     points = {p.extra["scenario"]: p for p in store.points(run_id)}
     # The server's CPU over each phase's window, from its processes' clocks: every phase had it answer (or
     # refuse) requests, so none is zero (a probe that read nothing, or the same process twice, would be).
-    assert all(p.extra["server_cores"] > 0 for p in points.values()), {k: p.extra for k, p in points.items()}
+    seen = {k: (p.extra.get("server_cores"), p.requests, p.duration_s) for k, p in points.items()}
+    assert all(p.extra["server_cores"] > 0 for p in points.values()), seen
     assert "µs CPU each" in printed and "unanswered" in printed
     # The results page judges the stored run again (bench/page.py): the same lines, every goal included.
     stored = stored_goals(store.run(run_id), store.points(run_id))
