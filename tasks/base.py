@@ -256,6 +256,9 @@ class TaskSpec:
     parse_inputs: the request's `inputs` value -> Inputs.
     parse_params: the request's task parameters (already checked against `parameters`) -> a params object.
     prepare: (inputs, params) -> the inputs the model reads (embeddings prepend the prompt); None: as sent.
+    pooling: params -> the pooling (tasks/ops.py) post-processing applies to every sequence's token states,
+      so that a shared engine may apply it and send one vector per sequence (postprocess then takes a
+      [dim] row as already pooled); None, or returning None: token states wanted as they are.
     postprocess: (outputs, params, model) -> Answer in the Hugging Face pipeline's shape.
     windows: long inputs may be read as overlapping windows and merged (long_input="window").
     offsets: the answer names spans of the text, so its encodings carry each token's character offsets (a
@@ -283,6 +286,7 @@ class TaskSpec:
     parse_params: Callable[[Mapping[str, object], ModelInfo], Any] = field(kw_only=True)
     postprocess: Callable[[Outputs, Any, ModelInfo], Answer] = field(kw_only=True)
     prepare: Callable[[Inputs, Any], Inputs] | None = field(default=None, kw_only=True)
+    pooling: Callable[[Any], str | None] | None = field(default=None, kw_only=True)
     windows: bool = field(default=True, kw_only=True)
     offsets: bool = field(default=False, kw_only=True)
     embeddings: bool = field(default=False, kw_only=True)

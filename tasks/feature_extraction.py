@@ -132,11 +132,18 @@ def check_dimensions(asked: int, width: int) -> None:
         raise InvalidRequest(f"dimensions is {asked}, more than this model's {width}; ask for at most {width}")
 
 
+def pooling(p: Params) -> str | None:
+    """The pooling `embed` applies to every sequence's token states, which the model's side may apply instead
+    (None: the answer is the token states)."""
+    return None if p.tokens else p.pooling
+
+
 def embed(out: Outputs, p: Params) -> list[Array]:
-    """One vector per input; a windowed text's windows are pooled, then combined weighted by length."""
+    """One vector per input; a windowed text's windows are pooled (a [dim] row came pooled already: the shared
+    engine pooled it with `pooling`), then combined weighted by length."""
     vectors = []
     for windows, rows in zip(out.windows, out.arrays, strict=True):
-        pooled = [pool_tokens(r, p.pooling) for r in rows]
+        pooled = [r if r.ndim == 1 else pool_tokens(r, p.pooling) for r in rows]
         vector = combine_vectors(pooled, [len(w) for w in windows], p.pooling)
         for layer in p.dense:
             vector = layer(vector)
@@ -231,6 +238,7 @@ SPEC = TaskSpec(
     parse_params=parse_params,
     postprocess=postprocess,
     prepare=prepare,
+    pooling=pooling,
     embeddings=True,
     answer=ANSWER,
     tensors=Tensors((TEXT_TENSOR,), (tensor_io("embeddings", "FP32", [-1, -1]),), tensors, TENSOR_PARAMETERS),

@@ -27,6 +27,7 @@ from api.engine.remote import RemoteBackend
 from api.process.engine import Call, Engine, merge, take
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
 from container.runtime import InferenceFailed
+from tasks.ops import POOLINGS, pool_tokens
 from tests.conftest import ModelFactory
 from tests.live_server import hare_serve
 
@@ -100,6 +101,28 @@ def test_calls_from_many_threads_get_the_rows_their_own_session_gives(engine: tu
     assert sum(unknown) == 12  # the snowman, counted on the worker's side, once per call that carried it
 
 
+def test_a_pooled_call_gets_the_vectors_the_worker_would_pool_from_its_rows(engine: tuple[Path, Engine, Path]) -> None:
+    """With a pooling the engine sends one vector per sequence in place of its token states; every pooling,
+    calls of different poolings (and none) merged into one batch, each answered as asked."""
+    socket, served, bundle = engine
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    remote = RemoteBackend(socket)
+    batch = tokenizer.encode_batch(TEXTS)
+    states = served.backend.run(batch)
+    asked = [*POOLINGS, None] * 3
+
+    def run(pool: str | None) -> list[np.ndarray]:  # type: ignore[type-arg]
+        return remote.run(batch, pool=pool)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(run, asked))
+    for mode, rows in zip(asked, answers, strict=True):
+        for row, own in zip(rows, states, strict=True):
+            want = own if mode is None else pool_tokens(own, mode)
+            assert row.shape == want.shape, mode  # [dim] pooled, [tokens, dim] otherwise
+            np.testing.assert_allclose(row, want, atol=1e-5, err_msg=str(mode))
+
+
 def test_calls_queued_behind_a_busy_model_run_as_one_batch(engine: tuple[Path, Engine, Path]) -> None:
     socket, served, bundle = engine
     tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
@@ -139,12 +162,18 @@ def test_a_gone_engine_is_an_error_not_a_hang(engine: tuple[Path, Engine, Path],
 def test_a_shared_engine_server_answers_as_one_without(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
     bundle = fp32_bundle("feature-extraction")
     answers = []
+    asked: dict[str, list[list[np.ndarray]]] = {"per-worker": [], "shared": []}  # type: ignore[type-arg]
     for engine in ("per-worker", "shared"):
         log, env = tmp_path / f"{engine}.log", {"HARE_ENGINE": engine}
         with hare_serve(bundle, log, 2, env) as (url, process), httpx.Client(base_url=url) as client:
             answer = client.post("/predict", json={"inputs": TEXTS})
             assert answer.status_code == 200, answer.text
             answers.append(np.array(answer.json()))
+            # The engine pools the default request's rows; token states and other poolings come as asked.
+            for parameters in ({"output_value": "token_embeddings"}, {"pooling": "max"}, {"pooling": "cls"}):
+                other = client.post("/predict", json={"inputs": TEXTS, "parameters": parameters})
+                assert other.status_code == 200, other.text
+                asked[engine].append([np.array(v) for v in other.json()])
             # Several clients at once: each gets its own text's vector back.
             with ThreadPoolExecutor(6) as pool:
                 rows = list(pool.map(lambda t: client.post("/predict", json={"inputs": [t]}).json()[0], TEXTS * 3))
@@ -157,6 +186,10 @@ def test_a_shared_engine_server_answers_as_one_without(fp32_bundle: ModelFactory
             assert engine_calls is None or float(engine_calls.group(1)) >= 13
         assert process.returncode is not None
     np.testing.assert_allclose(answers[0], answers[1], atol=1e-4)
+    for mine, theirs in zip(asked["per-worker"], asked["shared"], strict=True):
+        assert [m.shape for m in mine] == [t.shape for t in theirs]
+        for m, t in zip(mine, theirs, strict=True):
+            np.testing.assert_allclose(m, t, atol=1e-4)
     assert "[ENGINE]" not in (tmp_path / "per-worker.log").read_text()
     assert "providers CPUExecutionProvider (the shared engine's)" in (tmp_path / "shared.log").read_text()
     started = re.search(r"\[(\d+)\] \[ENGINE\] engine ready", (tmp_path / "shared.log").read_text())

@@ -90,9 +90,10 @@ class Backend:
         one_token = {name: np.full((1, 1), int(name != "token_type_ids"), np.int64) for name in session.input_names}
         session.run(one_token, shrink=True)
 
-    def run(self, batch: Sequence[Encoding], width: int = 1) -> list[Array]:
+    def run(self, batch: Sequence[Encoding], width: int = 1, pool: str | None = None) -> list[Array]:
         """Each sequence's rows: [labels] per sequence, or [its length, dim] for token-level outputs (padding
-        trimmed off). `width` picks the session (the widest not above it)."""
+        trimmed off). `width` picks the session (the widest not above it). `pool` is ignored: the rows are
+        pooled where they are answered (the shared engine's RemoteBackend pools before they cross a socket)."""
         feeds = padded_feeds(batch, self.input_names, self._pad_id, self._unk_id, self._on_unknown)
         return split_rows(self.run_padded(feeds, width), batch)
 

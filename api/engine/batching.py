@@ -209,10 +209,10 @@ class Batcher(Generic[T]):
             return 0.0
         return self.admission.rate * self.admission.cores / self._request_tokens
 
-    def enqueue(self, items: Sequence[T]) -> Job:
+    def enqueue(self, items: Sequence[T], pool: str | None = None) -> Job:
         """Queue an admitted request's sequences (its ticket's way in: Ticket.submit calls this, once)."""
         self._arriving -= 1
-        job = Job(asyncio.get_running_loop().create_future(), len(items))
+        job = Job(asyncio.get_running_loop().create_future(), len(items), pool)
         if not items:
             job.started = job.submitted
             job.future.set_result(Result([], 0.0, 0.0))
@@ -288,13 +288,16 @@ class Batcher(Generic[T]):
         done = functools.partial(self._finish, self._batches, batch, jobs, start, padded)
         want = self._wide if lone else self._narrow
         items = [e.item for e in batch]
-        ran = self._model.run_here(items, want) if self._inline(padded, want) else None
+        # One pooling for the call where every request in it allows the same, else token rows for all.
+        pools = {job.pool for job in jobs}
+        pool = pools.pop() if len(pools) == 1 else None
+        ran = self._model.run_here(items, want, pool) if self._inline(padded, want) else None
         if ran is not None:
             # Delivered at once: the request that queued this batch finds its future done and goes on without
             # giving up the loop, where delivering on the next turn cost two turns of the loop a request.
             done(*ran)
         else:
-            self._model.call(items, want, done)
+            self._model.call(items, want, done, pool)
 
     def _inline(self, padded: int, width: int) -> bool:
         """Whether to run this batch on the event loop: the only batch of a worker alone on its connection, and

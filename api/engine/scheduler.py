@@ -29,8 +29,9 @@ from api.engine.cores import CorePool, Seat
 T = TypeVar("T")
 Array = NDArray[np.float32]
 Rows = Sequence[Array]
-# The model call: a batch and the cores granted (its width) -> one row per item.
-Run = Callable[[list[T], int], Rows]
+# The model call: a batch, the cores granted (its width) and the pooling every item's request allows where the
+# model runs (None: token rows) -> one row per item.
+Run = Callable[[list[T], int, str | None], Rows]
 # Called on the event loop with a call's rows or the error it raised, the width it ran with and its seconds
 # on those cores (not counting the wait for them: what the model costs, for the token rate).
 Done = Callable[[Rows | None, BaseException | None, int, float], None]
@@ -46,7 +47,7 @@ class ModelThreads(Generic[T]):
         self._run = run
         self._pool = pool
         self._idle = idle and hasattr(os, "sched_setscheduler")
-        self._jobs: SimpleQueue[tuple[list[T], int, asyncio.AbstractEventLoop, Done] | None] = SimpleQueue()
+        self._jobs: SimpleQueue[tuple[list[T], int, str | None, asyncio.AbstractEventLoop, Done] | None] = SimpleQueue()
         self._threads = [
             threading.Thread(target=self._serve, args=(i,), name=f"hare-model-{i}", daemon=True) for i in range(count)
         ]
@@ -54,14 +55,16 @@ class ModelThreads(Generic[T]):
         for thread in self._threads:
             thread.start()
 
-    def call(self, items: list[T], want: int, done: Done) -> None:
+    def call(self, items: list[T], want: int, done: Done, pool: str | None = None) -> None:
         """Run the model on `items` on the next free thread with up to `want` cores; `done` then runs on this
         event loop."""
         if self._loop_seat is not None:
             self._loop_seat.unpin()  # no longer alone: the event loop runs anywhere again (see run_here)
-        self._jobs.put((items, want, asyncio.get_running_loop(), done))
+        self._jobs.put((items, want, pool, asyncio.get_running_loop(), done))
 
-    def run_here(self, items: list[T], want: int) -> tuple[Rows | None, BaseException | None, int, float] | None:
+    def run_here(
+        self, items: list[T], want: int, pool: str | None = None
+    ) -> tuple[Rows | None, BaseException | None, int, float] | None:
         """Run the model on `items` on the calling thread (the event loop's, which waits for it), holding up to
         `want` cores as a model thread would: (rows or None, the error or None, width, seconds on the cores).
         None, without running, when no core is free: the event loop must not wait for another worker's call.
@@ -79,7 +82,7 @@ class ModelThreads(Generic[T]):
             return None
         began = time.perf_counter()
         try:
-            return self._run(items, width), None, width, time.perf_counter() - began
+            return self._run(items, width, pool), None, width, time.perf_counter() - began
         except Exception as exc:  # handed to the caller's done, as a model thread's error would be
             return None, exc, width, time.perf_counter() - began
         finally:
@@ -100,13 +103,13 @@ class ModelThreads(Generic[T]):
         seat = self._pool.seat(index) if self._pool is not None else None
         try:
             while (job := self._jobs.get()) is not None:
-                items, want, loop, done = job
+                items, want, pool, loop, done = job
                 result: Rows | None = None
                 error: BaseException | None = None
                 width = seat.acquire(want) if seat is not None else want
                 began = time.perf_counter()
                 try:
-                    result = self._run(items, width)
+                    result = self._run(items, width, pool)
                 except BaseException as exc:  # handed to the event loop, which decides
                     error = exc
                 finally:
