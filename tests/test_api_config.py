@@ -37,10 +37,10 @@ def test_throughput_runs_a_worker_per_core_each_with_two_streams() -> None:
     assert layout("throughput", 2, workers=1) == (1, 2, 1)  # fewer workers: each gets streams for its share
     assert layout("throughput", 16, workers=4) == (4, 4, 1)
     assert Settings.from_env({"HARE_STREAMS": "3"}).streams == 3
-    # A GPU: one copy of the model on the device, two streams, whatever the cores.
-    assert layout("throughput", 16, gpu=True) == layout("latency", 16, gpu=True) == (1, 2, 1)
+    # A GPU: a worker per core feeding the shared engine for throughput, one worker for latency; two streams.
+    assert layout("throughput", 16, gpu=True) == (16, 2, 1) and layout("latency", 16, gpu=True) == (1, 2, 1)
     gpu = Settings.from_env({"HARE_TARGET": "gpu"})
-    assert (gpu.workers, gpu.streams) == (1, 2)
+    assert (gpu.workers, gpu.streams) == (physical_cores(), 2)
     # The public demo: one worker, so the rate limit it keeps sees every request; its streams use the cores.
     public = Settings.from_env({"HARE_PUBLIC": "1"})
     assert (public.workers, public.streams) == layout("throughput", physical_cores(), workers=1)[:2]
