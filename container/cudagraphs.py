@@ -9,10 +9,14 @@ and reads the rows it asked for back. ONNX Runtime keeps one graph per `gpu_grap
 (captured on that id's first runs); runs with id -1 are plain runs, for batches no shape holds.
 
 Shapes stop at GRAPH_TOKENS padded tokens: a captured graph keeps its activations' memory for good, and a
-batch that big spends its time in the kernels, not in launching them. A shape whose output passes
-GRAPH_OUTPUT_BYTES runs plainly too: reading a graph's bound output back is slower than a plain run's copy
-for big outputs (measured on an H200, MiniLM's token states: graphed 0.35 against 0.61 ms at (1, 128),
-0.90 against 1.00 at (8, 128), 1.6 MB, but 6.4 against 2.1 ms at (32, 128), 6.3 MB).
+batch that big spends its time in the kernels, not in launching them. A call for token states at a shape
+whose output passes GRAPH_OUTPUT_BYTES runs plainly: reading a graph's bound output back is slower than a
+plain run's copy for big outputs (measured on an H200, MiniLM's token states: graphed 0.35 against 0.61 ms
+at (1, 128), 0.90 against 1.00 at (8, 128), 1.6 MB, but 6.4 against 2.1 ms at (32, 128), 6.3 MB).
+
+A call for pooled embeddings (`run(feeds, pool)`, a pooling container/pooling.py has a graph for) reads
+nothing of the token states back: a small pooler session runs on the graph's bound output where it lies,
+and only [sequences, dim] floats come back, at every shape.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 import onnxruntime as ort
 from numpy.typing import NDArray
 
+from container import pooling
 from container.runtime import InferenceFailed, OnnxModel
 
 Shape = tuple[int, int]  # (sequences, tokens)
@@ -33,6 +38,7 @@ LENGTHS = (16, 32, 64, 128, 256, 512)
 GRAPH_TOKENS = 4096
 GRAPH_OUTPUT_BYTES = 2 << 20
 _NUMPY = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}  # the inputs' types
+_FLOATS = {"tensor(float)": "float32", "tensor(float16)": "float16"}  # the output's, as container/pooling names them
 
 
 def graph_shapes(max_batch_size: int, max_batch_tokens: int, max_length: int) -> list[Shape]:
@@ -68,6 +74,8 @@ class _Bound:
     output: ort.OrtValue
     binding: ort.IOBinding
     options: ort.RunOptions
+    slow: bool  # token states read back slower than a plain run's (above GRAPH_OUTPUT_BYTES)
+    pooled: dict[str, ort.IOBinding]  # a pooler's binding on this shape's buffers, by pooling
 
 
 class CudaGraphs:
@@ -84,7 +92,7 @@ class CudaGraphs:
         self._device = device
         self._types = {i.name: _NUMPY[i.type] for i in session.get_inputs()}
         self._bound: dict[Shape, _Bound] = {}
-        self._too_big: set[Shape] = set()  # outputs above GRAPH_OUTPUT_BYTES: plain runs
+        self._poolers: dict[str, ort.InferenceSession | None] = {}
         self._plain = ort.RunOptions()
         self._plain.add_run_config_entry("gpu_graph_id", "-1")
         self.lock = threading.Lock()
@@ -93,29 +101,39 @@ class CudaGraphs:
     def captured(self) -> list[Shape]:
         return list(self._bound)
 
+    @property
+    def states_plainly(self) -> list[Shape]:
+        """The captured shapes whose token states are read by a plain run (their output is big)."""
+        return [shape for shape, bound in self._bound.items() if bound.slow]
+
     def capture(self) -> None:
         """Capture every shape now (at start), so no user waits for one."""
         for shape in self.shapes:
             feeds = {n: np.ones(shape, dtype=t) for n, t in self._types.items()}
-            self.run(feeds)
-            self.run(feeds)  # ONNX Runtime captures on a shape's first runs and replays from then on
+            with self.lock:
+                bound = self._bound.get(shape) or self._bind(shape)
+                for _ in range(2):  # ONNX Runtime captures on a shape's first runs and replays from then on
+                    self._replay(bound, feeds, shape)
 
-    def run(self, feeds: Mapping[str, NDArray[np.int64]]) -> NDArray[np.float32]:
+    def run(self, feeds: Mapping[str, NDArray[np.int64]], pool: str | None = None) -> NDArray[np.float32]:
         """The output for `feeds` (n x length, the session's inputs), through the smallest shape that holds
-        them, or a plain run when none does."""
+        them, or a plain run when none does. With `pool`, token states come back pooled, [n, dim], where a
+        pooler graph does it on the shape's buffers (container/pooling.py); otherwise as token states, for
+        the caller to pool."""
         n, length = next(iter(feeds.values())).shape
         shape = pick(self.shapes, n, length)
         try:
             feeds = {name: feeds[name] for name in self._types}
             with self.lock:
                 bound = None if shape is None else self._bound.get(shape) or self._bind(shape)
-                if bound is None:
+                pooler = self._pooler(pool) if pool is not None and bound is not None else None
+                if bound is None or (bound.slow and pooler is None):
                     (rows,) = self.session.run([self._output], feeds, self._plain)
                     return np.asarray(rows, dtype=np.float32)
                 assert shape is not None
-                for name, value in pad_to(feeds, shape, self._pad_id).items():
-                    bound.inputs[name].update_inplace(np.ascontiguousarray(value, dtype=self._types[name]))
-                self.session.run_with_iobinding(bound.binding, bound.options)
+                self._replay(bound, feeds, shape)
+                if pooler is not None and pool is not None:
+                    return self._pooled(bound, pooler, pool)[:n]
                 rows = bound.output.numpy()  # a copy off a GPU; on a CPU a view of the shared buffer:
                 rows = np.array(rows[:n, :length] if rows.ndim > 2 else rows[:n], dtype=np.float32)  # so copy
         except KeyError as exc:
@@ -124,16 +142,40 @@ class CudaGraphs:
             raise InferenceFailed(f"inference failed: {exc}") from exc
         return rows
 
-    def _bind(self, shape: Shape) -> _Bound | None:
-        """The buffers of one shape, on the device, bound under their own graph id (None: its output is too
-        big for a graph); the output's shape comes from one plain run at that shape."""
-        if shape in self._too_big:
-            return None
+    def _replay(self, bound: _Bound, feeds: Mapping[str, NDArray[np.int64]], shape: Shape) -> None:
+        """Copy `feeds`, padded to `shape`, into its bound inputs and run (or capture) its graph."""
+        for name, value in pad_to(feeds, shape, self._pad_id).items():
+            bound.inputs[name].update_inplace(np.ascontiguousarray(value, dtype=self._types[name]))
+        self.session.run_with_iobinding(bound.binding, bound.options)
+
+    def _pooler(self, pool: str) -> ort.InferenceSession | None:
+        """The session pooling this model's token states by `pool` on its device (None: none can; made once)."""
+        if pool not in self._poolers:
+            output = next(o for o in self.session.get_outputs() if o.name == self._output)
+            found = pooling.path(pool, _FLOATS.get(output.type, ""))
+            usable = len(output.shape) == 3 and self._types.get("attention_mask") is np.int64
+            device = "CUDAExecutionProvider"
+            providers = [device if device in self.session.get_providers() else "CPUExecutionProvider"]
+            made = found is not None and usable
+            self._poolers[pool] = ort.InferenceSession(str(found), providers=providers) if made else None
+        return self._poolers[pool]
+
+    def _pooled(self, bound: _Bound, pooler: ort.InferenceSession, pool: str) -> NDArray[np.float32]:
+        """The pooler run on a shape's bound output and mask, where they lie: [shape's rows, dim] back."""
+        binding = bound.pooled.get(pool)
+        if binding is None:
+            binding = bound.pooled[pool] = pooler.io_binding()
+            binding.bind_ortvalue_input("states", bound.output)
+            binding.bind_ortvalue_input("attention_mask", bound.inputs["attention_mask"])
+            binding.bind_output("pooled", "cpu")  # small: straight to the host
+        pooler.run_with_iobinding(binding)
+        return np.asarray(binding.copy_outputs_to_cpu()[0], dtype=np.float32)
+
+    def _bind(self, shape: Shape) -> _Bound:
+        """The buffers of one shape, on the device, bound under their own graph id; the output's shape comes
+        from one plain run at that shape."""
         ones = {n: np.ones(shape, dtype=t) for n, t in self._types.items()}
         (probe,) = self.session.run([self._output], ones, self._plain)
-        if probe.nbytes > GRAPH_OUTPUT_BYTES:
-            self._too_big.add(shape)
-            return None
         inputs = {n: ort.OrtValue.ortvalue_from_numpy(v, self._device, 0) for n, v in ones.items()}
         output = ort.OrtValue.ortvalue_from_shape_and_type(probe.shape, probe.dtype, self._device, 0)
         binding = self.session.io_binding()
@@ -142,6 +184,6 @@ class CudaGraphs:
         binding.bind_ortvalue_output(self._output, output)
         options = ort.RunOptions()
         options.add_run_config_entry("gpu_graph_id", str(len(self._bound) + 1))
-        bound = _Bound(inputs, output, binding, options)
+        bound = _Bound(inputs, output, binding, options, probe.nbytes > GRAPH_OUTPUT_BYTES, {})
         self._bound[shape] = bound
         return bound

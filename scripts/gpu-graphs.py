@@ -4,7 +4,9 @@ served backend with its graphs captured against the same backend without, on rea
 For each bundle: every batch's rows from the graphed backend against the plain one (max |diff|; the graphs
 pad to their shape, so fp16 kernels may round a little differently), then the median of 200 calls after 20
 warm-ups of `Backend.run` (padding, copies and trimming included) at (texts, tokens) = (1, 16), (1, 128),
-(8, 128), (32, 128), both ways, and the texts/s each way at the biggest.
+(8, 128), (32, 128), both ways, and the texts/s each way at the biggest. For an embedding bundle, the same
+with the vectors pooled on the device from the graph's buffers (`pooled`, container/pooling.py) against the
+plain run's token states pooled on the host (tasks/ops.py), and their largest difference.
 
     python scripts/gpu-graphs.py /tmp/bundle-minilm [/tmp/bundle-distilbert ...]
 """
@@ -23,6 +25,7 @@ from bench.inputs import TextMaker, load_tokenizer
 from bench.stats import median_call_seconds
 from container.bundle import MODEL_FILE, read_manifest
 from container.cudagraphs import graph_shapes
+from tasks.ops import pool_tokens
 
 SHAPES = [(1, 16), (1, 128), (8, 128), (32, 128)]
 
@@ -56,6 +59,20 @@ def check(bundle: Path) -> None:
         print(
             f"  ({texts}, {tokens}) Backend.run median ms: graphs {g:.3f}, plain {p:.3f}"
             f"  ({texts / g * 1000:,.0f} / {texts / p * 1000:,.0f} texts/s)"
+        )
+        if manifest.task != "feature-extraction" or graphed.graphs is None:
+            continue
+
+        def host_pooled(batch: list = batch) -> list:  # type: ignore[type-arg]
+            return [pool_tokens(rows, "mean") for rows in plain.run(batch)]
+
+        pooled = graphed.run(batch, pool="mean")
+        diff = max(float(np.max(np.abs(a - b))) for a, b in zip(pooled, host_pooled(), strict=True))
+        g = median_call_seconds(functools.partial(graphed.run, batch, pool="mean")) * 1000
+        p = median_call_seconds(host_pooled) * 1000
+        print(
+            f"  ({texts}, {tokens}) mean-pooled vectors, median ms: on the device {g:.3f}, plain + host {p:.3f}"
+            f"  ({texts / g * 1000:,.0f} / {texts / p * 1000:,.0f} texts/s; max |diff| {diff:.2e})"
         )
 
 

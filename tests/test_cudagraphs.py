@@ -13,8 +13,9 @@ from tokenizers import Tokenizer
 from api.engine.backend import Backend
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
 from container.cudagraphs import GRAPH_TOKENS, CudaGraphs, graph_shapes, pick
+from container.pooling import DTYPES, POOLINGS, build, path
 from container.runtime import OnnxModel
-from tasks.ops import pad_batch
+from tasks.ops import pad_batch, pool_tokens
 from tests.conftest import ModelFactory
 
 TEXTS = [
@@ -72,6 +73,9 @@ def test_captured_graphs_answer_as_plain_gpu_runs(fp32_bundle: ModelFactory) -> 
         batch = tokenizer.encode_batch(TEXTS[-size:])
         for got, want in zip(graphed.run(batch), plain.run(batch), strict=True):
             np.testing.assert_allclose(got, want, atol=1e-4)
+        # Pooled on the device, from the graph's buffers: the vectors the host pools from plain rows.
+        for got, want in zip(graphed.run(batch, pool="mean"), plain.run(batch), strict=True):
+            np.testing.assert_allclose(got, pool_tokens(want, "mean"), atol=1e-4)
 
 
 def test_shapes_with_big_outputs_run_plainly_with_the_same_rows(
@@ -83,9 +87,46 @@ def test_shapes_with_big_outputs_run_plainly_with_the_same_rows(
     model = OnnxModel(bundle / MODEL_FILE, "cpu", 1, manifest.output)
     one_row = 16 * int(model.session.get_outputs()[0].shape[-1]) * 4  # a (1, 16) shape's token states, in bytes
     monkeypatch.setattr("container.cudagraphs.GRAPH_OUTPUT_BYTES", one_row)
-    graphs = CudaGraphs(model, graph_shapes(4, 4096, manifest.max_length), manifest.pad_id, device="cpu")
+    shapes = graph_shapes(4, 4096, manifest.max_length)
+    graphs = CudaGraphs(model, shapes, manifest.pad_id, device="cpu")
     graphs.capture()
-    assert graphs.captured == [(1, 16)]  # every other shape's output is bigger
+    assert graphs.captured == shapes  # every shape has its graph, for pooled calls
+    assert set(shapes) - set(graphs.states_plainly) == {(1, 16)}  # every other shape's output is bigger
     for texts in (TEXTS[:1], TEXTS[:3]):
         feeds = pad_batch(tokenizer.encode_batch(texts), model.input_names, manifest.pad_id)
         np.testing.assert_allclose(graphs.run(feeds), model.run(feeds), atol=1e-4)
+        lengths = feeds["attention_mask"].sum(axis=1)
+        pooled = graphs.run(feeds, "mean")  # through the graph even where token states are not
+        want = [pool_tokens(rows[:n], "mean") for rows, n in zip(model.run(feeds), lengths, strict=True)]
+        np.testing.assert_allclose(pooled, np.stack(want), atol=1e-5)
+
+
+@pytest.mark.parametrize("pool", [*POOLINGS, "max"])
+def test_pooled_calls_get_the_vectors_the_host_pools_from_the_same_rows(fp32_bundle: ModelFactory, pool: str) -> None:
+    """The device pools a batch on the graph's own buffers (container/pooling.py): the rows of any batch size,
+    padded rows and columns left out, equal pool_tokens over each sequence's token states; a pooling with no
+    device graph (max), or a batch no shape holds, comes back as token states for the host to pool."""
+    bundle = fp32_bundle("feature-extraction")
+    manifest = read_manifest(bundle)
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    model = OnnxModel(bundle / MODEL_FILE, "cpu", 1, manifest.output)
+    graphs = CudaGraphs(model, graph_shapes(4, 4096, manifest.max_length), manifest.pad_id, device="cpu")
+    for size in (1, 3, 2, 5, 3, 1):
+        batch = tokenizer.encode_batch(TEXTS[:size] if size != 3 else TEXTS[2:5])
+        feeds = pad_batch(batch, model.input_names, manifest.pad_id)
+        got = graphs.run(feeds, pool)
+        states = model.run(feeds)
+        if pool == "max" or size == 5:  # no pooler, or above every shape: a plain run's token states
+            np.testing.assert_allclose(got, states, atol=1e-4)
+            continue
+        want = np.stack([pool_tokens(rows[: len(e)], pool) for rows, e in zip(states, batch, strict=True)])
+        assert got.shape == want.shape == (size, states.shape[-1])
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("pool", POOLINGS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_pooler_files_are_what_their_builder_makes(pool: str, dtype: str) -> None:
+    pytest.importorskip("onnx")  # the optimizer's extra, which builds them; serving only reads them
+    found = path(pool, dtype)
+    assert found is not None and found.read_bytes() == build(pool, dtype), "run python -m container.pooling"

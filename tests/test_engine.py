@@ -131,9 +131,9 @@ def test_calls_queued_behind_a_busy_model_run_as_one_batch(engine: tuple[Path, E
     batches: list[int] = []
     run_padded = served.backend.run_padded
 
-    def counted(feeds: dict[str, np.ndarray], width: int = 1) -> np.ndarray:  # type: ignore[type-arg]
+    def counted(feeds: dict[str, np.ndarray], width: int = 1, pool: str | None = None) -> np.ndarray:  # type: ignore[type-arg]
         batches.append(len(feeds["input_ids"]))
-        return run_padded(feeds, width)
+        return run_padded(feeds, width, pool)
 
     served.backend.run_padded = counted  # type: ignore[method-assign]
     with ThreadPoolExecutor(4) as pool:

@@ -92,16 +92,21 @@ class Backend:
 
     def run(self, batch: Sequence[Encoding], width: int = 1, pool: str | None = None) -> list[Array]:
         """Each sequence's rows: [labels] per sequence, or [its length, dim] for token-level outputs (padding
-        trimmed off). `width` picks the session (the widest not above it). `pool` is ignored: the rows are
-        pooled where they are answered (the shared engine's RemoteBackend pools before they cross a socket)."""
+        trimmed off). `width` picks the session (the widest not above it). `pool`: the pooling the batch's
+        requests all take; on a GPU with CUDA graphs each sequence then comes back as one pooled [dim] row
+        where the device can pool (container/cudagraphs.py), else as its token states, pooled by the caller."""
         feeds = padded_feeds(batch, self.input_names, self._pad_id, self._unk_id, self._on_unknown)
-        return split_rows(self.run_padded(feeds, width), batch)
+        return split_rows(self.run_padded(feeds, width, pool), batch)
 
-    def run_padded(self, feeds: dict[str, NDArray[np.int64]], width: int = 1) -> Array:
-        """The model's output for padded `feeds` (sequences x tokens), padding rows and columns included."""
+    def run_padded(self, feeds: dict[str, NDArray[np.int64]], width: int = 1, pool: str | None = None) -> Array:
+        """The model's output for padded `feeds` (sequences x tokens), padding rows and columns included; with
+        `pool`, [sequences, dim] where the device pooled it (see run)."""
         session = self.sessions[max((w for w in self.sessions if w <= width), default=min(self.sessions))]
         padded = next(iter(feeds.values())).size
-        out = self.graphs.run(feeds) if self.graphs is not None else session.run(feeds, shrink=padded > SHRINK_ABOVE)
+        if self.graphs is not None:
+            out = self.graphs.run(feeds, pool)
+        else:
+            out = session.run(feeds, shrink=padded > SHRINK_ABOVE)
         if TRIM_ABOVE < padded <= SHRINK_ABOVE:
             self._grown = True
         return out

@@ -11,8 +11,10 @@ A call whose requests all take the same pooling of token states (embeddings) get
 sequence, not its token states: 384 floats instead of 128 x 384 for a 128-token MiniLM text. Moving token
 states was the engine's cost: with the model's run stood in for by a 1 ms sleep, 8 callers on 2 cores got
 4,490-5,128 sequences/s of 128 x 384 token states through it and 17,836-18,224 pooled (docs/deployment.md).
-The pooling is the one post-processing uses (tasks/ops.py pool_tokens), on the connection's thread, off the
-GPU thread.
+With CUDA graphs the device pools them where the model left them (container/cudagraphs.py, for the poolings
+container/pooling.py has graphs of) when every call of a batch pools alike; otherwise the engine pools on
+the host, the way post-processing does (tasks/ops.py pool_tokens), on the connection's thread, off the GPU
+thread.
 
 No waiting for a batch to fill: while one batch runs on the GPU the next gathers, so the batches grow with
 the load. A call that finds nothing pending and the model free runs at once on its connection's thread,
@@ -156,8 +158,10 @@ class Engine:
     def run(self, calls: list[Call]) -> None:
         self.merged.observe(len(calls))
         self.sequences.observe(sum(c.shape[0] for c in calls))
+        pools = {c.pool for c in calls}
         try:
-            out = self.backend.run_padded(merge(calls, self.pad_id))
+            # Calls that all pool alike may come back pooled by the device; token states otherwise.
+            out = self.backend.run_padded(merge(calls, self.pad_id), pool=pools.pop() if len(pools) == 1 else None)
         except Exception as exc:  # every call gets an answer, the error's message if nothing else
             log.exception("model call failed")
             for c in calls:
