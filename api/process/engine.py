@@ -10,7 +10,8 @@ worker (api/engine/remote.py) together.
 A call whose requests all take the same pooling of token states (embeddings) gets one pooled vector per
 sequence, not its token states: 384 floats instead of 128 x 384 for a 128-token MiniLM text. Moving token
 states was the engine's cost: with the model's run stood in for by a 1 ms sleep, 8 callers on 2 cores got
-4,490-5,128 sequences/s of 128 x 384 token states through it and 17,836-18,224 pooled (docs/deployment.md).
+5,453-5,842 sequences/s of 128 x 384 token states through it and 14,945-15,910 pooled
+(scripts/engine-transport.py).
 With CUDA graphs the device pools them where the model left them (container/cudagraphs.py, for the poolings
 container/pooling.py has graphs of) when every call of a batch pools alike; otherwise the engine pools on
 the host, the way post-processing does (tasks/ops.py pool_tokens), on the connection's thread, off the GPU
