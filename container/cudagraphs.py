@@ -14,7 +14,7 @@ whose output passes GRAPH_OUTPUT_BYTES runs plainly: reading a graph's bound out
 plain run's copy for big outputs (measured on an H200, MiniLM's token states: graphed 0.35 against 0.61 ms
 at (1, 128), 0.90 against 1.00 at (8, 128), 1.6 MB, but 6.4 against 2.1 ms at (32, 128), 6.3 MB).
 
-A call for pooled embeddings (`run(feeds, pool)`, a pooling container/pooling.py has a graph for) reads
+A call for pooled embeddings (`run(feeds, pooling)`, a pooling container/pooling.py has a graph for) reads
 nothing of the token states back: a small pooler session runs on the graph's bound output where it lies,
 and only [sequences, dim] floats come back, at every shape.
 """
@@ -29,7 +29,7 @@ import numpy as np
 import onnxruntime as ort
 from numpy.typing import NDArray
 
-from container import pooling
+from container.pooling import path as pooler_file
 from container.runtime import InferenceFailed, OnnxModel
 
 Shape = tuple[int, int]  # (sequences, tokens)
@@ -115,9 +115,9 @@ class CudaGraphs:
                 for _ in range(2):  # ONNX Runtime captures on a shape's first runs and replays from then on
                     self._replay(bound, feeds, shape)
 
-    def run(self, feeds: Mapping[str, NDArray[np.int64]], pool: str | None = None) -> NDArray[np.float32]:
+    def run(self, feeds: Mapping[str, NDArray[np.int64]], pooling: str | None = None) -> NDArray[np.float32]:
         """The output for `feeds` (n x length, the session's inputs), through the smallest shape that holds
-        them, or a plain run when none does. With `pool`, token states come back pooled, [n, dim], where a
+        them, or a plain run when none does. With `pooling`, token states come back pooled, [n, dim], where a
         pooler graph does it on the shape's buffers (container/pooling.py); otherwise as token states, for
         the caller to pool."""
         n, length = next(iter(feeds.values())).shape
@@ -126,14 +126,14 @@ class CudaGraphs:
             feeds = {name: feeds[name] for name in self._types}
             with self.lock:
                 bound = None if shape is None else self._bound.get(shape) or self._bind(shape)
-                pooler = self._pooler(pool) if pool is not None and bound is not None else None
+                pooler = self._pooler(pooling) if pooling is not None and bound is not None else None
                 if bound is None or (bound.slow and pooler is None):
                     (rows,) = self.session.run([self._output], feeds, self._plain)
                     return np.asarray(rows, dtype=np.float32)
                 assert shape is not None
                 self._replay(bound, feeds, shape)
-                if pooler is not None and pool is not None:
-                    return self._pooled(bound, pooler, pool)[:n]
+                if pooler is not None and pooling is not None:
+                    return self._pooled(bound, pooler, pooling)[:n]
                 rows = bound.output.numpy()  # a copy off a GPU; on a CPU a view of the shared buffer:
                 rows = np.array(rows[:n, :length] if rows.ndim > 2 else rows[:n], dtype=np.float32)  # so copy
         except KeyError as exc:
@@ -148,23 +148,23 @@ class CudaGraphs:
             bound.inputs[name].update_inplace(np.ascontiguousarray(value, dtype=self._types[name]))
         self.session.run_with_iobinding(bound.binding, bound.options)
 
-    def _pooler(self, pool: str) -> ort.InferenceSession | None:
-        """The session pooling this model's token states by `pool` on its device (None: none can; made once)."""
-        if pool not in self._poolers:
+    def _pooler(self, kind: str) -> ort.InferenceSession | None:
+        """The session pooling this model's token states by `kind` on its device (None: none can; made once)."""
+        if kind not in self._poolers:
             output = next(o for o in self.session.get_outputs() if o.name == self._output)
-            found = pooling.path(pool, _FLOATS.get(output.type, ""))
+            found = pooler_file(kind, _FLOATS.get(output.type, ""))
             usable = len(output.shape) == 3 and self._types.get("attention_mask") is np.int64
             device = "CUDAExecutionProvider"
             providers = [device if device in self.session.get_providers() else "CPUExecutionProvider"]
             made = found is not None and usable
-            self._poolers[pool] = ort.InferenceSession(str(found), providers=providers) if made else None
-        return self._poolers[pool]
+            self._poolers[kind] = ort.InferenceSession(str(found), providers=providers) if made else None
+        return self._poolers[kind]
 
-    def _pooled(self, bound: _Bound, pooler: ort.InferenceSession, pool: str) -> NDArray[np.float32]:
+    def _pooled(self, bound: _Bound, pooler: ort.InferenceSession, kind: str) -> NDArray[np.float32]:
         """The pooler run on a shape's bound output and mask, where they lie: [shape's rows, dim] back."""
-        binding = bound.pooled.get(pool)
+        binding = bound.pooled.get(kind)
         if binding is None:
-            binding = bound.pooled[pool] = pooler.io_binding()
+            binding = bound.pooled[kind] = pooler.io_binding()
             binding.bind_ortvalue_input("states", bound.output)
             binding.bind_ortvalue_input("attention_mask", bound.inputs["attention_mask"])
             binding.bind_output("pooled", "cpu")  # small: straight to the host

@@ -32,7 +32,10 @@ class StandIn:
         self.providers, self.input_names = ["stand-in"], ["input_ids", "attention_mask"]
         self.output_width, self.run_s = width, run_s
 
-    def run_padded(self, feeds: dict[str, NDArray[np.int64]], width: int = 1) -> NDArray[np.float32]:
+    def run_padded(
+        self, feeds: dict[str, NDArray[np.int64]], width: int = 1, pooling: str | None = None
+    ) -> NDArray[np.float32]:
+        """Token states whatever the pooling, as a backend that cannot pool on its device: the engine pools."""
         n, length = feeds["input_ids"].shape
         time.sleep(self.run_s)
         return np.ones((n, length, self.output_width), np.float32)
@@ -56,7 +59,7 @@ def worker(socket: str, args: argparse.Namespace, pool: str | None, out: mp.Queu
     def stream(i: int) -> None:
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:
-            remote.run_padded(feeds, pool=pool, lengths=lengths)
+            remote.run_padded(feeds, pooling=pool, lengths=lengths)
             counts[i] += 1
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]

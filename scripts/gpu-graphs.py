@@ -66,9 +66,9 @@ def check(bundle: Path) -> None:
         def host_pooled(batch: list = batch) -> list:  # type: ignore[type-arg]
             return [pool_tokens(rows, "mean") for rows in plain.run(batch)]
 
-        pooled = graphed.run(batch, pool="mean")
+        pooled = graphed.run(batch, pooling="mean")
         diff = max(float(np.max(np.abs(a - b))) for a, b in zip(pooled, host_pooled(), strict=True))
-        g = median_call_seconds(functools.partial(graphed.run, batch, pool="mean")) * 1000
+        g = median_call_seconds(functools.partial(graphed.run, batch, pooling="mean")) * 1000
         p = median_call_seconds(host_pooled) * 1000
         print(
             f"  ({texts}, {tokens}) mean-pooled vectors, median ms: on the device {g:.3f}, plain + host {p:.3f}"

@@ -33,7 +33,7 @@ Rows = list[NDArray[np.float32]]
 def echo(calls: Calls) -> Callable[[list[str], int, str | None], Rows]:
     """A model that records each batch and answers each sequence with [its length]."""
 
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
         calls.append(list(batch))
         return [np.array([len(s)], dtype=np.float32) for s in batch]
 
@@ -89,9 +89,9 @@ async def test_sequences_of_similar_length_share_batches() -> None:
     calls: Calls = []
     gate = threading.Event()
 
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
         gate.wait(5)  # hold the first batch so that everything else queues up behind it
-        return echo(calls)(batch, width, pool)
+        return echo(calls)(batch, width, pooling)
 
     batcher = make(run, max_items=3)
     first = asyncio.ensure_future(ask(batcher, ["warm"]))
@@ -139,9 +139,9 @@ async def test_with_two_streams_two_requests_run_side_by_side_not_as_one_batch()
     calls: Calls = []
     both = threading.Barrier(2, timeout=5)
 
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
         both.wait()  # passes only when two model calls are in flight at once
-        return echo(calls)(batch, width, pool)
+        return echo(calls)(batch, width, pooling)
 
     batcher = make(run, streams=2, max_wait=0.5)
     start = time.perf_counter()
@@ -161,10 +161,10 @@ async def test_free_streams_share_the_waiting_sequences() -> None:
 
 
 async def test_a_failing_batch_fails_its_callers_only_and_the_loop_goes_on() -> None:
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
         if "boom" in batch:
             raise RuntimeError("kernel exploded")
-        return echo([])(batch, width, pool)
+        return echo([])(batch, width, pooling)
 
     batcher = make(run, max_items=2)
     results = await asyncio.gather(
@@ -192,7 +192,7 @@ async def test_a_batching_bug_fails_the_waiting_requests_instead_of_hanging_them
 
 
 async def test_hare_errors_from_the_model_keep_their_type() -> None:
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
         raise InputError("bad feeds")
 
     batcher = make(run)
@@ -202,7 +202,7 @@ async def test_hare_errors_from_the_model_keep_their_type() -> None:
 
 
 async def test_a_model_returning_the_wrong_number_of_rows_is_an_inference_failure() -> None:
-    batcher = make(lambda batch, width, pool: [np.zeros(1, dtype=np.float32)] * (len(batch) + 1))
+    batcher = make(lambda batch, width, pooling: [np.zeros(1, dtype=np.float32)] * (len(batch) + 1))
     with pytest.raises(InferenceFailed, match="rows"):
         await ask(batcher, ["x"])
     await batcher.close()
@@ -212,9 +212,9 @@ async def test_requests_whose_caller_left_are_skipped() -> None:
     calls: Calls = []
     gate = threading.Event()
 
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
         gate.wait(5)
-        return echo(calls)(batch, width, pool)
+        return echo(calls)(batch, width, pooling)
 
     batcher = make(run, max_items=1)
     first = asyncio.ensure_future(ask(batcher, ["first"]))
@@ -245,9 +245,9 @@ async def test_admission_refuses_beyond_capacity_at_once() -> None:
 async def test_closing_fails_waiting_requests_and_refuses_new_ones(streams: int) -> None:
     gate = threading.Event()
 
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
         gate.wait(5)
-        return echo([])(batch, width, pool)
+        return echo([])(batch, width, pooling)
 
     batcher = make(run, max_items=1, streams=streams)
     running = [asyncio.ensure_future(ask(batcher, [f"running {i}"])) for i in range(streams)]
@@ -276,10 +276,10 @@ async def test_batch_statistics_are_reported() -> None:
 async def test_admission_refuses_when_the_queue_would_take_longer_than_its_bound() -> None:
     gate = threading.Event()
 
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
         gate.wait(5)
         time.sleep(0.05)  # 16 padded tokens in 50 ms: a measured rate of about 320 tokens a second
-        return echo([])(batch, width, pool)
+        return echo([])(batch, width, pooling)
 
     batcher = make(run, max_items=1)
     gate.set()
@@ -304,9 +304,9 @@ async def test_the_measured_capacity_follows_the_model_speed_and_the_request_siz
     """What paces refusals (api/process/worker.py): answers a second the machine gives, unknown (0) before a batch ran,
     then the token rate over the average request's padded tokens."""
 
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
         time.sleep(0.02 * len(batch))  # 16 padded tokens per sequence in 20 ms each: 50 answers a second
-        return echo([])(batch, width, pool)
+        return echo([])(batch, width, pooling)
 
     batcher = make(run, max_items=1)
     assert batcher.answers_per_second() == 0
@@ -320,9 +320,9 @@ async def test_waiting_for_a_core_does_not_count_as_model_time(tmp_path: Path) -
     """Two streams sharing one core: each call waits for the other's, but the measured capacity (admission's
     token rate, the refusal pace) is what the core does, not half of it."""
 
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
         time.sleep(0.02)  # one sequence of 16 padded tokens in 20 ms: 50 answers a second on the one core
-        return echo([])(batch, width, pool)
+        return echo([])(batch, width, pooling)
 
     pool = CorePool(1, tmp_path)
     batcher: Batcher[str] = Batcher(run, policy(max_items=1, streams=2), pool=pool)
@@ -339,9 +339,9 @@ async def test_a_request_that_waited_past_the_bound_is_refused_not_run() -> None
     gate = threading.Event()
     calls: Calls = []
 
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
         gate.wait(5)
-        return echo(calls)(batch, width, pool)
+        return echo(calls)(batch, width, pooling)
 
     batcher = make(run, max_items=1, max_queue=0.2)
     first = asyncio.ensure_future(ask(batcher, ["first"]))  # on the model, held there by the gate
@@ -387,12 +387,12 @@ async def test_a_worker_alone_on_one_connection_runs_short_calls_on_its_event_lo
     runs calls itself, and runs on every CPU again once a call goes to a model thread (or the batcher closes)."""
     threads: list[int] = []
 
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
         threads.append(threading.get_ident())
         time.sleep(0.002)  # 16 padded tokens in 2 ms: a 1000-token sequence is expected to take 125 ms
         if batch[0] == "fail":
             raise InputError("the model refused this")
-        return echo([])(batch, width, pool)
+        return echo([])(batch, width, pooling)
 
     cpus = os.sched_getaffinity(0)
     try:
@@ -447,10 +447,10 @@ async def test_a_call_pools_as_its_requests_allow_only_when_they_all_allow_the_s
     seen: list[tuple[list[str], str | None]] = []
     gate = threading.Event()
 
-    def run(batch: list[str], width: int = 1, pool: str | None = None) -> Rows:
-        seen.append((list(batch), pool))
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
+        seen.append((list(batch), pooling))
         gate.wait(10)  # the model busy: what arrives meanwhile queues into one call
-        return echo([])(batch, width, pool)
+        return echo([])(batch, width, pooling)
 
     batcher = make(run, max_items=8)
 

@@ -74,7 +74,7 @@ def test_captured_graphs_answer_as_plain_gpu_runs(fp32_bundle: ModelFactory) -> 
         for got, want in zip(graphed.run(batch), plain.run(batch), strict=True):
             np.testing.assert_allclose(got, want, atol=1e-4)
         # Pooled on the device, from the graph's buffers: the vectors the host pools from plain rows.
-        for got, want in zip(graphed.run(batch, pool="mean"), plain.run(batch), strict=True):
+        for got, want in zip(graphed.run(batch, pooling="mean"), plain.run(batch), strict=True):
             np.testing.assert_allclose(got, pool_tokens(want, "mean"), atol=1e-4)
 
 

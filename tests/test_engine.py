@@ -9,6 +9,8 @@ import os
 import queue
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -112,7 +114,7 @@ def test_a_pooled_call_gets_the_vectors_the_worker_would_pool_from_its_rows(engi
     asked = [*POOLINGS, None] * 3
 
     def run(pool: str | None) -> list[np.ndarray]:  # type: ignore[type-arg]
-        return remote.run(batch, pool=pool)
+        return remote.run(batch, pooling=pool)
 
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(run, asked))
@@ -131,9 +133,9 @@ def test_calls_queued_behind_a_busy_model_run_as_one_batch(engine: tuple[Path, E
     batches: list[int] = []
     run_padded = served.backend.run_padded
 
-    def counted(feeds: dict[str, np.ndarray], width: int = 1, pool: str | None = None) -> np.ndarray:  # type: ignore[type-arg]
+    def counted(feeds: dict[str, np.ndarray], width: int = 1, pooling: str | None = None) -> np.ndarray:  # type: ignore[type-arg]
         batches.append(len(feeds["input_ids"]))
-        return run_padded(feeds, width, pool)
+        return run_padded(feeds, width, pooling)
 
     served.backend.run_padded = counted  # type: ignore[method-assign]
     with ThreadPoolExecutor(4) as pool:
@@ -211,3 +213,19 @@ def test_a_server_whose_engine_dies_stops_saying_why(fp32_bundle: ModelFactory, 
         os.kill(int(started.group(1)), signal.SIGKILL)
         assert process.wait(timeout=60) == 1  # the workers drain; the status says it failed
     assert f"the shared engine (pid {started.group(1)}) is gone: stopping the server" in log.read_text()
+
+
+def test_the_transport_script_gets_calls_through_both_ways() -> None:
+    """scripts/engine-transport.py (the engine's own rate, docs/deployment.md) runs against this engine's
+    interface: both ways get calls answered, none fails."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "engine-transport.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--procs", "1", "--seconds", "0.5", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    rates = re.findall(r"^\s+(token states|pooled \(mean\))\s+([\d,]+) calls/s", done.stdout, re.MULTILINE)
+    assert [name for name, _ in rates] == ["token states", "pooled (mean)"], done.stdout
+    assert all(int(calls.replace(",", "")) > 0 for _, calls in rates), done.stdout

@@ -30,7 +30,7 @@ SMOOTHING = 0.2  # weight of the newest batch in the token rate
 class Door(Protocol):
     """What a ticket needs of the batcher (api/engine/batching.py): a way in for its sequences, and a way out."""
 
-    def enqueue(self, items: Sequence[Any], pool: str | None = None) -> Job: ...
+    def enqueue(self, items: Sequence[Any], pooling: str | None = None) -> Job: ...
 
     def leave(self, job: Job | None) -> None: ...
 
@@ -51,13 +51,13 @@ class Ticket(Generic[T]):
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._door.leave(self._job)
 
-    def submit(self, items: Sequence[T], pool: str | None = None) -> asyncio.Future[Result]:
+    def submit(self, items: Sequence[T], pooling: str | None = None) -> asyncio.Future[Result]:
         """Queue `items` (sequences); the future gets the model's row for each. Cancelling it withdraws them.
-        `pool`: a pooling the request's rows may get where the model runs (a vector per sequence, not its
+        `pooling`: a pooling the request's rows may get where the model runs (a vector per sequence, not its
         token states; the shared engine applies it, api/process/engine.py)."""
         if self._job is not None:
             raise RuntimeError("a ticket submits once")
-        self._job = self._door.enqueue(items, pool)
+        self._job = self._door.enqueue(items, pooling)
         return self._job.future
 
     async def run(self, items: Sequence[T]) -> Result:

@@ -90,21 +90,21 @@ class Backend:
         one_token = {name: np.full((1, 1), int(name != "token_type_ids"), np.int64) for name in session.input_names}
         session.run(one_token, shrink=True)
 
-    def run(self, batch: Sequence[Encoding], width: int = 1, pool: str | None = None) -> list[Array]:
+    def run(self, batch: Sequence[Encoding], width: int = 1, pooling: str | None = None) -> list[Array]:
         """Each sequence's rows: [labels] per sequence, or [its length, dim] for token-level outputs (padding
-        trimmed off). `width` picks the session (the widest not above it). `pool`: the pooling the batch's
+        trimmed off). `width` picks the session (the widest not above it). `pooling`: the pooling the batch's
         requests all take; on a GPU with CUDA graphs each sequence then comes back as one pooled [dim] row
         where the device can pool (container/cudagraphs.py), else as its token states, pooled by the caller."""
         feeds = padded_feeds(batch, self.input_names, self._pad_id, self._unk_id, self._on_unknown)
-        return split_rows(self.run_padded(feeds, width, pool), batch)
+        return split_rows(self.run_padded(feeds, width, pooling), batch)
 
-    def run_padded(self, feeds: dict[str, NDArray[np.int64]], width: int = 1, pool: str | None = None) -> Array:
+    def run_padded(self, feeds: dict[str, NDArray[np.int64]], width: int = 1, pooling: str | None = None) -> Array:
         """The model's output for padded `feeds` (sequences x tokens), padding rows and columns included; with
-        `pool`, [sequences, dim] where the device pooled it (see run)."""
+        `pooling`, [sequences, dim] where the device pooled it (see run)."""
         session = self.sessions[max((w for w in self.sessions if w <= width), default=min(self.sessions))]
         padded = next(iter(feeds.values())).size
         if self.graphs is not None:
-            out = self.graphs.run(feeds, pool)
+            out = self.graphs.run(feeds, pooling)
         else:
             out = session.run(feeds, shrink=padded > SHRINK_ABOVE)
         if TRIM_ABOVE < padded <= SHRINK_ABOVE:

@@ -209,10 +209,10 @@ class Batcher(Generic[T]):
             return 0.0
         return self.admission.rate * self.admission.cores / self._request_tokens
 
-    def enqueue(self, items: Sequence[T], pool: str | None = None) -> Job:
+    def enqueue(self, items: Sequence[T], pooling: str | None = None) -> Job:
         """Queue an admitted request's sequences (its ticket's way in: Ticket.submit calls this, once)."""
         self._arriving -= 1
-        job = Job(asyncio.get_running_loop().create_future(), len(items), pool)
+        job = Job(asyncio.get_running_loop().create_future(), len(items), pooling)
         if not items:
             job.started = job.submitted
             job.future.set_result(Result([], 0.0, 0.0))
@@ -289,15 +289,15 @@ class Batcher(Generic[T]):
         want = self._wide if lone else self._narrow
         items = [e.item for e in batch]
         # One pooling for the call where every request in it allows the same, else token rows for all.
-        pools = {job.pool for job in jobs}
-        pool = pools.pop() if len(pools) == 1 else None
-        ran = self._model.run_here(items, want, pool) if self._inline(padded, want) else None
+        poolings = {job.pooling for job in jobs}
+        pooling = poolings.pop() if len(poolings) == 1 else None
+        ran = self._model.run_here(items, want, pooling) if self._inline(padded, want) else None
         if ran is not None:
             # Delivered at once: the request that queued this batch finds its future done and goes on without
             # giving up the loop, where delivering on the next turn cost two turns of the loop a request.
             done(*ran)
         else:
-            self._model.call(items, want, done, pool)
+            self._model.call(items, want, done, pooling)
 
     def _inline(self, padded: int, width: int) -> bool:
         """Whether to run this batch on the event loop: the only batch of a worker alone on its connection, and

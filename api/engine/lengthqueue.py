@@ -44,11 +44,11 @@ class Result:
 class Job:
     """One request's sequences on their way through the model."""
 
-    __slots__ = ("future", "inference", "outputs", "pool", "remaining", "started", "submitted")
+    __slots__ = ("future", "inference", "outputs", "pooling", "remaining", "started", "submitted")
 
-    def __init__(self, future: asyncio.Future[Result], count: int, pool: str | None = None) -> None:
+    def __init__(self, future: asyncio.Future[Result], count: int, pooling: str | None = None) -> None:
         self.future = future
-        self.pool = pool  # the pooling its rows may get where the model runs (None: token rows wanted)
+        self.pooling = pooling  # the pooling its rows may get where the model runs (None: token rows wanted)
         self.outputs: list[Array | None] = [None] * count
         self.remaining = count
         self.submitted = time.perf_counter()

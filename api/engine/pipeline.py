@@ -68,8 +68,8 @@ class Pipeline:
         else:
             encoded = self.encoder.encode(inputs, request.long_input)
         queued = time.perf_counter()
-        pool = self.task.pooling(request.params) if self.task.pooling is not None else None
-        result = await self._wait(ticket, encoded, gone, pool)
+        pooling = self.task.pooling(request.params) if self.task.pooling is not None else None
+        result = await self._wait(ticket, encoded, gone, pooling)
         answered = time.perf_counter()
         stride = request.long_input.stride
         outputs = Outputs(inputs, encoded.windows, _regroup(result.outputs, encoded), encoded.truncated, stride)
@@ -98,8 +98,8 @@ class Pipeline:
             if n == WARM_LENGTHS[0]:
                 await ask(n, min(8, max_batch))
 
-    async def _wait(self, ticket: Ticket[Encoding], encoded: Encoded, gone: Gone | None, pool: str | None) -> Result:
-        future = ticket.submit(encoded.sequences, pool)
+    async def _wait(self, ticket: Ticket[Encoding], encoded: Encoded, gone: Gone | None, pooling: str | None) -> Result:
+        future = ticket.submit(encoded.sequences, pooling)
         if gone is None or self.batcher.backlog <= self.batcher.max_items:
             return await future
         watcher = asyncio.ensure_future(_watch(gone, future))

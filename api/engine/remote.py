@@ -96,25 +96,25 @@ class RemoteBackend:
     def trim(self) -> None:
         """Nothing to give back here: the engine's process holds the model's memory."""
 
-    def run(self, batch: Sequence[Encoding], width: int = 1, pool: str | None = None) -> list[Array]:
-        """As Backend.run; with `pool`, a token-level output comes back pooled by the engine: one vector per
+    def run(self, batch: Sequence[Encoding], width: int = 1, pooling: str | None = None) -> list[Array]:
+        """As Backend.run; with `pooling`, a token-level output comes back pooled by the engine: one vector per
         sequence, [dim], which post-processing takes as pooled (tasks/feature_extraction.py)."""
         feeds = padded_feeds(batch, self.input_names, self._pad_id, self._unk_id, self._on_unknown)
-        return split_rows(self.run_padded(feeds, pool=pool, lengths=[len(e) for e in batch]), batch)
+        return split_rows(self.run_padded(feeds, pooling=pooling, lengths=[len(e) for e in batch]), batch)
 
     def run_padded(
         self,
         feeds: dict[str, NDArray[np.int64]],
         width: int = 1,
-        pool: str | None = None,
+        pooling: str | None = None,
         lengths: Sequence[int] = (),
     ) -> Array:
-        """The padded output, or with `pool` and each sequence's `lengths` a token-level output pooled."""
+        """The padded output, or with `pooling` and each sequence's `lengths` a token-level output pooled."""
         # ids fit in int32 (vocabularies are far smaller), which halves what crosses the socket.
         names = list(feeds)
         header: dict[str, Any] = {"inputs": names}
-        if pool is not None:
-            header |= {"pool": pool, "lengths": [int(n) for n in lengths]}
+        if pooling is not None:
+            header |= {"pooling": pooling, "lengths": [int(n) for n in lengths]}
         try:
             connection = self._connection()[0]
             send(connection, header, [feeds[n].astype(np.int32) for n in names])

@@ -55,15 +55,15 @@ class ModelThreads(Generic[T]):
         for thread in self._threads:
             thread.start()
 
-    def call(self, items: list[T], want: int, done: Done, pool: str | None = None) -> None:
+    def call(self, items: list[T], want: int, done: Done, pooling: str | None = None) -> None:
         """Run the model on `items` on the next free thread with up to `want` cores; `done` then runs on this
         event loop."""
         if self._loop_seat is not None:
             self._loop_seat.unpin()  # no longer alone: the event loop runs anywhere again (see run_here)
-        self._jobs.put((items, want, pool, asyncio.get_running_loop(), done))
+        self._jobs.put((items, want, pooling, asyncio.get_running_loop(), done))
 
     def run_here(
-        self, items: list[T], want: int, pool: str | None = None
+        self, items: list[T], want: int, pooling: str | None = None
     ) -> tuple[Rows | None, BaseException | None, int, float] | None:
         """Run the model on `items` on the calling thread (the event loop's, which waits for it), holding up to
         `want` cores as a model thread would: (rows or None, the error or None, width, seconds on the cores).
@@ -82,7 +82,7 @@ class ModelThreads(Generic[T]):
             return None
         began = time.perf_counter()
         try:
-            return self._run(items, width, pool), None, width, time.perf_counter() - began
+            return self._run(items, width, pooling), None, width, time.perf_counter() - began
         except Exception as exc:  # handed to the caller's done, as a model thread's error would be
             return None, exc, width, time.perf_counter() - began
         finally:
@@ -103,13 +103,13 @@ class ModelThreads(Generic[T]):
         seat = self._pool.seat(index) if self._pool is not None else None
         try:
             while (job := self._jobs.get()) is not None:
-                items, want, pool, loop, done = job
+                items, want, pooling, loop, done = job
                 result: Rows | None = None
                 error: BaseException | None = None
                 width = seat.acquire(want) if seat is not None else want
                 began = time.perf_counter()
                 try:
-                    result = self._run(items, width, pool)
+                    result = self._run(items, width, pooling)
                 except BaseException as exc:  # handed to the event loop, which decides
                     error = exc
                 finally:

@@ -61,8 +61,8 @@ class Call:
     """One worker's model call: its padded feeds, and once run, its rows or the error."""
 
     feeds: dict[str, NDArray[np.int64]]
-    pool: str | None = None  # pool each sequence's token states (a pooling of tasks/ops.py) before answering
-    lengths: tuple[int, ...] = ()  # each sequence's tokens (with pool)
+    pooling: str | None = None  # pool each sequence's token states (a pooling of tasks/ops.py) before answering
+    lengths: tuple[int, ...] = ()  # each sequence's tokens (with pooling)
     rows: NDArray[np.float32] | None = None
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -110,8 +110,8 @@ def answer(call: Call) -> NDArray[np.float32]:
     """A run call's rows as they go back: token states pooled where it asks, [sequences, dim]."""
     rows = call.rows
     assert rows is not None
-    if call.pool is not None and rows.ndim == 3:
-        return np.stack([pool_tokens(r[:n], call.pool) for r, n in zip(rows, call.lengths, strict=True)])
+    if call.pooling is not None and rows.ndim == 3:
+        return np.stack([pool_tokens(r[:n], call.pooling) for r, n in zip(rows, call.lengths, strict=True)])
     return np.ascontiguousarray(rows, dtype=np.float32)
 
 
@@ -159,10 +159,11 @@ class Engine:
     def run(self, calls: list[Call]) -> None:
         self.merged.observe(len(calls))
         self.sequences.observe(sum(c.shape[0] for c in calls))
-        pools = {c.pool for c in calls}
+        poolings = {c.pooling for c in calls}
+        # Calls that all pool alike may come back pooled by the device; token states otherwise.
+        pooling = poolings.pop() if len(poolings) == 1 else None
         try:
-            # Calls that all pool alike may come back pooled by the device; token states otherwise.
-            out = self.backend.run_padded(merge(calls, self.pad_id), pool=pools.pop() if len(pools) == 1 else None)
+            out = self.backend.run_padded(merge(calls, self.pad_id), pooling=pooling)
         except Exception as exc:  # every call gets an answer, the error's message if nothing else
             log.exception("model call failed")
             for c in calls:
@@ -184,7 +185,7 @@ class Engine:
                 while True:
                     header, arrays = receive(connection)
                     feeds = dict(zip(header["inputs"], (a.astype(np.int64) for a in arrays), strict=True))
-                    call = Call(feeds, header.get("pool"), tuple(header.get("lengths", ())))
+                    call = Call(feeds, header.get("pooling"), tuple(header.get("lengths", ())))
                     if self.pending.empty() and self.busy.acquire(blocking=False):
                         try:
                             self.run([call])  # alone, at once: nothing to batch it with
