@@ -42,15 +42,15 @@ async def main(bundle: str, text: str) -> None:
         # can be told apart from a model that takes milliseconds (a private hook: this is a measuring script).
         model_cpu = [0.0]
         run = res.batcher._model._run
-        replayed: dict[tuple[int, int], Any] = {}  # the model's answers, for the row that does not run it
+        replayed: dict[tuple[int, int, str | None], Any] = {}  # the model's answers, for the row that does not run it
         replay = [False]
 
-        def counted(batch: Any, width: int) -> Any:
+        def counted(batch: Any, width: int, pooling: str | None = None) -> Any:
             if replay[0]:
-                return replayed[len(batch), width]
+                return replayed[len(batch), width, pooling]
             started = time.thread_time()
             try:
-                replayed[len(batch), width] = answer = run(batch, width)
+                replayed[len(batch), width, pooling] = answer = run(batch, width, pooling)
                 return answer
             finally:
                 model_cpu[0] += time.thread_time() - started
