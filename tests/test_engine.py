@@ -9,8 +9,6 @@ import os
 import queue
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -213,19 +211,3 @@ def test_a_server_whose_engine_dies_stops_saying_why(fp32_bundle: ModelFactory, 
         os.kill(int(started.group(1)), signal.SIGKILL)
         assert process.wait(timeout=60) == 1  # the workers drain; the status says it failed
     assert f"the shared engine (pid {started.group(1)}) is gone: stopping the server" in log.read_text()
-
-
-def test_the_transport_script_gets_calls_through_both_ways() -> None:
-    """scripts/engine-transport.py (the engine's own rate, docs/deployment.md) runs against this engine's
-    interface: both ways get calls answered, none fails."""
-    script = Path(__file__).resolve().parents[1] / "scripts" / "engine-transport.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--procs", "1", "--seconds", "0.5", "--rounds", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    rates = re.findall(r"^\s+(token states|pooled \(mean\))\s+([\d,]+) calls/s", done.stdout, re.MULTILINE)
-    assert [name for name, _ in rates] == ["token states", "pooled (mean)"], done.stdout
-    assert all(int(calls.replace(",", "")) > 0 for _, calls in rates), done.stdout

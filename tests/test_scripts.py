@@ -1,0 +1,34 @@
+"""The measuring scripts the docs quote run against the code they measure: an interface they wrap (the
+engine's backend, the batcher's model call) that changes under them fails here, not on the next device run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ModelFactory
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def run(*args: str) -> str:
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_the_engine_transport_script_gets_calls_through_both_ways() -> None:
+    out = run(str(SCRIPTS / "engine-transport.py"), "--procs", "1", "--seconds", "0.5", "--rounds", "1")
+    rates = re.findall(r"^\s+(token states|pooled \(mean\))\s+([\d,]+) calls/s", out, re.MULTILINE)
+    assert [name for name, _ in rates] == ["token states", "pooled (mean)"], out
+    assert all(int(calls.replace(",", "")) > 0 for _, calls in rates), out
+
+
+def test_the_request_cpu_script_takes_a_request_apart(fp32_bundle: ModelFactory) -> None:
+    out = run(str(SCRIPTS / "request-cpu.py"), str(fp32_bundle("feature-extraction")), "a short text to embed")
+    rows = dict(re.findall(r"^(\S.*?)\s{2,}(\d+)\s+\d+$", out, re.MULTILINE))
+    layers = ["model call", "+ batcher", "+ pipeline", "+ app: POST /predict", "the same, model replayed"]
+    assert all(layer in rows for layer in layers), out
+    assert int(rows["+ app: POST /predict"]) >= int(rows["model call"]) > 0, out
