@@ -5,10 +5,15 @@ graphs are checked against plain GPU runs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
-from tokenizers import Tokenizer
+from numpy.typing import NDArray
+from tokenizers import Encoding, Tokenizer
 
 from api.engine.backend import Backend
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
@@ -41,21 +46,40 @@ def test_a_batch_runs_at_the_smallest_shape_that_holds_it() -> None:
     assert max(b * n for b, n in graph_shapes(64, 512, 512)) <= 512
 
 
+@dataclass(frozen=True)
+class CpuGraphs:
+    """A bundle's tokenizer, its plain CPU session, and the fixed-buffer path over it (shapes of up to 4 rows)."""
+
+    tokenizer: Tokenizer
+    model: OnnxModel
+    graphs: CudaGraphs
+    pad_id: int
+
+    @classmethod
+    def of(cls, bundle: Path) -> CpuGraphs:
+        manifest = read_manifest(bundle)
+        model = OnnxModel(bundle / MODEL_FILE, "cpu", 1, manifest.output)
+        graphs = CudaGraphs(model, graph_shapes(4, 4096, manifest.max_length), manifest.pad_id, device="cpu")
+        return cls(Tokenizer.from_file(str(bundle / TOKENIZER_FILE)), model, graphs, manifest.pad_id)
+
+    def feeds(self, texts: list[str]) -> tuple[list[Encoding], dict[str, NDArray[np.int64]]]:
+        batch = self.tokenizer.encode_batch(texts)
+        return batch, pad_batch(batch, self.model.input_names, self.pad_id)
+
+    def batches(self) -> Iterator[tuple[list[Encoding], dict[str, NDArray[np.int64]]]]:
+        """Batches of 1 to 5 sequences with their feeds: 5 is above every shape (a plain run); 3 is padded to 4
+        rows, and each shape's buffers are reused by later batches with other texts (no stale ids or rows)."""
+        for size in (1, 3, 2, 5, 3, 1):
+            yield self.feeds(TEXTS[:size] if size != 3 else TEXTS[2:5])
+
+
 @pytest.mark.parametrize("task", ["feature-extraction", "token-classification"])
 def test_every_batch_gets_the_rows_a_plain_run_gives(fp32_bundle: ModelFactory, task: str) -> None:
     # fp32: a dynamic int8 variant's one activation scale per call would see the padding rows.
-    bundle = fp32_bundle(task)
-    manifest = read_manifest(bundle)
-    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
-    model = OnnxModel(bundle / MODEL_FILE, "cpu", 1, manifest.output)
-    graphs = CudaGraphs(model, graph_shapes(4, 4096, manifest.max_length), manifest.pad_id, device="cpu")
-    # Batches of 1 to 5 sequences: 5 is above every shape (a plain run); 3 is padded to 4 rows, and each
-    # shape's buffers are reused by later batches with other texts (no stale ids or rows).
-    for size in (1, 3, 2, 5, 3, 1):
-        batch = tokenizer.encode_batch(TEXTS[:size] if size != 3 else TEXTS[2:5])
-        feeds = pad_batch(batch, model.input_names, manifest.pad_id)
-        got = graphs.run(feeds)
-        want = model.run(feeds)
+    cpu = CpuGraphs.of(fp32_bundle(task))
+    for _, feeds in cpu.batches():
+        got = cpu.graphs.run(feeds)
+        want = cpu.model.run(feeds)
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, atol=1e-4)
 
@@ -81,23 +105,19 @@ def test_captured_graphs_answer_as_plain_gpu_runs(fp32_bundle: ModelFactory) -> 
 def test_shapes_with_big_outputs_run_plainly_with_the_same_rows(
     fp32_bundle: ModelFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bundle = fp32_bundle("feature-extraction")
-    manifest = read_manifest(bundle)
-    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
-    model = OnnxModel(bundle / MODEL_FILE, "cpu", 1, manifest.output)
-    one_row = 16 * int(model.session.get_outputs()[0].shape[-1]) * 4  # a (1, 16) shape's token states, in bytes
-    monkeypatch.setattr("container.cudagraphs.GRAPH_OUTPUT_BYTES", one_row)
-    shapes = graph_shapes(4, 4096, manifest.max_length)
-    graphs = CudaGraphs(model, shapes, manifest.pad_id, device="cpu")
-    graphs.capture()
-    assert graphs.captured == shapes  # every shape has its graph, for pooled calls
-    assert set(shapes) - set(graphs.states_plainly) == {(1, 16)}  # every other shape's output is bigger
+    cpu = CpuGraphs.of(fp32_bundle("feature-extraction"))
+    one_row = 16 * int(cpu.model.session.get_outputs()[0].shape[-1]) * 4  # a (1, 16) shape's token states, in bytes
+    monkeypatch.setattr("container.cudagraphs.GRAPH_OUTPUT_BYTES", one_row)  # read as each shape is bound
+    cpu.graphs.capture()
+    shapes = cpu.graphs.shapes
+    assert cpu.graphs.captured == shapes  # every shape has its graph, for pooled calls
+    assert set(shapes) - set(cpu.graphs.states_plainly) == {(1, 16)}  # every other shape's output is bigger
     for texts in (TEXTS[:1], TEXTS[:3]):
-        feeds = pad_batch(tokenizer.encode_batch(texts), model.input_names, manifest.pad_id)
-        np.testing.assert_allclose(graphs.run(feeds), model.run(feeds), atol=1e-4)
+        _, feeds = cpu.feeds(texts)
+        np.testing.assert_allclose(cpu.graphs.run(feeds), cpu.model.run(feeds), atol=1e-4)
         lengths = feeds["attention_mask"].sum(axis=1)
-        pooled = graphs.run(feeds, "mean")  # through the graph even where token states are not
-        want = [pool_tokens(rows[:n], "mean") for rows, n in zip(model.run(feeds), lengths, strict=True)]
+        pooled = cpu.graphs.run(feeds, "mean")  # through the graph even where token states are not
+        want = [pool_tokens(rows[:n], "mean") for rows, n in zip(cpu.model.run(feeds), lengths, strict=True)]
         np.testing.assert_allclose(pooled, np.stack(want), atol=1e-5)
 
 
@@ -106,16 +126,11 @@ def test_pooled_calls_get_the_vectors_the_host_pools_from_the_same_rows(fp32_bun
     """The device pools a batch on the graph's own buffers (container/pooling.py): the rows of any batch size,
     padded rows and columns left out, equal pool_tokens over each sequence's token states; a pooling with no
     device graph (max), or a batch no shape holds, comes back as token states for the host to pool."""
-    bundle = fp32_bundle("feature-extraction")
-    manifest = read_manifest(bundle)
-    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
-    model = OnnxModel(bundle / MODEL_FILE, "cpu", 1, manifest.output)
-    graphs = CudaGraphs(model, graph_shapes(4, 4096, manifest.max_length), manifest.pad_id, device="cpu")
-    for size in (1, 3, 2, 5, 3, 1):
-        batch = tokenizer.encode_batch(TEXTS[:size] if size != 3 else TEXTS[2:5])
-        feeds = pad_batch(batch, model.input_names, manifest.pad_id)
-        got = graphs.run(feeds, pool)
-        states = model.run(feeds)
+    cpu = CpuGraphs.of(fp32_bundle("feature-extraction"))
+    for batch, feeds in cpu.batches():
+        size = len(batch)
+        got = cpu.graphs.run(feeds, pool)
+        states = cpu.model.run(feeds)
         if pool == "max" or size == 5:  # no pooler, or above every shape: a plain run's token states
             np.testing.assert_allclose(got, states, atol=1e-4)
             continue
