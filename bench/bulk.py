@@ -46,7 +46,7 @@ from bench.subjects import manifest_hash
 from bench.tables import wide_console
 from container.bundle import MAX_BATCH_SIZE, MODEL_FILE, TOKENIZER_FILE, read_manifest, resolve_max_batch_tokens
 from container.machine import describe, physical_cores, versions
-from container.runtime import OnnxModel
+from container.models import open_model
 from tasks.ops import cosine, length_batches, pad_batch
 
 CHUNK_ROWS = 4096  # the job's default chunk (api/bulk/job.py): model-only sorts by length within the same rows
@@ -128,7 +128,7 @@ def model_only(bundle: Path, texts: list[str], streams: int) -> tuple[Rate, int]
     manifest = read_manifest(bundle)
     tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))  # truncating at max_length, as served
     tok.no_padding()
-    model = OnnxModel(bundle / MODEL_FILE, manifest.target, 1, manifest.output)
+    model = open_model(bundle / MODEL_FILE, manifest.precision, manifest.target, 1, manifest.output, callers=streams)
     budget = resolve_max_batch_tokens(manifest).max_batch_tokens  # as `hare serve` and `hare run` resolve it
     feeds, tokens = [], 0
     for at in range(0, len(texts), CHUNK_ROWS):

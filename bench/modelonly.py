@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from bench.inputs import TextMaker, comet_texts
 from bench.stats import Summary, mean, summarize
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
-from container.runtime import OnnxModel
+from container.models import open_model
 from tasks.ops import pad_batch
 from tasks.registry import TASKS
 
@@ -46,7 +46,9 @@ def measure(
     """Time `session.run` on batches of `batch` inputs of `seq_len` tokens (None: Comet's sentences), from
     `streams` threads at once."""
     manifest = read_manifest(bundle)
-    model = OnnxModel(bundle / MODEL_FILE, manifest.target, threads, manifest.output)
+    model = open_model(
+        bundle / MODEL_FILE, manifest.precision, manifest.target, threads, manifest.output, callers=streams
+    )
     n = 16
     # The served tokenizer as the server loads it: truncating at max_length, as the server does by default.
     tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))

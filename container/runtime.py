@@ -125,6 +125,14 @@ class OnnxModel:
         self.output = output or self.session.get_outputs()[0].name
         self.providers: list[str] = self.session.get_providers()
 
+    @property
+    def output_width(self) -> int | None:
+        """The size of the output's last axis (a vector's size, for embeddings) when the graph fixes it."""
+        for output in self.session.get_outputs():
+            if output.name == self.output and output.shape and isinstance(output.shape[-1], int):
+                return int(output.shape[-1])
+        return None
+
     def run(self, feeds: Mapping[str, NDArray[np.int64]], shrink: bool = False) -> NDArray[np.float32]:
         """The output for `feeds`; `shrink` gives the CPU arena's unused chunks back after this run (a big
         batch would otherwise keep its peak allocated for the life of the process)."""

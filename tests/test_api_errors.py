@@ -17,7 +17,7 @@ import pytest
 from api.engine.backend import Backend
 from api.engine.errors import ClientGone
 from api.web.schemas import parse_predict
-from container.runtime import OnnxModel
+from container.models import Model
 from tasks.base import Answer, ModelInfo, Outputs
 from tests.api_helpers import AppClient, serve
 from tests.conftest import ModelFactory
@@ -207,7 +207,7 @@ async def test_a_waiting_request_whose_client_left_is_withdrawn(tiny_bundle: Mod
         gate = threading.Event()
         seen: list[int] = []
 
-        def holding(session: OnnxModel) -> Callable[[Any, bool], np.ndarray]:
+        def holding(session: Model) -> Callable[[Any, bool], np.ndarray]:
             model_run = session.run
 
             def held(feeds: Any, shrink: bool = False) -> np.ndarray:

@@ -80,6 +80,8 @@ class BulkModel:
             manifest.output,
             arena=settings.cpu_arena,
             pad_id=manifest.pad_id,
+            precision=manifest.precision,
+            callers=settings.cores,
         )
         self.streams = 1 if target == "gpu" else settings.cores
         self.name = item_name(task)

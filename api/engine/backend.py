@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from tokenizers import Encoding
 
 from container.cudagraphs import CudaGraphs, Shape
+from container.models import Model, open_model
 from container.runtime import InferenceFailed, OnnxModel
 from tasks.ops import pad_batch
 
@@ -52,12 +53,22 @@ class Backend:
         arena: bool = True,
         pad_id: int = 0,
         graph_shapes: Sequence[Shape] = (),
+        precision: str = "fp32",
+        callers: int | None = None,
     ) -> None:
+        """`precision`: the bundle's, which picks the runtime (container/models.py). `callers`: the model
+        threads that may call the narrowest session at once (default: one per core of the widest width, as the
+        core pool grants them); a wider session gets as many as fit the same cores."""
         self.graphs = _graphs(path, output, arena, graph_shapes, pad_id) if target == "gpu" and graph_shapes else None
+        self.sessions: dict[int, Model]
         if self.graphs is not None:
             self.sessions = {min(widths): self.graphs.model}
         else:
-            self.sessions = {w: OnnxModel(path, target, w, output, arena=arena) for w in sorted(set(widths))}
+            cores = callers * min(widths) if callers else max(widths)
+            self.sessions = {
+                w: open_model(path, precision, target, w, output, arena, max(1, cores // w))
+                for w in sorted(set(widths))
+            }
         first = next(iter(self.sessions.values()))
         self.input_names = first.input_names
         self.providers = first.providers
@@ -73,11 +84,7 @@ class Backend:
     @property
     def output_width(self) -> int | None:
         """The size of the output's last axis (a vector's size, for embeddings) when the graph fixes it."""
-        first = next(iter(self.sessions.values()))
-        for output in first.session.get_outputs():
-            if output.name == first.output and output.shape and isinstance(output.shape[-1], int):
-                return int(output.shape[-1])
-        return None
+        return next(iter(self.sessions.values())).output_width
 
     def trim(self) -> None:
         """Give the arena's unused memory back if a batch grew it (for an idle worker: the sessions share one

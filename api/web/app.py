@@ -77,7 +77,7 @@ def create_app(settings: Settings) -> Starlette:
             await asyncio.to_thread(res.backend.trim)
             res.ready = True
             log.info(
-                "ready: %s %s (%s, %s) pid %d, %d stream(s) of %s ORT thread(s) on %d shared cores, providers %s",
+                "ready: %s %s (%s, %s) pid %d, %d stream(s) of %s thread(s) on %d shared cores, providers %s",
                 res.task.name,
                 res.model_name,
                 res.manifest.variant,
@@ -134,9 +134,10 @@ async def load(settings: Settings) -> Resources:
             settings.cpu_arena,
             manifest.pad_id,
             opened.graph_shapes,
+            manifest.precision,
         )
     model = opened.model
-    on_gpu = backend.providers[0] != "CPUExecutionProvider"
+    on_gpu = "CUDAExecutionProvider" in backend.providers
     # The device does a GPU bundle's work: no CPU cores to account for.
     pool = None if on_gpu else CorePool(settings.cores, settings.core_pool)
     batcher: Batcher[Encoding] = Batcher(

@@ -63,6 +63,19 @@ step_requirements() {
 step_deps() {
     [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
     pip_install -r "$HARE_HOME/requirements/${1:?deps NAME}.txt"
+    prune_openvino
+}
+
+prune_openvino() {
+    # OpenVINO (the bf16 variant's runtime, when installed) ships GPU and NPU plugins and frontends for
+    # TensorFlow, TFLite, PaddlePaddle, PyTorch, JAX and GGUF: hare compiles ONNX for the CPU plugin only, so
+    # 63 of its 180 MB go, in the layer that installed them (a later layer's delete would not shrink the image).
+    libs=$("$VENV/bin/python" -c "import importlib.util as u, pathlib; s = u.find_spec('openvino'); print(pathlib.Path(s.origin).parent / 'libs' if s else '')")
+    [ -n "$libs" ] || return 0
+    for unused in intel_gpu_plugin intel_npu_plugin tensorflow_frontend tensorflow_lite_frontend paddle_frontend \
+        pytorch_frontend jax_frontend gguf_frontend; do
+        rm -f "$libs"/libopenvino_"$unused".so*
+    done
 }
 
 step_torch() {

@@ -56,8 +56,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from container.machine import available_bytes, describe
+from container.models import Model, open_model
 from container.optimize.textset import SENTENCES
-from container.runtime import InferenceFailed, OnnxModel
+from container.runtime import InferenceFailed
 from tasks.ops import pad_batch
 
 # The percentile of the per-call times that stands for a point: load only adds time, so a low one.
@@ -107,8 +108,9 @@ class Pick:
 
 
 def clock(threads: int, target: str = "cpu") -> tuple[str, Callable[[], int]]:
-    """What a call is timed by, and its name: the calling thread's CPU time where ORT runs the graph on that
-    thread (one intra-op thread, CPU), the wall clock otherwise (other threads, a GPU, do the work)."""
+    """What a call is timed by, and its name: the calling thread's CPU time where the runtime runs the graph on
+    that thread (one thread, CPU: ORT, and OpenVINO with one stream), the wall clock otherwise (other threads,
+    a GPU, do the work)."""
     if threads == 1 and target == "cpu":
         return f"p{PERCENTILE} of thread CPU time", time.thread_time_ns
     return f"p{PERCENTILE} of wall time", time.perf_counter_ns
@@ -124,13 +126,15 @@ def tune(
     min_seconds: float = 0.2,
     prefer: Sequence[str] = (),
     step: Callable[[str], None] | None = None,
+    precisions: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, dict[str, float]], Pick]:
     """Time `variants` (name: graph) against each other in rounds and pick one. `prefer`: their names, most
     accurate first (who takes a tie; unnamed ones come last). Every point gets at least `min_seconds` of
     calls in all. Returns each variant's milliseconds per call at each point (keyed "s{length}xb{batch}")
-    and the pick."""
+    and the pick. `precisions`: each variant's, where not fp32 (it picks the runtime, container/models.py)."""
+    precision = {name: (precisions or {}).get(name, "fp32") for name in variants}
     statistic, now = clock(threads, target)
-    models = {name: OnnxModel(path, target=target, threads=threads) for name, path in variants.items()}
+    models = {name: open_model(path, precision[name], target, threads) for name, path in variants.items()}
     points = [(length, batch) for length in lengths for batch in batches]
     keys = [f"s{length}xb{batch}" for length, batch in points]
     feeds = {name: [_feeds(tokenizer, *point, model.input_names) for point in points] for name, model in models.items()}
@@ -175,7 +179,7 @@ def hopeless(scores: Mapping[str, float]) -> list[str]:
     return [name for name, value in scores.items() if value > (1 + HOPELESS) * best]
 
 
-def _slice(model: OnnxModel, feeds: dict[str, np.ndarray], now: Callable[[], int], seconds: float) -> list[float]:
+def _slice(model: Model, feeds: dict[str, np.ndarray], now: Callable[[], int], seconds: float) -> list[float]:
     """Milliseconds per call by `now`, of calls made until `now` has counted `seconds` in them (LEAST_CALLS at
     least). By the statistic's own clock, so a slice has as many calls under load as on a quiet machine."""
     taken: list[float] = []
@@ -256,6 +260,7 @@ def token_rates(
     length: int = 128,
     min_seconds: float = 0.2,
     step: Callable[[str], None] | None = None,
+    precision: str = "fp32",
 ) -> dict[int, float]:
     """Tokens a second at each batch budget, smallest first, until the rate is past its peak: batches of
     `length`-token sequences filling it, run by `streams` one-thread sessions at once, as the throughput
@@ -270,7 +275,7 @@ def token_rates(
     load of its own moment: a MiniLM build picked 128 quiet and anything from 256 to 4,096 beside two busy
     processes."""
     _, now = clock(1, target)
-    models = [OnnxModel(variant, target=target, threads=1) for _ in range(streams)]
+    models = [open_model(variant, precision, target, threads=1) for _ in range(streams)]
     names = models[0].input_names
     length = _feeds(tokenizer, length, 1, names)["input_ids"].shape[1]  # shorter where the model's maximum is
     feeds: dict[int, dict[str, np.ndarray]] = {}
@@ -286,7 +291,7 @@ def token_rates(
             feeds[budget] = _feeds(tokenizer, length, max(1, budget // length), names)
             before = resident_bytes()
             try:
-                list(pool.map(OnnxModel.run, models, [feeds[budget]] * streams))  # first runs allocate buffers
+                list(pool.map(lambda m, f: m.run(f), models, [feeds[budget]] * streams))  # first runs allocate
                 measure(budget)
             except (InferenceFailed, MemoryError):
                 if not samples:

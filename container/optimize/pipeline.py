@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from container.bundle import TOKENIZER_FILE, Manifest
 from container.machine import describe, physical_cores, weight_levels
+from container.openvino_runtime import bf16_capable
 from container.optimize import adapters, autotune, fuse, source, stages, variants
 from container.optimize.errors import UnsupportedModel
 from container.optimize.options import OptimizeOptions
@@ -56,10 +57,16 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
             "onnxruntime lacks; run it where the GPU is (onnxruntime-gpu installed, e.g. the hare:gpu image)"
         )
     adapter = adapters.choose(opts.model_dir, opts.adapter)
-    names = [v.name for v in variants.variants_for(opts.target)]
+    bf16 = opts.target == "cpu" and bf16_capable()
+    names = [v.name for v in variants.variants_for(opts.target, bf16=True)]
     unknown = set(opts.only or ()) - set(names)
     if unknown:
         raise InputError(f"unknown variant(s) {sorted(unknown)}; for {opts.target}: {names}")
+    if "bf16" in (opts.only or ()) and not bf16:
+        raise InputError(
+            "variant bf16 runs on OpenVINO's CPU plugin, which computes bf16 only on CPUs with AMX or AVX512_BF16 "
+            "and needs the openvino package (pip install 'hare[openvino]'): this machine lacks one of them"
+        )
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}.partial-", dir=opts.out.parent))
     try:
@@ -68,7 +75,8 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
         if adapter in src.prompts:  # sentence-transformers' prompt of the same name goes with the adapter
             src = replace(src, default_prompt_name=adapter)
         levels = opts.int8_levels or weight_levels(describe()["int8_path"])
-        candidates = variants.variants_for(opts.target, attention=fuse.attention_shape(src.config), levels=levels)
+        attention = fuse.attention_shape(src.config)
+        candidates = variants.variants_for(opts.target, attention=attention, levels=levels, bf16=bf16)
         manifest = _compose(opts, src, variants.plan(candidates, opts.only), folder, console)
         if opts.out.exists():
             shutil.rmtree(opts.out)
@@ -102,7 +110,7 @@ def _compose(
             tuned = stages.pick_variant(reports, folder, tokenizer, opts, step)
         with stage("batch budget", autotune.MAX_ROUNDS) as step:
             streams = opts.tune_streams or physical_cores()  # model calls at once (recorded with the machine)
-            rates = stages.budget(graph(tuned.best.name), tokenizer, streams, opts, step)
+            rates = stages.budget(graph(tuned.best.name), tokenizer, streams, opts, step, tuned.best.precision)
         with stage("bundle") as step:
             manifest = stages.manifest(opts, src, exported, tuned, rates, streams, graph("fused-fp32"))
             stages.write_bundle(folder / "bundle", folder, src, parity, manifest, step)

@@ -258,12 +258,14 @@ def pick_variant(
         opts.tune_seconds,
         prefer=by_accuracy(passed, opts.task),
         step=step,
+        precisions={r.name: r.precision for r in passed},
     )
     return Tuned(pick, [replace(r, timings_ms=timings[r.name]) if r.passed else r for r in reports])
 
 
-# Who takes a tie: the wider type first, then the task's first gate metric.
-PRECISIONS = ("fp32", "fp16", "int8")
+# Who takes a tie: the wider type first (bf16 keeps 8 bits of mantissa to fp16's 11), then the task's first
+# gate metric.
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
 def by_accuracy(reports: Sequence[validate.VariantReport], task: TaskSpec) -> list[str]:
@@ -281,13 +283,15 @@ def by_accuracy(reports: Sequence[validate.VariantReport], task: TaskSpec) -> li
 
 
 def budget(
-    model: Path, loaded: Tokenizer, streams: int, opts: OptimizeOptions, step: Step = _no_step
+    model: Path, loaded: Tokenizer, streams: int, opts: OptimizeOptions, step: Step = _no_step, precision: str = "fp32"
 ) -> dict[int, float]:
-    """Tokens a second by batch budget for the graph at `model`, with `streams` model calls at once (CPU; a GPU
-    wants its batches large, so {} there): container/optimize/autotune.py."""
+    """Tokens a second by batch budget for the graph at `model` (of `precision`), with `streams` model calls at
+    once (CPU; a GPU wants its batches large, so {} there): container/optimize/autotune.py."""
     if opts.target != "cpu":
         return {}
-    return autotune.token_rates(model, loaded, streams, opts.target, min_seconds=opts.tune_seconds, step=step)
+    return autotune.token_rates(
+        model, loaded, streams, opts.target, min_seconds=opts.tune_seconds, step=step, precision=precision
+    )
 
 
 def write_bundle(

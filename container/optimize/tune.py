@@ -63,7 +63,9 @@ def main(args: argparse.Namespace) -> int:
         raise InputError("--streams must be 0 or more and --seconds more than 0")
     streams = args.streams or physical_cores()
     tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
-    rates = autotune.token_rates(bundle / MODEL_FILE, tokenizer, streams, min_seconds=args.seconds)
+    rates = autotune.token_rates(
+        bundle / MODEL_FILE, tokenizer, streams, min_seconds=args.seconds, precision=manifest.precision
+    )
     fields = autotune.budget_fields(rates, streams)
     budget = fields["max_batch_tokens"]
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
@@ -101,8 +103,8 @@ def _table(rates: dict[int, float], budget: int, before: int | None) -> Table:
 def check(bundle: Path) -> int:
     """The shipped graph against the bundle's stored reference, on this CPU, with the gates it shipped with."""
     from container.machine import int8_check
+    from container.models import open_model
     from container.optimize.validate import judge, load_parity, served_outputs
-    from container.runtime import OnnxModel
     from tasks.registry import get_task
 
     manifest = read_manifest(bundle)
@@ -111,7 +113,7 @@ def check(bundle: Path) -> int:
     shipped = next(v for v in manifest.variants if v["name"] == manifest.variant)
     thresholds = {metric: float(g["threshold"]) for metric, g in shipped["gates"].items()}
     feeds, refs, groups = load_parity(bundle / PARITY_FILE)
-    model = OnnxModel(bundle / MODEL_FILE, manifest.target, threads=1, output=manifest.output)
+    model = open_model(bundle / MODEL_FILE, manifest.precision, manifest.target, 1, manifest.output)
     names = set(model.input_names)
     feeds = [{k: v for k, v in f.items() if k in names} for f in feeds]
     served = served_outputs(model.run, feeds, manifest.pad_id, refs, groups)

@@ -16,10 +16,10 @@ from numpy.typing import NDArray
 from tokenizers import Encoding, Tokenizer
 
 from container.bundle import MAX_BATCH_SIZE
+from container.models import open_model
 from container.optimize.errors import ValidationFailed
 from container.optimize.source import SourceModel
 from container.optimize.textset import Sample
-from container.runtime import OnnxModel
 from tasks.base import Gate, ParityInput, TaskSpec
 from tasks.ops import length_batches, pad_batch
 
@@ -203,7 +203,7 @@ def validate(variant: Path, name: str, precision: str, parity: Parity) -> Varian
     task = parity.task
     with np.load(parity.reference) as stored:
         ref = [stored[str(i)] for i in range(len(parity.encodings))]
-    model = OnnxModel(variant, target=parity.target, output=task.output)
+    model = open_model(variant, precision, parity.target, output=task.output)
     feeds = [pad_batch([e], model.input_names) for e in parity.encodings]
     served = served_outputs(model.run, feeds, parity.pad_id, ref, [s.group for s in parity.samples])
     metrics, judged = judge(task, precision, *served, parity.pooling or "mean", parity.multi_label, parity.thresholds)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,11 +55,13 @@ def variants_for(
     family: str = FUSION_MODEL_TYPE,
     attention: tuple[int, int] = (0, 0),
     levels: int = FULL_LEVELS,
+    bf16: bool = False,
 ) -> list[Variant]:
     """The candidates worth trying per target; the export itself is always the fp32 baseline. Every family
     gets every candidate: a fusion that does not match a family's graph fuses less (or fails its build), and
     the gates decide what ships. `levels`: the dynamic int8 weights' levels a side (machine.weight_levels: 64
-    where the CPU's int8 kernel would saturate on 127)."""
+    where the CPU's int8 kernel would saturate on 127). `bf16`: the CPU computes bf16 and OpenVINO is there
+    (openvino_runtime.bf16_capable): the export, run by OpenVINO in bf16, joins the race."""
     fp32 = Variant("fp32", "fp32", None)
     if target == "gpu":
         return [
@@ -71,8 +74,11 @@ def variants_for(
     def dynamic(per_channel: bool) -> Callable[[Path, Path], object]:
         return lambda p, o: quantize.quantize_int8(p, o, per_channel=per_channel, reduce_range=narrow)
 
+    # The export as it is: OpenVINO reads ONNX and does its own fusion (it cannot read ORT's fused operators).
+    openvino = [Variant("bf16", "bf16", "fp32", lambda p, o: shutil.copyfile(p, o))] if bf16 else []
     return [
         fp32,
+        *openvino,
         Variant("fused-fp32", "fp32", "fp32", fused(family, False, attention), reads=EXPORT),
         Variant("int8", "int8", "fp32", dynamic(False), levels=levels),
         Variant("int8-per-channel", "int8", "fp32", dynamic(True), levels=levels),

@@ -19,12 +19,12 @@ from container.bundle import (
     read_manifest,
     resolve_max_batch_tokens,
 )
-from container.runtime import OnnxModel
+from container.models import Model, open_model
 from tasks.ops import length_batches, normalize_vector, pad_batch, pool_tokens
 
 
 class HareEncoder:
-    """hare's bundle with hare's own code: the bundle's tokenizer as the server loads it, OnnxModel with hare's
+    """hare's bundle with hare's own code: the bundle's tokenizer as the server loads it, the runtime with hare's
     session options, pad_batch, pooling, Dense modules and normalizing as the manifest says.
 
     Scheduled as a server worker on `threads` cores schedules it (api/engine/batching.py): one text is a lone
@@ -36,8 +36,9 @@ class HareEncoder:
         manifest = read_manifest(bundle)
         if manifest.task != "feature-extraction":
             raise Skip(f"{bundle} serves {manifest.task}; the peers compare embedding models")
-        self.wide = OnnxModel(bundle / MODEL_FILE, manifest.target, threads, manifest.output)
-        self.narrow = self.wide if threads == 1 else OnnxModel(bundle / MODEL_FILE, manifest.target, 1, manifest.output)
+        graph, precision, target, output = bundle / MODEL_FILE, manifest.precision, manifest.target, manifest.output
+        self.wide = open_model(graph, precision, target, threads, output)
+        self.narrow = self.wide if threads == 1 else open_model(graph, precision, target, 1, output, callers=threads)
         self.streams = ThreadPoolExecutor(threads)
         self.max_batch_tokens = resolve_max_batch_tokens(manifest).max_batch_tokens  # as `hare serve` would
         self.tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))  # truncating at max_length, as served
@@ -59,7 +60,7 @@ class HareEncoder:
             vectors[call] = rows  # back in the order of the texts
         return vectors
 
-    def _embed(self, model: OnnxModel, encodings: Sequence[Encoding]) -> Vectors:
+    def _embed(self, model: Model, encodings: Sequence[Encoding]) -> Vectors:
         states = model.run(pad_batch(list(encodings), model.input_names, self.pad_id))
         vectors = []
         for row, encoding in zip(states, encodings, strict=True):  # as the server: padding trimmed, then pooled

@@ -1,0 +1,95 @@
+"""OpenVINO's CPU plugin as the runtime of the bf16 variant, behind OnnxModel's interface.
+
+ONNX Runtime's CPU provider has no bfloat16 MatMul or Gemm kernel (1.32: NOT_IMPLEMENTED on a one-node
+graph), so a bf16 variant is the fp32 export compiled by OpenVINO with bf16 as its inference precision: on a
+CPU with AMX or AVX512_BF16 the MatMuls run on bf16 units (an 8-bit exponent: massive activations survive,
+where int8's levels do not), elsewhere OpenVINO would silently compute in fp32, so the optimizer only offers
+the variant where the plugin reports BF16 (`bf16_capable`). The package is optional (`hare[openvino]`, in the
+CPU image); a bundle that needs it says so when it is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from container.runtime import InferenceFailed
+from tasks.errors import InputError
+
+PROVIDER = "OpenVINO CPU (bf16)"  # what /info and the logs name as the bundle's provider
+
+
+def _openvino() -> Any:
+    try:
+        import openvino
+    except ImportError as exc:
+        raise InputError(
+            "this bundle's variant runs on OpenVINO, which is not installed: pip install 'hare[openvino]' "
+            "(the hare:cpu image has it), or rebuild the bundle without it (hare optimize --variants ...)"
+        ) from exc
+    return openvino
+
+
+@cache
+def bf16_capable() -> bool:
+    """Whether OpenVINO is installed and its CPU plugin computes bf16 on this CPU (AMX or AVX512_BF16)."""
+    try:
+        import openvino
+    except ImportError:
+        return False
+    return "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+class OpenVinoModel:
+    """A graph compiled for OpenVINO's CPU plugin in bf16, called like OnnxModel.
+
+    `threads` per call (0: every core this process may use). `callers`: the threads that may call it at once,
+    each through its own infer request (a request is not thread-safe), and each given a stream of `threads`
+    threads: calls on one stream take turns. With one caller and one thread the plugin runs a call on the
+    calling thread, whose CPU time then measures it (the optimizer's timings, container/optimize/autotune.py);
+    with several streams on their own threads. Pinning is left off: hare's core pool decides who runs when
+    (api/engine/cores.py)."""
+
+    def __init__(self, path: Path, threads: int = 0, output: str | None = None, callers: int = 1) -> None:
+        ov = _openvino()
+        threads = threads or len(os.sched_getaffinity(0))
+        config = {
+            "INFERENCE_PRECISION_HINT": "bf16",
+            "NUM_STREAMS": callers,
+            "INFERENCE_NUM_THREADS": callers * threads,
+            "ENABLE_CPU_PINNING": False,
+        }
+        self._compiled = ov.Core().compile_model(str(path), "CPU", config)
+        # A port's names can gather those of tensors merged into it (a Cast of the mask): the Parameter's own
+        # name is the ONNX input's.
+        self.input_names: list[str] = [port.get_node().get_friendly_name() for port in self._compiled.inputs]
+        self.output = output or self._compiled.outputs[0].get_any_name()
+        self._port = self._compiled.output(self.output)
+        self.providers: list[str] = [PROVIDER]
+        self._local = threading.local()
+
+    @property
+    def output_width(self) -> int | None:
+        last = self._port.get_partial_shape()[-1]
+        return int(last.get_length()) if last.is_static else None
+
+    def run(self, feeds: Mapping[str, NDArray[np.int64]], shrink: bool = False) -> NDArray[np.float32]:
+        """The output for `feeds` (a copy: the request's output buffer is reused by its next call); `shrink`
+        has no meaning here (OpenVINO keeps its buffers per shape)."""
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self._compiled.create_infer_request()
+        try:
+            request.infer({name: feeds[name] for name in self.input_names})
+        except KeyError as exc:
+            raise InferenceFailed(f"the graph needs input {exc} that the caller did not build") from exc
+        except Exception as exc:  # OpenVINO raises RuntimeError with the plugin's message
+            raise InferenceFailed(f"inference failed: {exc}") from exc
+        return np.array(request.get_tensor(self._port).data, dtype=np.float32)

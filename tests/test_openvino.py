@@ -1,0 +1,146 @@
+"""The bf16 variant: the export run by OpenVINO's CPU plugin in bf16 (container/openvino_runtime.py), offered
+where the plugin computes bf16, gated and raced like the others, and served, tuned and checked like any bundle.
+On a CPU without bf16 units OpenVINO computes these in fp32: the tests force the offer, which checks the
+plumbing everywhere and the bf16 arithmetic where the CPU has it."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from container.bundle import MODEL_FILE, read_manifest
+from container.models import open_model
+from container.openvino_runtime import PROVIDER
+from container.optimize import pipeline
+from container.optimize.variants import variants_for
+from tasks.errors import InputError
+from tests.api_helpers import serve
+from tests.conftest import ModelFactory, TorchWork, quick_bundle
+
+pytest.importorskip("openvino")
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+TEXTS = ["a short one", "the weather in Paris is cold today and the river is high", "x", "numbers 12 34 56"]
+
+
+@pytest.fixture(scope="module")
+def bf16_bundle(tiny_model: ModelFactory, torch_work: TorchWork, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny embedding model built with the bf16 variant alone, the offer forced (see the module docstring)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pipeline, "bf16_capable", lambda: True)
+        out = tmp_path_factory.mktemp("bf16") / "bundle"
+        return quick_bundle(tiny_model("feature-extraction"), "feature-extraction", out, ["bf16"], torch_work)
+
+
+def test_the_bf16_variant_is_offered_only_where_openvino_computes_it() -> None:
+    assert "bf16" not in [v.name for v in variants_for("cpu")]
+    assert "bf16" in [v.name for v in variants_for("cpu", bf16=True)]
+    assert "bf16" not in [v.name for v in variants_for("gpu", bf16=True)]
+
+
+def test_asking_for_bf16_where_it_cannot_run_is_refused(
+    tiny_model: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pipeline, "bf16_capable", lambda: False)
+    with pytest.raises(InputError, match="AMX or AVX512_BF16"):
+        quick_bundle(tiny_model("feature-extraction"), "feature-extraction", tmp_path / "b", ["bf16"])
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_bf16_bundle_passes_its_gates_and_ships_the_export(bf16_bundle: Path) -> None:
+    manifest = read_manifest(bf16_bundle)
+    assert (manifest.variant, manifest.precision) == ("bf16", "bf16")
+    (report,) = [v for v in manifest.variants if v["name"] == "bf16"]
+    assert report["passed"] and report["gates"]
+    assert report["timings_ms"]
+    # One stream of one thread runs on the calling thread: timed by its CPU time, as ORT's variants are.
+    assert manifest.pick["statistic"].endswith("thread CPU time")
+
+
+def test_calls_from_many_threads_each_get_their_own_answer(bf16_bundle: Path) -> None:
+    """A one-thread model called by several model threads at once (a stream and an infer request each, or
+    taking turns past its streams) answers each as it answers alone."""
+    from tokenizers import Tokenizer
+
+    from tasks.ops import pad_batch
+
+    tok = Tokenizer.from_file(str(bf16_bundle / "tokenizer.json"))
+    model = open_model(bf16_bundle / MODEL_FILE, "bf16", threads=1, callers=3)
+    feeds = [pad_batch([tok.encode(t)], model.input_names) for t in TEXTS * 3]
+    alone = [model.run(f) for f in feeds]
+    together: dict[int, np.ndarray] = {}
+
+    def call(i: int) -> None:
+        for _ in range(5):
+            together[i] = model.run(feeds[i])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(feeds))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, expected in enumerate(alone):
+        np.testing.assert_allclose(together[i], expected, rtol=0, atol=1e-6)
+
+
+async def test_a_bf16_bundle_serves_close_to_fp32(bf16_bundle: Path, fp32_bundle: ModelFactory) -> None:
+    async with serve(fp32_bundle("feature-extraction")) as client:
+        reference = [(await client.post("/predict", json={"inputs": t})).json() for t in TEXTS]
+    async with serve(bf16_bundle, HARE_STREAMS="2") as client:
+        info = (await client.get("/info")).json()
+        assert info["providers"] == [PROVIDER] and info["variant"] == "bf16"
+        alone = [(await client.post("/predict", json={"inputs": t})).json() for t in TEXTS]
+        at_once = await asyncio.gather(*(client.post("/predict", json={"inputs": t}) for t in TEXTS * 4))
+    for got, want in zip(alone, reference, strict=True):
+        a, b = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
+        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
+    for i, response in enumerate(at_once):
+        # Batched with others, padded otherwise: bf16 products summed in another order (AMX tiles), not 1e-5.
+        np.testing.assert_allclose(response.json(), alone[i % len(TEXTS)], atol=1e-4)
+
+
+def test_tune_check_replays_a_bf16_bundle(bf16_bundle: Path) -> None:
+    from container.optimize.tune import check
+
+    assert check(bf16_bundle) == 0
+
+
+def test_a_bf16_bundle_without_openvino_says_what_to_install(
+    bf16_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino raises ImportError
+    with pytest.raises(InputError, match=r"hare\[openvino\]"):
+        open_model(bf16_bundle / MODEL_FILE, "bf16")
+
+
+async def test_the_bulk_job_runs_a_bf16_bundle_as_the_server_answers(bf16_bundle: Path, tmp_path: Path) -> None:
+    """`hare run`'s model threads share the one-thread model (a stream each): every row as /predict gives it."""
+    import dataclasses
+
+    import orjson
+    import pyarrow.parquet as pq
+
+    from api.bulk.job import BulkOptions, run_job
+    from api.config import Settings
+
+    rows = [f"{TEXTS[i % len(TEXTS)]} {i}" for i in range(200)]
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(orjson.dumps({"id": i, "text": t}) + b"\n" for i, t in enumerate(rows)))
+    settings = dataclasses.replace(Settings.from_env({}), bundle=bf16_bundle, cores=2)
+    run_job(settings, BulkOptions(source, tmp_path / "out.parquet", chunk_rows=64))
+    got = np.stack(pq.read_table(tmp_path / "out.parquet").column("embeddings").to_numpy(zero_copy_only=False))
+    async with serve(bf16_bundle) as client:
+        served = (await client.post("/predict", json={"inputs": rows})).json()
+    np.testing.assert_allclose(got, np.asarray(served, np.float32), atol=1e-4)
