@@ -222,11 +222,14 @@ def test_cpu_image_is_slim(engine: Engine, cpu_image: str) -> None:
     assert "8080/tcp" in config["ExposedPorts"]
     assert config["Healthcheck"]["Test"][0] == "CMD"
     assert config["Entrypoint"] == ["python3", "-m", "container.docker.entrypoint"]
-    probe = (
-        "import importlib.util as u; print(*[m for m in ('torch', 'transformers', 'onnxruntime') if u.find_spec(m)])"
-    )
+    modules = ("torch", "transformers", "onnxruntime", "openvino")
+    probe = f"import importlib.util as u; print(*[m for m in {modules} if u.find_spec(m)])"
     found = engine.docker("run", "--rm", "--entrypoint", "python3", cpu_image, "-c", probe).stdout.split()
-    assert found == ["onnxruntime"], f"the serving image holds {found}"
+    assert found == ["onnxruntime", "openvino"], f"the serving image holds {found}"
+    # OpenVINO pruned to its CPU plugin and ONNX reader (container/docker/install.sh) still opens an ONNX graph.
+    probe = "import openvino as ov; c = ov.Core(); c.read_model('/bundle/model.onnx'); print(*c.available_devices)"
+    devices = engine.docker("run", "--rm", "--entrypoint", "python3", cpu_image, "-c", probe).stdout.split()
+    assert devices == ["CPU"], devices
 
 
 def test_cpu_image_tunes_its_bundle_for_the_machine_it_runs_on(engine: Engine, cpu_image: str) -> None:
