@@ -144,3 +144,22 @@ async def test_the_bulk_job_runs_a_bf16_bundle_as_the_server_answers(bf16_bundle
     async with serve(bf16_bundle) as client:
         served = (await client.post("/predict", json={"inputs": rows})).json()
     np.testing.assert_allclose(got, np.asarray(served, np.float32), atol=1e-4)
+
+
+def test_a_graph_openvino_cannot_take_fails_the_bf16_variant_only(
+    tiny_model: ModelFactory, torch_work: TorchWork, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from container import openvino_runtime
+
+    def refuses(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("Exception from src/frontends/onnx: OpenVINO does not support this operation")
+
+    monkeypatch.setattr(pipeline, "bf16_capable", lambda: True)
+    monkeypatch.setattr(openvino_runtime, "OpenVinoModel", refuses)
+    out = quick_bundle(
+        tiny_model("feature-extraction"), "feature-extraction", tmp_path / "b", ["fp32", "bf16"], torch_work
+    )
+    manifest = read_manifest(out)
+    assert manifest.variant == "fp32"
+    (report,) = [v for v in manifest.variants if v["name"] == "bf16"]
+    assert not report["passed"] and "does not support this operation" in report["error"]

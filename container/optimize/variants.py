@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from container import openvino_runtime
 from container.machine import FULL_LEVELS, NARROW_LEVELS
 from container.optimize import fuse, mixed, quantize, rows, validate
 
@@ -75,7 +75,7 @@ def variants_for(
         return lambda p, o: quantize.quantize_int8(p, o, per_channel=per_channel, reduce_range=narrow)
 
     # The export as it is: OpenVINO reads ONNX and does its own fusion (it cannot read ORT's fused operators).
-    openvino = [Variant("bf16", "bf16", "fp32", lambda p, o: shutil.copyfile(p, o))] if bf16 else []
+    openvino = [Variant("bf16", "bf16", "fp32", openvino_runtime.build)] if bf16 else []
     return [
         fp32,
         *openvino,
