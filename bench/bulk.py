@@ -128,7 +128,7 @@ def model_only(bundle: Path, texts: list[str], streams: int) -> tuple[Rate, int]
     manifest = read_manifest(bundle)
     tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))  # truncating at max_length, as served
     tok.no_padding()
-    model = open_model(bundle / MODEL_FILE, manifest.precision, manifest.target, 1, manifest.output, callers=streams)
+    model = open_model(bundle / MODEL_FILE, manifest.variant, manifest.target, 1, manifest.output, callers=streams)
     budget = resolve_max_batch_tokens(manifest).max_batch_tokens  # as `hare serve` and `hare run` resolve it
     feeds, tokens = [], 0
     for at in range(0, len(texts), CHUNK_ROWS):

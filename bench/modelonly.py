@@ -47,7 +47,7 @@ def measure(
     `streams` threads at once."""
     manifest = read_manifest(bundle)
     model = open_model(
-        bundle / MODEL_FILE, manifest.precision, manifest.target, threads, manifest.output, callers=streams
+        bundle / MODEL_FILE, manifest.variant, manifest.target, threads, manifest.output, callers=streams
     )
     n = 16
     # The served tokenizer as the server loads it: truncating at max_length, as the server does by default.

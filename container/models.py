@@ -1,4 +1,4 @@
-"""A bundle's graph opened by the runtime its precision needs: one place for every caller (the server's
+"""A bundle's graph opened by the runtime its variant needs: one place for every caller (the server's
 backend, the optimizer's gates and timings, the benches, the bulk job)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from numpy.typing import NDArray
 from container.openvino_runtime import OpenVinoModel
 from container.runtime import OnnxModel
 
-# ONNX Runtime runs every precision but bf16, which its CPU provider has no kernels for
-# (container/openvino_runtime.py).
-OPENVINO_PRECISIONS = ("bf16",)
+# ONNX Runtime runs every variant but these: bf16, which its CPU provider has no kernels for, and int8-static,
+# whose QDQ graph OpenVINO runs on its int8 kernels (container/openvino_runtime.py).
+OPENVINO_VARIANTS = ("bf16", "int8-static")
 
 
 class Model(Protocol):
@@ -31,16 +31,16 @@ class Model(Protocol):
 
 def open_model(
     path: Path,
-    precision: str = "fp32",
+    variant: str = "fp32",
     target: str = "cpu",
     threads: int = 0,
     output: str | None = None,
     arena: bool = True,
     callers: int = 1,
 ) -> Model:
-    """The graph at `path` ready to run a variant of `precision` on `target` with `threads` per call (0: every
+    """The graph at `path` ready to run as `variant` (its name) on `target` with `threads` per call (0: every
     core); `arena` as OnnxModel takes it; `callers`: how many threads may call it at once (an ONNX Runtime
     session takes any number; OpenVINO gets a stream for each)."""
-    if precision in OPENVINO_PRECISIONS:
+    if variant in OPENVINO_VARIANTS:
         return OpenVinoModel(path, threads, output, callers)
     return OnnxModel(path, target, threads, output, arena=arena)

@@ -1,15 +1,18 @@
-"""OpenVINO's CPU plugin as the runtime of the bf16 variant, behind OnnxModel's interface.
+"""OpenVINO's CPU plugin as the runtime of the bf16 and int8-static variants, behind OnnxModel's interface.
 
 ONNX Runtime's CPU provider has no bfloat16 MatMul or Gemm kernel (1.32: NOT_IMPLEMENTED on a one-node
 graph), so a bf16 variant is the fp32 export compiled by OpenVINO with bf16 as its inference precision: on a
 CPU with AMX or AVX512_BF16 the MatMuls run on bf16 units (an 8-bit exponent: massive activations survive,
 where int8's levels do not), elsewhere OpenVINO would silently compute in fp32, so the optimizer only offers
-the variant where the plugin reports BF16 (`bf16_capable`). The package is optional (`hare[openvino]`, in the
+the variant where the plugin reports BF16 (`bf16_capable`). int8-static's graph has its MatMuls between
+QuantizeLinear / DequantizeLinear pairs, which the plugin runs on its int8 kernels, the rest in bf16 where it
+can (container/optimize/static_int8.py). The package is optional (`hare[openvino]`, in the
 CPU image); a bundle that needs it says so when it is missing.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import threading
@@ -24,7 +27,7 @@ from numpy.typing import NDArray
 from container.runtime import InferenceFailed
 from tasks.errors import InputError
 
-PROVIDER = "OpenVINO CPU (bf16)"  # what /info and the logs name as the bundle's provider
+PROVIDER = "OpenVINO CPU"  # what /info and the logs name as the bundle's provider
 
 
 def _openvino() -> Any:
@@ -38,18 +41,21 @@ def _openvino() -> Any:
     return openvino
 
 
+def available() -> bool:
+    """Whether OpenVINO is installed (the optional `hare[openvino]`)."""
+    return importlib.util.find_spec("openvino") is not None
+
+
 @cache
 def bf16_capable() -> bool:
     """Whether OpenVINO is installed and its CPU plugin computes bf16 on this CPU (AMX or AVX512_BF16)."""
-    try:
-        import openvino
-    except ImportError:
+    if not available():
         return False
-    return "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return "BF16" in _openvino().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
 class OpenVinoModel:
-    """A graph compiled for OpenVINO's CPU plugin in bf16, called like OnnxModel.
+    """A graph compiled for OpenVINO's CPU plugin, bf16 its precision where the CPU has it, called like OnnxModel.
 
     `threads` per call (0: every core this process may use). `callers`: the threads that may call it at once,
     each through its own infer request (a request is not thread-safe), and each given a stream of `threads`

@@ -163,3 +163,58 @@ def test_a_graph_openvino_cannot_take_fails_the_bf16_variant_only(
     assert manifest.variant == "fp32"
     (report,) = [v for v in manifest.variants if v["name"] == "bf16"]
     assert not report["passed"] and "does not support this operation" in report["error"]
+
+
+async def test_static_int8_is_built_only_when_named_and_served_by_openvino(
+    tiny_model: ModelFactory, torch_work: TorchWork, fp32_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    """int8-static: smoothed, its activation scales fixed on the calibration samples, as many MatMuls kept
+    fp32 as the gates need (container/optimize/static_int8.py); left out of a default build."""
+    import onnx
+
+    from container.optimize.variants import plan
+
+    assert "int8-static" not in [v.name for v in variants_for("cpu")]
+    assert "int8-static" not in [v.name for v in plan(variants_for("cpu", openvino=True)).chosen]
+    model = tiny_model("feature-extraction")
+    out = quick_bundle(model, "feature-extraction", tmp_path / "b", ["int8-static"], torch_work)
+    manifest = read_manifest(out)
+    assert (manifest.variant, manifest.precision) == ("int8-static", "int8")
+    chose = manifest.variants[0]["build"]
+    assert chose["alpha"] in (0.5, 0.7, 0.85) and len(chose["fp32"]) < chose["matmuls"]
+    ops = [n.op_type for n in onnx.load(str(out / MODEL_FILE), load_external_data=False).graph.node]
+    assert ops.count("QuantizeLinear") >= chose["matmuls"] - len(chose["fp32"])  # each int8 MatMul's input
+    async with serve(fp32_bundle("feature-extraction")) as client:
+        reference = [(await client.post("/predict", json={"inputs": t})).json() for t in TEXTS]
+    async with serve(out) as client:
+        assert (await client.get("/info")).json()["providers"] == [PROVIDER]
+        served = [(await client.post("/predict", json={"inputs": t})).json() for t in TEXTS]
+    for got, want in zip(served, reference, strict=True):
+        a, b = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
+        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
+
+
+def test_static_int8_that_cannot_meet_the_gates_is_refused_with_its_closest_figures(
+    tiny_model: ModelFactory, torch_work: TorchWork, tmp_path: Path
+) -> None:
+    from container.optimize.errors import ValidationFailed
+    from container.optimize.pipeline import OptimizeOptions, optimize
+    from tasks.registry import get_task
+
+    options = OptimizeOptions(
+        model_dir=tiny_model("feature-extraction"),
+        task=get_task("feature-extraction"),
+        out=tmp_path / "b",
+        only=["fp32", "int8-static"],
+        tune_lengths=[8],
+        tune_batches=[1],
+        tune_seconds=0.01,
+        tune_streams=1,
+        thresholds={"cosine_p1": 1.0},  # nothing is exact, fp32 neither: the build names each refusal
+    )
+    with (
+        torch_work.reused(),
+        pytest.raises(ValidationFailed, match=r"int8-static: refused: no static int8 graph.*closest"),
+    ):
+        optimize(options)
+    assert not (tmp_path / "b").exists()

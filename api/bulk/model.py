@@ -80,7 +80,7 @@ class BulkModel:
             manifest.output,
             arena=settings.cpu_arena,
             pad_id=manifest.pad_id,
-            precision=manifest.precision,
+            variant=manifest.variant,
             callers=settings.cores,
         )
         self.streams = 1 if target == "gpu" else settings.cores

@@ -53,10 +53,10 @@ class Backend:
         arena: bool = True,
         pad_id: int = 0,
         graph_shapes: Sequence[Shape] = (),
-        precision: str = "fp32",
+        variant: str = "fp32",
         callers: int | None = None,
     ) -> None:
-        """`precision`: the bundle's, which picks the runtime (container/models.py). `callers`: the model
+        """`variant`: the bundle's, which picks the runtime (container/models.py). `callers`: the model
         threads that may call the narrowest session at once (default: one per core of the widest width, as the
         core pool grants them); a wider session gets as many as fit the same cores."""
         self.graphs = _graphs(path, output, arena, graph_shapes, pad_id) if target == "gpu" and graph_shapes else None
@@ -66,8 +66,7 @@ class Backend:
         else:
             cores = callers * min(widths) if callers else max(widths)
             self.sessions = {
-                w: open_model(path, precision, target, w, output, arena, max(1, cores // w))
-                for w in sorted(set(widths))
+                w: open_model(path, variant, target, w, output, arena, max(1, cores // w)) for w in sorted(set(widths))
             }
         first = next(iter(self.sessions.values()))
         self.input_names = first.input_names

@@ -216,7 +216,7 @@ def main() -> None:
         arena=settings.cpu_arena,
         pad_id=manifest.pad_id,
         graph_shapes=opened.graph_shapes,
-        precision=manifest.precision,
+        variant=manifest.variant,
     )
     engine = Engine(backend, manifest.pad_id, settings.max_batch_size, settings.max_batch_tokens, REGISTRY)
     threading.Thread(target=engine.run_forever, name="gpu", daemon=True).start()

@@ -134,7 +134,7 @@ async def load(settings: Settings) -> Resources:
             settings.cpu_arena,
             manifest.pad_id,
             opened.graph_shapes,
-            manifest.precision,
+            manifest.variant,
         )
     model = opened.model
     on_gpu = "CUDAExecutionProvider" in backend.providers

@@ -126,15 +126,13 @@ def tune(
     min_seconds: float = 0.2,
     prefer: Sequence[str] = (),
     step: Callable[[str], None] | None = None,
-    precisions: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, dict[str, float]], Pick]:
     """Time `variants` (name: graph) against each other in rounds and pick one. `prefer`: their names, most
     accurate first (who takes a tie; unnamed ones come last). Every point gets at least `min_seconds` of
     calls in all. Returns each variant's milliseconds per call at each point (keyed "s{length}xb{batch}")
-    and the pick. `precisions`: each variant's, where not fp32 (it picks the runtime, container/models.py)."""
-    precision = {name: (precisions or {}).get(name, "fp32") for name in variants}
+    and the pick."""
     statistic, now = clock(threads, target)
-    models = {name: open_model(path, precision[name], target, threads) for name, path in variants.items()}
+    models = {name: open_model(path, name, target, threads) for name, path in variants.items()}
     points = [(length, batch) for length in lengths for batch in batches]
     keys = [f"s{length}xb{batch}" for length, batch in points]
     feeds = {name: [_feeds(tokenizer, *point, model.input_names) for point in points] for name, model in models.items()}
@@ -252,7 +250,7 @@ MEMORY_SHARE = 0.8
 
 
 def token_rates(
-    variant: Path,
+    graph: Path,
     tokenizer: Tokenizer,
     streams: int,
     target: str = "cpu",
@@ -260,7 +258,7 @@ def token_rates(
     length: int = 128,
     min_seconds: float = 0.2,
     step: Callable[[str], None] | None = None,
-    precision: str = "fp32",
+    variant: str = "fp32",
 ) -> dict[int, float]:
     """Tokens a second at each batch budget, smallest first, until the rate is past its peak: batches of
     `length`-token sequences filling it, run by `streams` one-thread sessions at once, as the throughput
@@ -275,7 +273,7 @@ def token_rates(
     load of its own moment: a MiniLM build picked 128 quiet and anything from 256 to 4,096 beside two busy
     processes."""
     _, now = clock(1, target)
-    models = [open_model(variant, precision, target, threads=1) for _ in range(streams)]
+    models = [open_model(graph, variant, target, threads=1) for _ in range(streams)]
     names = models[0].input_names
     length = _feeds(tokenizer, length, 1, names)["input_ids"].shape[1]  # shorter where the model's maximum is
     feeds: dict[int, dict[str, np.ndarray]] = {}

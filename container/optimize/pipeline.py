@@ -18,8 +18,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from container.bundle import TOKENIZER_FILE, Manifest
 from container.machine import describe, physical_cores, weight_levels
+from container.openvino_runtime import available as openvino_available
 from container.openvino_runtime import bf16_capable
-from container.optimize import adapters, autotune, fuse, source, stages, variants
+from container.optimize import adapters, autotune, fuse, source, stages, static_int8, variants
 from container.optimize.errors import UnsupportedModel
 from container.optimize.options import OptimizeOptions
 from container.runtime import PROVIDERS, available_targets
@@ -58,7 +59,7 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
         )
     adapter = adapters.choose(opts.model_dir, opts.adapter)
     bf16 = opts.target == "cpu" and bf16_capable()
-    names = [v.name for v in variants.variants_for(opts.target, bf16=True)]
+    names = [v.name for v in variants.variants_for(opts.target, bf16=True, openvino=True)]
     unknown = set(opts.only or ()) - set(names)
     if unknown:
         raise InputError(f"unknown variant(s) {sorted(unknown)}; for {opts.target}: {names}")
@@ -67,6 +68,8 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
             "variant bf16 runs on OpenVINO's CPU plugin, which computes bf16 only on CPUs with AMX or AVX512_BF16 "
             "and needs the openvino package (pip install 'hare[openvino]'): this machine lacks one of them"
         )
+    if static_int8.NAME in (opts.only or ()) and not openvino_available():
+        raise InputError(f"variant {static_int8.NAME} runs on OpenVINO: pip install 'hare[openvino]'")
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}.partial-", dir=opts.out.parent))
     try:
@@ -76,7 +79,10 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
             src = replace(src, default_prompt_name=adapter)
         levels = opts.int8_levels or weight_levels(describe()["int8_path"])
         attention = fuse.attention_shape(src.config)
-        candidates = variants.variants_for(opts.target, attention=attention, levels=levels, bf16=bf16)
+        on_cpu = opts.target == "cpu"
+        candidates = variants.variants_for(
+            opts.target, attention=attention, levels=levels, bf16=bf16, openvino=on_cpu and openvino_available()
+        )
         manifest = _compose(opts, src, variants.plan(candidates, opts.only), folder, console)
         if opts.out.exists():
             shutil.rmtree(opts.out)
@@ -110,7 +116,7 @@ def _compose(
             tuned = stages.pick_variant(reports, folder, tokenizer, opts, step)
         with stage("batch budget", autotune.MAX_ROUNDS) as step:
             streams = opts.tune_streams or physical_cores()  # model calls at once (recorded with the machine)
-            rates = stages.budget(graph(tuned.best.name), tokenizer, streams, opts, step, tuned.best.precision)
+            rates = stages.budget(graph(tuned.best.name), tokenizer, streams, opts, step, tuned.best.name)
         with stage("bundle") as step:
             manifest = stages.manifest(opts, src, exported, tuned, rates, streams, graph("fused-fp32"))
             stages.write_bundle(folder / "bundle", folder, src, parity, manifest, step)

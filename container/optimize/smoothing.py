@@ -108,6 +108,23 @@ def smooth(model: onnx.ModelProto, maxima: Mapping[str, NDArray[np.float32]], al
     return out
 
 
+def spread(model: onnx.ModelProto, maxima: Mapping[str, NDArray[np.float32]], alpha: float) -> dict[str, float]:
+    """Per target MatMul of a smoothing group, how far its input's largest channel maximum stands above the
+    median channel's once smoothed at `alpha`: what one static activation scale per tensor loses the most
+    levels to (container/optimize/static_int8.py). Groups `maxima` has no entry for are left out."""
+    inits = {t.name: t for t in model.graph.initializer}
+    out: dict[str, float] = {}
+    for activation, nodes in smoothing_groups(model).items():
+        if activation not in maxima:
+            continue
+        xmax = maxima[activation]
+        if alpha:
+            xmax = xmax / _factors(xmax, [numpy_helper.to_array(inits[n.input[1]]) for n in nodes], alpha)
+        ratio = float(xmax.max() / max(float(np.median(xmax)), 1e-12))
+        out.update({n.name: ratio for n in nodes})
+    return out
+
+
 def _factors(xmax: NDArray[np.float32], weights: Sequence[NDArray[np.float32]], alpha: float) -> NDArray[np.float32]:
     """The smoothing factors s_j = max|x_j|^alpha / max|w_j|^(1 - alpha) of one activation read by `weights`."""
     wmax = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)

@@ -258,7 +258,6 @@ def pick_variant(
         opts.tune_seconds,
         prefer=by_accuracy(passed, opts.task),
         step=step,
-        precisions={r.name: r.precision for r in passed},
     )
     return Tuned(pick, [replace(r, timings_ms=timings[r.name]) if r.passed else r for r in reports])
 
@@ -283,14 +282,14 @@ def by_accuracy(reports: Sequence[validate.VariantReport], task: TaskSpec) -> li
 
 
 def budget(
-    model: Path, loaded: Tokenizer, streams: int, opts: OptimizeOptions, step: Step = _no_step, precision: str = "fp32"
+    model: Path, loaded: Tokenizer, streams: int, opts: OptimizeOptions, step: Step = _no_step, variant: str = "fp32"
 ) -> dict[int, float]:
-    """Tokens a second by batch budget for the graph at `model` (of `precision`), with `streams` model calls at
+    """Tokens a second by batch budget for the graph at `model` (of `variant`), with `streams` model calls at
     once (CPU; a GPU wants its batches large, so {} there): container/optimize/autotune.py."""
     if opts.target != "cpu":
         return {}
     return autotune.token_rates(
-        model, loaded, streams, opts.target, min_seconds=opts.tune_seconds, step=step, precision=precision
+        model, loaded, streams, opts.target, min_seconds=opts.tune_seconds, step=step, variant=variant
     )
 
 

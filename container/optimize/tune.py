@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     streams = args.streams or physical_cores()
     tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
     rates = autotune.token_rates(
-        bundle / MODEL_FILE, tokenizer, streams, min_seconds=args.seconds, precision=manifest.precision
+        bundle / MODEL_FILE, tokenizer, streams, min_seconds=args.seconds, variant=manifest.variant
     )
     fields = autotune.budget_fields(rates, streams)
     budget = fields["max_batch_tokens"]
@@ -113,7 +113,7 @@ def check(bundle: Path) -> int:
     shipped = next(v for v in manifest.variants if v["name"] == manifest.variant)
     thresholds = {metric: float(g["threshold"]) for metric, g in shipped["gates"].items()}
     feeds, refs, groups = load_parity(bundle / PARITY_FILE)
-    model = open_model(bundle / MODEL_FILE, manifest.precision, manifest.target, 1, manifest.output)
+    model = open_model(bundle / MODEL_FILE, manifest.variant, manifest.target, 1, manifest.output)
     names = set(model.input_names)
     feeds = [{k: v for k, v in f.items() if k in names} for f in feeds]
     served = served_outputs(model.run, feeds, manifest.pad_id, refs, groups)

@@ -203,7 +203,7 @@ def validate(variant: Path, name: str, precision: str, parity: Parity) -> Varian
     task = parity.task
     with np.load(parity.reference) as stored:
         ref = [stored[str(i)] for i in range(len(parity.encodings))]
-    model = open_model(variant, precision, parity.target, output=task.output)
+    model = open_model(variant, name, parity.target, output=task.output)
     feeds = [pad_batch([e], model.input_names) for e in parity.encodings]
     served = served_outputs(model.run, feeds, parity.pad_id, ref, [s.group for s in parity.samples])
     metrics, judged = judge(task, precision, *served, parity.pooling or "mean", parity.multi_label, parity.thresholds)

@@ -9,7 +9,7 @@ from typing import Any
 
 from container import openvino_runtime
 from container.machine import FULL_LEVELS, NARROW_LEVELS
-from container.optimize import fuse, mixed, quantize, rows, validate
+from container.optimize import fuse, mixed, quantize, rows, static_int8, validate
 
 # ONNX Runtime's transformer optimizer has one encoder model_type: "bert". Its fusions match subgraph patterns,
 # so they also fuse the BERT-shaped parts of other encoders (LayerNorm, Gelu, SkipLayerNorm; Attention where
@@ -25,7 +25,7 @@ class Variant:
     chose (for the manifest) and raises mixed.Refused, with the figures, when no graph of its kind can pass.
     levels: the int8 weights' levels a side it writes (dynamic int8 and int8-mixed; None: its weights do not
     follow machine.weight_levels). reads: the graph `build` reads when it is not the parent's (the fusion
-    reads the export before its pooled row, EXPORT)."""
+    reads the export before its pooled row, EXPORT). optional: left out unless --variants names it."""
 
     name: str
     precision: str
@@ -34,6 +34,7 @@ class Variant:
     calibrate: Callable[[Path, Path, validate.Parity], dict[str, Any]] | None = None
     levels: int | None = None
     reads: str | None = None
+    optional: bool = False  # built only when --variants names it
 
 
 def fused(family: str, use_gpu: bool, attention: tuple[int, int]) -> Callable[[Path, Path], dict[str, int]]:
@@ -56,12 +57,14 @@ def variants_for(
     attention: tuple[int, int] = (0, 0),
     levels: int = FULL_LEVELS,
     bf16: bool = False,
+    openvino: bool = False,
 ) -> list[Variant]:
     """The candidates worth trying per target; the export itself is always the fp32 baseline. Every family
     gets every candidate: a fusion that does not match a family's graph fuses less (or fails its build), and
     the gates decide what ships. `levels`: the dynamic int8 weights' levels a side (machine.weight_levels: 64
     where the CPU's int8 kernel would saturate on 127). `bf16`: the CPU computes bf16 and OpenVINO is there
-    (openvino_runtime.bf16_capable): the export, run by OpenVINO in bf16, joins the race."""
+    (openvino_runtime.bf16_capable): the export, run by OpenVINO in bf16, joins the race. `openvino`: OpenVINO is
+    installed: static int8 on its int8 kernels can be named (container/optimize/static_int8.py)."""
     fp32 = Variant("fp32", "fp32", None)
     if target == "gpu":
         return [
@@ -75,10 +78,12 @@ def variants_for(
         return lambda p, o: quantize.quantize_int8(p, o, per_channel=per_channel, reduce_range=narrow)
 
     # The export as it is: OpenVINO reads ONNX and does its own fusion (it cannot read ORT's fused operators).
-    openvino = [Variant("bf16", "bf16", "fp32", openvino_runtime.build)] if bf16 else []
+    on_openvino = [Variant("bf16", "bf16", "fp32", openvino_runtime.build)] if bf16 else []
+    if openvino:
+        on_openvino.append(Variant(static_int8.NAME, "int8", "fp32", calibrate=static_int8.build, optional=True))
     return [
         fp32,
-        *openvino,
+        *on_openvino,
         Variant("fused-fp32", "fp32", "fp32", fused(family, False, attention), reads=EXPORT),
         Variant("int8", "int8", "fp32", dynamic(False), levels=levels),
         Variant("int8-per-channel", "int8", "fp32", dynamic(True), levels=levels),
@@ -110,7 +115,7 @@ class Plan:
 
 def plan(candidates: Sequence[Variant], only: Sequence[str] | None = None) -> Plan:
     """The build of `candidates` limited to `only` (None: every one) and the parents those need."""
-    chosen = tuple(v for v in candidates if not only or v.name in only)
+    chosen = tuple(v for v in candidates if (v.name in only if only else not v.optional))
     parents = {v.name: v.parent for v in candidates}
     needed = set()
     for v in chosen:

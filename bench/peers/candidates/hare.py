@@ -36,9 +36,9 @@ class HareEncoder:
         manifest = read_manifest(bundle)
         if manifest.task != "feature-extraction":
             raise Skip(f"{bundle} serves {manifest.task}; the peers compare embedding models")
-        graph, precision, target, output = bundle / MODEL_FILE, manifest.precision, manifest.target, manifest.output
-        self.wide = open_model(graph, precision, target, threads, output)
-        self.narrow = self.wide if threads == 1 else open_model(graph, precision, target, 1, output, callers=threads)
+        graph, variant, target, output = bundle / MODEL_FILE, manifest.variant, manifest.target, manifest.output
+        self.wide = open_model(graph, variant, target, threads, output)
+        self.narrow = self.wide if threads == 1 else open_model(graph, variant, target, 1, output, callers=threads)
         self.streams = ThreadPoolExecutor(threads)
         self.max_batch_tokens = resolve_max_batch_tokens(manifest).max_batch_tokens  # as `hare serve` would
         self.tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))  # truncating at max_length, as served
