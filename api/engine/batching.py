@@ -47,7 +47,7 @@ from typing import Generic, TypeVar
 from api.engine.admission import Admission, Ticket
 from api.engine.cores import CorePool
 from api.engine.errors import NotReady, Overloaded
-from api.engine.lengthqueue import Entry, Job, LengthQueue, Result
+from api.engine.lengthqueue import Entry, Job, LengthQueue, Result, common_pooling
 from api.engine.policy import BatchPolicy
 from api.engine.scheduler import ModelThreads, Rows, Run
 from container.runtime import InferenceFailed
@@ -288,9 +288,7 @@ class Batcher(Generic[T]):
         done = functools.partial(self._finish, self._batches, batch, jobs, start, padded)
         want = self._wide if lone else self._narrow
         items = [e.item for e in batch]
-        # One pooling for the call where every request in it allows the same, else token rows for all.
-        poolings = {job.pooling for job in jobs}
-        pooling = poolings.pop() if len(poolings) == 1 else None
+        pooling = common_pooling(job.pooling for job in jobs)
         ran = self._model.run_here(items, want, pooling) if self._inline(padded, want) else None
         if ran is not None:
             # Delivered at once: the request that queued this batch finds its future done and goes on without

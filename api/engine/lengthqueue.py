@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Sequence, Sized
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -54,6 +54,13 @@ class Job:
         self.submitted = time.perf_counter()
         self.started: float | None = None
         self.inference = 0.0
+
+
+def common_pooling(poolings: Iterable[str | None]) -> str | None:
+    """The pooling one model call may apply where it runs: the one every request in it takes, else None (token
+    rows for all, each pooled where it is answered)."""
+    distinct = set(poolings)
+    return distinct.pop() if len(distinct) == 1 else None
 
 
 class Entry(Generic[T]):

@@ -47,6 +47,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
 from api.config import Settings
 from api.engine.backend import Backend
+from api.engine.lengthqueue import common_pooling
 from api.engine.opened import open_bundle
 from api.engine.remote import receive, send
 from api.web.metrics import SIZES
@@ -159,11 +160,8 @@ class Engine:
     def run(self, calls: list[Call]) -> None:
         self.merged.observe(len(calls))
         self.sequences.observe(sum(c.shape[0] for c in calls))
-        poolings = {c.pooling for c in calls}
-        # Calls that all pool alike may come back pooled by the device; token states otherwise.
-        pooling = poolings.pop() if len(poolings) == 1 else None
         try:
-            out = self.backend.run_padded(merge(calls, self.pad_id), pooling=pooling)
+            out = self.backend.run_padded(merge(calls, self.pad_id), pooling=common_pooling(c.pooling for c in calls))
         except Exception as exc:  # every call gets an answer, the error's message if nothing else
             log.exception("model call failed")
             for c in calls:

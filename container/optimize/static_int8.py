@@ -110,13 +110,13 @@ def build(fp32: Path, out: Path, fit: Parity) -> dict[str, Any]:
                         "passes": tried,
                         "seconds": round(time.perf_counter() - start, 1),
                     }
-                closest = min(closest, (harm, f"α {alpha}, {len(kept)} MatMuls kept: {_show(report)}"))
+                closest = min(closest, (harm, f"α {alpha}, {len(kept)} MatMuls kept: {_show(_figures(report))}"))
     finally:
         logging.disable(logging.NOTSET)
         shutil.rmtree(folder, ignore_errors=True)
     raise Refused(
         f"no static int8 graph left {MARGIN:.0%} of each gate's room on the calibration samples; closest "
-        f"{closest[1]} (fp32: {', '.join(f'{m}={v:.4g}' for m, v in ideal.items())})"
+        f"{closest[1]} (fp32: {_show(ideal)})"
     )
 
 
@@ -124,5 +124,5 @@ def _figures(report: VariantReport) -> dict[str, float]:
     return {metric: float(gate["value"]) for metric, gate in report.gates.items()}
 
 
-def _show(report: VariantReport) -> str:
-    return ", ".join(f"{m}={v:.4g}" for m, v in _figures(report).items())
+def _show(figures: Mapping[str, float]) -> str:
+    return ", ".join(f"{m}={v:.4g}" for m, v in figures.items())
