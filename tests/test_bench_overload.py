@@ -31,7 +31,9 @@ def test_every_phase_is_stored_and_every_goal_printed(
     points = {p.extra["scenario"]: p for p in store.points(run_id)}
     # The server's CPU over each phase's window, from its processes' clocks: every phase had it answer (or
     # refuse) requests, so none is zero (a probe that read nothing, or the same process twice, would be).
-    seen = {k: (p.extra.get("server_cores"), p.requests, p.duration_s) for k, p in points.items()}
+    seen = "; ".join(
+        f"{k}: {p.extra.get('server_cores')} cores, {p.requests} answers, {p.duration_s} s" for k, p in points.items()
+    )
     assert all(p.extra["server_cores"] > 0 for p in points.values()), seen
     assert "µs CPU each" in printed and "unanswered" in printed
     # The results page judges the stored run again (bench/page.py): the same lines, every goal included.
