@@ -10,12 +10,13 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from container.openvino_runtime import OpenVinoModel
+from container.openvino_runtime import VARIANTS, OpenVinoModel
 from container.runtime import OnnxModel
 
-# ONNX Runtime runs every variant but these: bf16, which its CPU provider has no kernels for, and int8-static,
-# whose QDQ graph OpenVINO runs on its int8 kernels (container/openvino_runtime.py).
-OPENVINO_VARIANTS = ("bf16", "int8-static")
+# ONNX Runtime runs every variant but these: bf16, which its CPU provider has no kernels for, int8-static,
+# whose QDQ graph OpenVINO runs on its int8 kernels, and int8-grouped, whose activations it quantizes at run
+# time (container/openvino_runtime.py).
+OPENVINO_VARIANTS = tuple(VARIANTS)
 
 
 class Model(Protocol):
@@ -42,5 +43,5 @@ def open_model(
     core); `arena` as OnnxModel takes it; `callers`: how many threads may call it at once (an ONNX Runtime
     session takes any number; OpenVINO gets a stream for each)."""
     if variant in OPENVINO_VARIANTS:
-        return OpenVinoModel(path, threads, output, callers)
+        return OpenVinoModel(path, threads, output, callers, variant)
     return OnnxModel(path, target, threads, output, arena=arena)

@@ -1,4 +1,4 @@
-"""OpenVINO's CPU plugin as the runtime of the bf16 and int8-static variants, behind OnnxModel's interface.
+"""OpenVINO's CPU plugin as the runtime of the variants in VARIANTS, behind OnnxModel's interface.
 
 ONNX Runtime's CPU provider has no bfloat16 MatMul or Gemm kernel (1.32: NOT_IMPLEMENTED on a one-node
 graph), so a bf16 variant is the fp32 export compiled by OpenVINO with bf16 as its inference precision: on a
@@ -6,7 +6,9 @@ CPU with AMX or AVX512_BF16 the MatMuls run on bf16 units (an 8-bit exponent: ma
 where int8's levels do not), elsewhere OpenVINO would silently compute in fp32, so the optimizer only offers
 the variant where the plugin reports BF16 (`bf16_capable`). int8-static's graph has its MatMuls between
 QuantizeLinear / DequantizeLinear pairs, which the plugin runs on its int8 kernels, the rest in bf16 where it
-can (container/optimize/static_int8.py). The package is optional (`hare[openvino]`, in the
+can (container/optimize/static_int8.py). int8-grouped's graph has int8 weights, whose MatMuls the plugin runs
+on its int8 kernels after quantizing each call's activations in groups of 32 channels
+(container/optimize/grouped_int8.py). The package is optional (`hare[openvino]`, in the
 CPU image); a bundle that needs it says so when it is missing.
 """
 
@@ -28,6 +30,14 @@ from container.runtime import InferenceFailed
 from tasks.errors import InputError
 
 PROVIDER = "OpenVINO CPU"  # what /info and the logs name as the bundle's provider
+# The variants OpenVINO runs, and what each sets beyond the common settings (OpenVinoModel): int8-grouped's
+# activations are quantized at run time per token in groups of 32 input channels (the plugin's dynamic
+# quantization of compressed weights; set here rather than left to the release's default).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "bf16": {},
+    "int8-static": {},
+    "int8-grouped": {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 32},
+}
 
 
 def _openvino() -> Any:
@@ -55,7 +65,8 @@ def bf16_capable() -> bool:
 
 
 class OpenVinoModel:
-    """A graph compiled for OpenVINO's CPU plugin, bf16 its precision where the CPU has it, called like OnnxModel.
+    """A graph compiled for OpenVINO's CPU plugin as `variant` (VARIANTS), bf16 its precision where the CPU has
+    it, called like OnnxModel.
 
     `threads` per call (0: every core this process may use). `callers`: the threads that may call it at once,
     each through its own infer request (a request is not thread-safe), and each given a stream of `threads`
@@ -64,7 +75,9 @@ class OpenVinoModel:
     with several streams on their own threads. Pinning is left off: hare's core pool decides who runs when
     (api/engine/cores.py)."""
 
-    def __init__(self, path: Path, threads: int = 0, output: str | None = None, callers: int = 1) -> None:
+    def __init__(
+        self, path: Path, threads: int = 0, output: str | None = None, callers: int = 1, variant: str = "bf16"
+    ) -> None:
         ov = _openvino()
         threads = threads or len(os.sched_getaffinity(0))
         config = {
@@ -72,6 +85,7 @@ class OpenVinoModel:
             "NUM_STREAMS": callers,
             "INFERENCE_NUM_THREADS": callers * threads,
             "ENABLE_CPU_PINNING": False,
+            **VARIANTS[variant],
         }
         self._compiled = ov.Core().compile_model(str(path), "CPU", config)
         # A port's names can gather those of tensors merged into it (a Cast of the mask): the Parameter's own

@@ -1,7 +1,8 @@
-"""The bf16 variant: the export run by OpenVINO's CPU plugin in bf16 (container/openvino_runtime.py), offered
-where the plugin computes bf16, gated and raced like the others, and served, tuned and checked like any bundle.
-On a CPU without bf16 units OpenVINO computes these in fp32: the tests force the offer, which checks the
-plumbing everywhere and the bf16 arithmetic where the CPU has it."""
+"""The variants OpenVINO's CPU plugin runs (container/openvino_runtime.py): bf16, the export run in bf16, offered
+where the plugin computes bf16; int8-grouped, int8 weights with activations quantized at run time, offered
+wherever OpenVINO is installed; int8-static, only when named. Each is gated and raced like the others, and
+served, tuned and checked like any bundle. On a CPU without bf16 units OpenVINO computes bf16 in fp32: the
+tests force that offer, which checks the plumbing everywhere and the bf16 arithmetic where the CPU has it."""
 
 from __future__ import annotations
 
@@ -218,3 +219,78 @@ def test_static_int8_that_cannot_meet_the_gates_is_refused_with_its_closest_figu
     ):
         optimize(options)
     assert not (tmp_path / "b").exists()
+
+
+def test_int8_grouped_joins_the_default_race_on_cpus_where_openvino_is_installed() -> None:
+    from container.optimize.variants import plan
+
+    assert "int8-grouped" in [v.name for v in plan(variants_for("cpu", openvino=True)).chosen]
+    assert "int8-grouped" not in [v.name for v in variants_for("cpu")]
+    assert "int8-grouped" not in [v.name for v in variants_for("gpu", openvino=True)]
+
+
+def test_int8_grouped_weights_give_back_each_weight_within_half_a_step(tmp_path: Path) -> None:
+    """Every MatMul weight becomes uint8 behind a DequantizeLinear under the weight's own name (a scale and a
+    zero point per output channel); other initializers stay as they were; the graph still runs, close to fp32."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from container.optimize.grouped_int8 import weights_to_int8
+
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(64, 24)).astype(np.float32)
+    weight[:, 3] *= 50  # one channel far wider than the rest: its own scale keeps the others fine
+    bias = rng.normal(size=24).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y0"]), helper.make_node("Add", ["y0", "b"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 24])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert weights_to_int8(model.graph) == 1
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert "w" not in inits and inits["w_uint8"].dtype == np.uint8 and inits["w_scale"].shape == (24,)
+    np.testing.assert_array_equal(inits["b"], bias)
+    restored = (inits["w_uint8"].astype(np.float32) - inits["w_zero"]) * inits["w_scale"]
+    assert np.all(np.abs(restored - weight) <= inits["w_scale"] / 2 + 1e-6)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    x = rng.normal(size=(5, 64)).astype(np.float32)
+    plain = ort.SessionOptions()  # the graph as written: ORT would fuse the pair into its own int8 kernel
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), plain, providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"x": x})
+    np.testing.assert_allclose(y, x @ restored + bias, rtol=1e-4, atol=1e-4)
+
+
+async def test_an_int8_grouped_bundle_passes_its_gates_and_serves_close_to_fp32(
+    tiny_model: ModelFactory, torch_work: TorchWork, fp32_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    import onnx
+
+    out = quick_bundle(
+        tiny_model("feature-extraction"), "feature-extraction", tmp_path / "b", ["int8-grouped"], torch_work
+    )
+    manifest = read_manifest(out)
+    assert (manifest.variant, manifest.precision) == ("int8-grouped", "int8")
+    assert manifest.variants[0]["passed"] and manifest.pick["statistic"].endswith("thread CPU time")
+    graph = onnx.load(str(out / MODEL_FILE), load_external_data=False).graph
+    weights = {n.input[1] for n in graph.node if n.op_type == "MatMul"} & {
+        o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output
+    }
+    assert weights, "no MatMul reads an int8 weight"
+    async with serve(fp32_bundle("feature-extraction")) as client:
+        reference = [(await client.post("/predict", json={"inputs": t})).json() for t in TEXTS]
+    async with serve(out, HARE_STREAMS="2") as client:
+        assert (await client.get("/info")).json()["providers"] == [PROVIDER]
+        served = [(await client.post("/predict", json={"inputs": t})).json() for t in TEXTS]
+        at_once = await asyncio.gather(*(client.post("/predict", json={"inputs": t}) for t in TEXTS * 3))
+    for got, want in zip(served, reference, strict=True):
+        a, b = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
+        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
+    for i, response in enumerate(at_once):
+        # Activations are quantized per token, so a text's answer does not depend on the batch it rode in.
+        np.testing.assert_allclose(response.json(), served[i % len(TEXTS)], atol=1e-4)

@@ -15,6 +15,7 @@ import pytest
 from onnx import numpy_helper
 
 from container.bundle import read_manifest
+from container.openvino_runtime import available as openvino_available
 from container.openvino_runtime import bf16_capable
 from container.optimize import autotune, variants
 from container.runtime import InferenceFailed, OnnxModel
@@ -37,8 +38,11 @@ def test_bundle_has_manifest_with_every_variant(tiny_model: ModelFactory, tmp_pa
     assert manifest.labels == {0: "negative", 1: "neutral", 2: "positive"}
     assert manifest.inputs == ["input_ids", "attention_mask", "token_type_ids"]
     names = [v["name"] for v in manifest.variants]
-    # bf16 joins where OpenVINO computes it (AMX, AVX512_BF16): the machine decides what is offered.
-    assert names == [v.name for v in variants.variants_for("cpu", "bert", bf16=bf16_capable())]
+    # bf16 joins where OpenVINO computes it (AMX, AVX512_BF16), int8-grouped where OpenVINO is installed: the
+    # machine decides what is offered; the opt-in ones (int8-static) only when named.
+    offered = variants.variants_for("cpu", "bert", bf16=bf16_capable(), openvino=openvino_available())
+    assert names == [v.name for v in variants.plan(offered).chosen]
+    assert ("int8-grouped" in names) == openvino_available()
     chosen = [v for v in manifest.variants if v["chosen"]]
     assert [v["name"] for v in chosen] == [manifest.variant]
     passed = [v for v in manifest.variants if v["passed"]]

@@ -20,7 +20,7 @@ from container.bundle import TOKENIZER_FILE, Manifest
 from container.machine import describe, physical_cores, weight_levels
 from container.openvino_runtime import available as openvino_available
 from container.openvino_runtime import bf16_capable
-from container.optimize import adapters, autotune, fuse, source, stages, static_int8, variants
+from container.optimize import adapters, autotune, fuse, grouped_int8, source, stages, static_int8, variants
 from container.optimize.errors import UnsupportedModel
 from container.optimize.options import OptimizeOptions
 from container.runtime import PROVIDERS, available_targets
@@ -68,8 +68,9 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
             "variant bf16 runs on OpenVINO's CPU plugin, which computes bf16 only on CPUs with AMX or AVX512_BF16 "
             "and needs the openvino package (pip install 'hare[openvino]'): this machine lacks one of them"
         )
-    if static_int8.NAME in (opts.only or ()) and not openvino_available():
-        raise InputError(f"variant {static_int8.NAME} runs on OpenVINO: pip install 'hare[openvino]'")
+    for name in sorted({static_int8.NAME, grouped_int8.NAME} & set(opts.only or ())):
+        if not openvino_available():
+            raise InputError(f"variant {name} runs on OpenVINO: pip install 'hare[openvino]'")
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}.partial-", dir=opts.out.parent))
     try:

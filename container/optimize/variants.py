@@ -9,7 +9,7 @@ from typing import Any
 
 from container import openvino_runtime
 from container.machine import FULL_LEVELS, NARROW_LEVELS
-from container.optimize import fuse, mixed, quantize, rows, static_int8, validate
+from container.optimize import fuse, grouped_int8, mixed, quantize, rows, static_int8, validate
 
 # ONNX Runtime's transformer optimizer has one encoder model_type: "bert". Its fusions match subgraph patterns,
 # so they also fuse the BERT-shaped parts of other encoders (LayerNorm, Gelu, SkipLayerNorm; Attention where
@@ -64,7 +64,9 @@ def variants_for(
     the gates decide what ships. `levels`: the dynamic int8 weights' levels a side (machine.weight_levels: 64
     where the CPU's int8 kernel would saturate on 127). `bf16`: the CPU computes bf16 and OpenVINO is there
     (openvino_runtime.bf16_capable): the export, run by OpenVINO in bf16, joins the race. `openvino`: OpenVINO is
-    installed: static int8 on its int8 kernels can be named (container/optimize/static_int8.py)."""
+    installed: int8 weights with activations quantized in groups at run time join the race
+    (container/optimize/grouped_int8.py), and static int8 on its int8 kernels can be named
+    (container/optimize/static_int8.py)."""
     fp32 = Variant("fp32", "fp32", None)
     if target == "gpu":
         return [
@@ -80,6 +82,7 @@ def variants_for(
     # The export as it is: OpenVINO reads ONNX and does its own fusion (it cannot read ORT's fused operators).
     on_openvino = [Variant("bf16", "bf16", "fp32", openvino_runtime.build)] if bf16 else []
     if openvino:
+        on_openvino.append(Variant(grouped_int8.NAME, "int8", "fp32", grouped_int8.build))
         on_openvino.append(Variant(static_int8.NAME, "int8", "fp32", calibrate=static_int8.build, optional=True))
     return [
         fp32,
