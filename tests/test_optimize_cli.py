@@ -15,9 +15,10 @@ import pytest
 from onnx import numpy_helper
 
 from container.bundle import read_manifest
+from container.machine import describe
 from container.openvino_runtime import available as openvino_available
 from container.openvino_runtime import bf16_capable
-from container.optimize import autotune, variants
+from container.optimize import autotune, grouped_int8, variants
 from container.runtime import InferenceFailed, OnnxModel
 from hare.cli import main
 from tests.clocked import clocked
@@ -38,11 +39,12 @@ def test_bundle_has_manifest_with_every_variant(tiny_model: ModelFactory, tmp_pa
     assert manifest.labels == {0: "negative", 1: "neutral", 2: "positive"}
     assert manifest.inputs == ["input_ids", "attention_mask", "token_type_ids"]
     names = [v["name"] for v in manifest.variants]
-    # bf16 joins where OpenVINO computes it (AMX, AVX512_BF16), int8-grouped where OpenVINO is installed: the
+    # bf16 joins where OpenVINO computes it (AMX, AVX512_BF16), int8-grouped where it is installed (VNNI, AMX): the
     # machine decides what is offered; the opt-in ones (int8-static) only when named.
-    offered = variants.variants_for("cpu", "bert", bf16=bf16_capable(), openvino=openvino_available())
+    units = describe()["int8_path"] in grouped_int8.RUNS_ON
+    offered = variants.variants_for("cpu", "bert", bf16=bf16_capable(), openvino=openvino_available(), int8_units=units)
     assert names == [v.name for v in variants.plan(offered).chosen]
-    assert ("int8-grouped" in names) == openvino_available()
+    assert ("int8-grouped" in names) == (openvino_available() and units)
     chosen = [v for v in manifest.variants if v["chosen"]]
     assert [v["name"] for v in chosen] == [manifest.variant]
     passed = [v for v in manifest.variants if v["passed"]]

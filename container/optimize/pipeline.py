@@ -78,11 +78,17 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
         src = source.inspect_source(model_dir, opts.task, opts.allow_pickle, opts.trust_remote_code)
         if adapter in src.prompts:  # sentence-transformers' prompt of the same name goes with the adapter
             src = replace(src, default_prompt_name=adapter)
-        levels = opts.int8_levels or weight_levels(describe()["int8_path"])
+        int8_path = describe()["int8_path"]
+        levels = opts.int8_levels or weight_levels(int8_path)
         attention = fuse.attention_shape(src.config)
         on_cpu = opts.target == "cpu"
         candidates = variants.variants_for(
-            opts.target, attention=attention, levels=levels, bf16=bf16, openvino=on_cpu and openvino_available()
+            opts.target,
+            attention=attention,
+            levels=levels,
+            bf16=bf16,
+            openvino=on_cpu and openvino_available(),
+            int8_units=int8_path in grouped_int8.RUNS_ON,
         )
         manifest = _compose(opts, src, variants.plan(candidates, opts.only), folder, console)
         if opts.out.exists():

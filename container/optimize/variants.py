@@ -58,14 +58,16 @@ def variants_for(
     levels: int = FULL_LEVELS,
     bf16: bool = False,
     openvino: bool = False,
+    int8_units: bool = True,
 ) -> list[Variant]:
     """The candidates worth trying per target; the export itself is always the fp32 baseline. Every family
     gets every candidate: a fusion that does not match a family's graph fuses less (or fails its build), and
     the gates decide what ships. `levels`: the dynamic int8 weights' levels a side (machine.weight_levels: 64
     where the CPU's int8 kernel would saturate on 127). `bf16`: the CPU computes bf16 and OpenVINO is there
     (openvino_runtime.bf16_capable): the export, run by OpenVINO in bf16, joins the race. `openvino`: OpenVINO is
-    installed: int8 weights with activations quantized in groups at run time join the race
-    (container/optimize/grouped_int8.py), and static int8 on its int8 kernels can be named
+    installed: int8 weights with activations quantized in groups at run time join the race where the CPU has
+    int8 dot-product units (`int8_units`: grouped_int8.RUNS_ON; elsewhere only when named,
+    container/optimize/grouped_int8.py), and static int8 on its int8 kernels can be named
     (container/optimize/static_int8.py)."""
     fp32 = Variant("fp32", "fp32", None)
     if target == "gpu":
@@ -82,7 +84,7 @@ def variants_for(
     # The export as it is: OpenVINO reads ONNX and does its own fusion (it cannot read ORT's fused operators).
     on_openvino = [Variant("bf16", "bf16", "fp32", openvino_runtime.build)] if bf16 else []
     if openvino:
-        on_openvino.append(Variant(grouped_int8.NAME, "int8", "fp32", grouped_int8.build))
+        on_openvino.append(Variant(grouped_int8.NAME, "int8", "fp32", grouped_int8.build, optional=not int8_units))
         on_openvino.append(Variant(static_int8.NAME, "int8", "fp32", calibrate=static_int8.build, optional=True))
     return [
         fp32,
