@@ -16,7 +16,7 @@ from container.runtime import OnnxModel
 # ONNX Runtime runs every variant but these: bf16, which its CPU provider has no kernels for, int8-static,
 # whose QDQ graph OpenVINO runs on its int8 kernels, and int8-grouped, whose activations it quantizes at run
 # time (container/openvino_runtime.py).
-OPENVINO_VARIANTS = tuple(VARIANTS)
+OPENVINO_VARIANTS = VARIANTS
 
 
 class Model(Protocol):
@@ -43,5 +43,5 @@ def open_model(
     core); `arena` as OnnxModel takes it; `callers`: how many threads may call it at once (an ONNX Runtime
     session takes any number; OpenVINO gets a stream for each)."""
     if variant in OPENVINO_VARIANTS:
-        return OpenVinoModel(path, threads, output, callers, variant)
+        return OpenVinoModel(path, threads, output, callers)
     return OnnxModel(path, target, threads, output, arena=arena)

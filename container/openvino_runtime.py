@@ -7,8 +7,8 @@ where int8's levels do not), elsewhere OpenVINO would silently compute in fp32, 
 the variant where the plugin reports BF16 (`bf16_capable`). int8-static's graph has its MatMuls between
 QuantizeLinear / DequantizeLinear pairs, which the plugin runs on its int8 kernels, the rest in bf16 where it
 can (container/optimize/static_int8.py). int8-grouped's graph has int8 weights, whose MatMuls the plugin runs
-on its int8 kernels after quantizing each call's activations in groups of 32 channels
-(container/optimize/grouped_int8.py). The package is optional (`hare[openvino]`, in the
+on its int8 kernels after quantizing each call's activations in groups of channels, the group size named
+in the graph's metadata (container/optimize/grouped_int8.py). The package is optional (`hare[openvino]`, in the
 CPU image); a bundle that needs it says so when it is missing.
 """
 
@@ -30,14 +30,10 @@ from container.runtime import InferenceFailed
 from tasks.errors import InputError
 
 PROVIDER = "OpenVINO CPU"  # what /info and the logs name as the bundle's provider
-# The variants OpenVINO runs, and what each sets beyond the common settings (OpenVinoModel): int8-grouped's
-# activations are quantized at run time per token in groups of 32 input channels (the plugin's dynamic
-# quantization of compressed weights; set here rather than left to the release's default).
-VARIANTS: dict[str, dict[str, Any]] = {
-    "bf16": {},
-    "int8-static": {},
-    "int8-grouped": {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 32},
-}
+# The variants OpenVINO runs (container/models.py opens them here).
+VARIANTS = ("bf16", "int8-static", "int8-grouped")
+# A graph's own plugin setting, in its metadata: int8-grouped's activation group (container/optimize/grouped_int8.py).
+SETTINGS_IN_GRAPH = {"hare.dynamic_quantization_group_size": "DYNAMIC_QUANTIZATION_GROUP_SIZE"}
 
 
 def _openvino() -> Any:
@@ -65,8 +61,8 @@ def bf16_capable() -> bool:
 
 
 class OpenVinoModel:
-    """A graph compiled for OpenVINO's CPU plugin as `variant` (VARIANTS), bf16 its precision where the CPU has
-    it, called like OnnxModel.
+    """A graph compiled for OpenVINO's CPU plugin, bf16 its precision where the CPU has it, with the settings the
+    graph names (SETTINGS_IN_GRAPH), called like OnnxModel.
 
     `threads` per call (0: every core this process may use). `callers`: the threads that may call it at once,
     each through its own infer request (a request is not thread-safe), and each given a stream of `threads`
@@ -75,9 +71,7 @@ class OpenVinoModel:
     with several streams on their own threads. Pinning is left off: hare's core pool decides who runs when
     (api/engine/cores.py)."""
 
-    def __init__(
-        self, path: Path, threads: int = 0, output: str | None = None, callers: int = 1, variant: str = "bf16"
-    ) -> None:
+    def __init__(self, path: Path, threads: int = 0, output: str | None = None, callers: int = 1) -> None:
         ov = _openvino()
         threads = threads or len(os.sched_getaffinity(0))
         config = {
@@ -85,9 +79,14 @@ class OpenVinoModel:
             "NUM_STREAMS": callers,
             "INFERENCE_NUM_THREADS": callers * threads,
             "ENABLE_CPU_PINNING": False,
-            **VARIANTS[variant],
         }
-        self._compiled = ov.Core().compile_model(str(path), "CPU", config)
+        core = ov.Core()
+        model = core.read_model(str(path))
+        # ONNX metadata reaches OpenVINO's model as its "framework" information.
+        for key, setting in SETTINGS_IN_GRAPH.items():
+            if model.has_rt_info(["framework", key]):
+                config[setting] = int(model.get_rt_info(["framework", key]).astype(str))
+        self._compiled = core.compile_model(model, "CPU", config)
         # A port's names can gather those of tensors merged into it (a Cast of the mask): the Parameter's own
         # name is the ONNX input's.
         self.input_names: list[str] = [port.get_node().get_friendly_name() for port in self._compiled.inputs]

@@ -273,7 +273,10 @@ def test_int8_grouped_weights_give_back_each_weight_within_half_a_step(tmp_path:
 async def test_an_int8_grouped_bundle_passes_its_gates_and_serves_close_to_fp32(
     tiny_model: ModelFactory, torch_work: TorchWork, fp32_bundle: ModelFactory, tmp_path: Path
 ) -> None:
+    """The widest activation group that passes with room to spare, named in the graph for the runtime."""
     import onnx
+
+    from container.optimize.grouped_int8 import GROUP_KEY, GROUPS
 
     out = quick_bundle(
         tiny_model("feature-extraction"), "feature-extraction", tmp_path / "b", ["int8-grouped"], torch_work
@@ -281,7 +284,11 @@ async def test_an_int8_grouped_bundle_passes_its_gates_and_serves_close_to_fp32(
     manifest = read_manifest(out)
     assert (manifest.variant, manifest.precision) == ("int8-grouped", "int8")
     assert manifest.variants[0]["passed"] and manifest.pick["statistic"].endswith("thread CPU time")
-    graph = onnx.load(str(out / MODEL_FILE), load_external_data=False).graph
+    chose = manifest.variants[0]["build"]
+    assert chose["group"] in GROUPS and chose["passes"] == GROUPS.index(chose["group"]) + 1  # the widest passing
+    model = onnx.load(str(out / MODEL_FILE), load_external_data=False)
+    assert {p.key: p.value for p in model.metadata_props}[GROUP_KEY] == str(chose["group"])
+    graph = model.graph
     weights = {n.input[1] for n in graph.node if n.op_type == "MatMul"} & {
         o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output
     }
@@ -298,3 +305,31 @@ async def test_an_int8_grouped_bundle_passes_its_gates_and_serves_close_to_fp32(
     for i, response in enumerate(at_once):
         # Activations are quantized per token, so a text's answer does not depend on the batch it rode in.
         np.testing.assert_allclose(response.json(), served[i % len(TEXTS)], atol=1e-4)
+
+
+def test_int8_grouped_that_cannot_meet_the_gates_is_refused_with_its_closest_figures(
+    tiny_model: ModelFactory, torch_work: TorchWork, tmp_path: Path
+) -> None:
+    from container.optimize.errors import ValidationFailed
+    from container.optimize.pipeline import OptimizeOptions, optimize
+    from tasks.registry import get_task
+
+    options = OptimizeOptions(
+        model_dir=tiny_model("feature-extraction"),
+        task=get_task("feature-extraction"),
+        out=tmp_path / "b",
+        only=["fp32", "int8-grouped"],
+        tune_lengths=[8],
+        tune_batches=[1],
+        tune_seconds=0.01,
+        tune_streams=1,
+        thresholds={"cosine_p1": 1.0},  # nothing is exact, fp32 neither: the build names each refusal
+    )
+    with (
+        torch_work.reused(),
+        pytest.raises(
+            ValidationFailed, match=r"int8-grouped: refused: no activation group.*closest groups of \d+: cosine_p1="
+        ),
+    ):
+        optimize(options)
+    assert not (tmp_path / "b").exists()

@@ -199,10 +199,16 @@ def variant_table(manifest: Manifest) -> Table:
 
 def build_lines(manifest: Manifest) -> list[str]:
     """What each calibrated variant's build chose (int8-mixed: the smoothing, the activation scales and the
-    MatMuls kept fp32 or split, the lookup tables stored as int8 rows)."""
+    MatMuls kept fp32 or split, the lookup tables stored as int8 rows; int8-grouped: its activation group)."""
     lines = []
     for v in manifest.variants:
         chose = v.get("build") or {}
+        if "group" in chose:  # int8-grouped (container/optimize/grouped_int8.py)
+            lines.append(
+                f"{v['name']}: {chose['weights']} MatMul weights in int8, activations quantized per token in groups "
+                f"of {chose['group']} channels at run time; chosen on {chose['calibration']} samples, "
+                f"{chose['passes']} tried, {chose['seconds']:.1f} s"
+            )
         if "fp32" not in chose:
             continue
         kept, alpha = chose["fp32"], chose["alpha"]

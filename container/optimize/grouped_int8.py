@@ -1,47 +1,93 @@
-"""`int8-grouped`: int8 weights, with the activations quantized at run time in groups of 32 channels, by
+"""`int8-grouped`: int8 weights, with the activations quantized at run time in groups of channels, by
 OpenVINO's CPU plugin.
 
 Every MatMul whose second input is a 2-D weight is written as that weight in uint8 (a scale and a zero point
 per output channel, over the channel's own range) behind a DequantizeLinear. OpenVINO reads the pair as a
-compressed weight and, with DYNAMIC_QUANTIZATION_GROUP_SIZE set (container/openvino_runtime.py), quantizes
-each call's activations to int8 per token in groups of 32 input channels just before the product, which then
-runs on the CPU's int8 units (VNNI, or AMX tiles where the CPU has them). A group has its own scale, so a
-channel carrying a massive activation coarsens only its own group of 32, where int8-mixed's per-token scale
-spans all of a row's channels. Nothing is calibrated: the scales come from the weights and from each call.
+compressed weight and quantizes each call's activations to int8 per token in groups of input channels just
+before the product, which then runs on the CPU's int8 units (VNNI, or AMX tiles where the CPU has them). A
+group has its own scale, so a channel carrying a massive activation coarsens only its own group, where
+int8-mixed's per-token scale spans all of a row's channels. Nothing is fitted to the calibration samples
+but the group size: wider groups run faster and round coarser, so the build takes the widest of GROUPS that
+leaves mixed.MARGIN of each gate's room on them (judged by the real gates, OpenVINO running each try), else
+refuses the variant with its closest figures. The graph carries its group in its metadata (GROUP_KEY), which
+container/openvino_runtime.py hands to the plugin.
 
-Measured on all-MiniLM-L6-v2 (AMD EPYC, AVX-512 VNNI and AVX512_BF16, one thread, random ids): 14.4 ms at 128
-tokens against int8-mixed's 13.7 and bf16's 16.2, 469 ms at 32 x 128 against 509 and 499, with cosine to fp32
-0.995-0.999 where int8-mixed's fell to 0.88 on the same random ids (docs/history/2026-11-optimizer.md).
+Measured on all-MiniLM-L6-v2 (AMD EPYC, AVX-512 VNNI and AVX512_BF16, one thread, random ids): groups of
+64 channels ran 1.79 / 12.73 / 416 ms at 1 x 16 / 1 x 128 / 32 x 128 tokens, 128 channels 1.90 / 12.06 /
+399, against int8-mixed's 1.80 / 13.69 / 510 on ONNX Runtime (docs/history/2026-11-optimizer.md).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from container.optimize import graphs
+from container.optimize.mixed import MARGIN, Refused
+from container.optimize.simulator import used
+from container.optimize.validate import Parity, VariantReport, validate
 
 NAME = "int8-grouped"
+# The group sizes tried, widest (fastest) first; the graph names its own in its metadata under GROUP_KEY.
+GROUPS = (128, 64, 32)
+GROUP_KEY = "hare.dynamic_quantization_group_size"
 # The int8 paths (container/machine.py) with int8 dot-product units, which the run-time quantization needs to
 # pay off: on AVX2's kernels OpenVINO widens the weights and multiplies in fp32, slower than the fp32 graph
 # (all-MiniLM-L6-v2, 16 tokens: 5.93 against 4.75 ms), so a build there leaves the variant out unless named.
 RUNS_ON = ("amx", "avx512-vnni", "avx-vnni")
 
 
-def build(fp32: Path, out: Path) -> str:
-    """Write `fp32` with its MatMul weights in int8 to `out`, compile and run it once with OpenVINO (a graph the
-    plugin cannot take fails this variant alone), and say how many weights it wrote."""
-    from container.openvino_runtime import OpenVinoModel  # the optimizer imports this module without OpenVINO
-
+def build(fp32: Path, out: Path, fit: Parity) -> dict[str, Any]:
+    """Write `fp32` with its MatMul weights in int8 to `out`, with the widest activation group of GROUPS that
+    meets the gates on the calibration samples `fit` with MARGIN to spare, and return what it chose (for the
+    manifest); Refused, with the closest figures, when none does. A graph OpenVINO cannot take raises here
+    and fails this variant alone."""
+    start = time.perf_counter()
     model = onnx.load(str(fp32))
-    count = weights_to_int8(model.graph)
-    graphs.save(model, out)
-    compiled = OpenVinoModel(out, threads=1, variant=NAME)
-    compiled.run({name: np.ones((1, 4), np.int64) for name in compiled.input_names})
-    return f"{count} MatMul weights in int8, compiled by OpenVINO"
+    weights = weights_to_int8(model.graph)
+    ideal = _figures(validate(fp32, "fp32", "fp32", fit))
+    closest: tuple[float, str] = (float("inf"), "")
+    for tried, group in enumerate(GROUPS, 1):
+        set_group(model, group)
+        graphs.save(model, out)
+        report = validate(out, NAME, "int8", fit)
+        harm = max((used(g, report.gates[g.metric], ideal) for g in fit.task.gates), default=0.0)
+        if report.passed and harm <= 1 - MARGIN:
+            return {
+                "group": group,
+                "weights": weights,
+                "calibration": len(fit.encodings),
+                "figures": _figures(report),
+                "passes": tried,
+                "seconds": round(time.perf_counter() - start, 1),
+            }
+        closest = min(closest, (harm, f"groups of {group}: {_show(_figures(report))}"))
+    raise Refused(
+        f"no activation group left {MARGIN:.0%} of each gate's room on the calibration samples; closest "
+        f"{closest[1]} (fp32: {_show(ideal)})"
+    )
+
+
+def set_group(model: onnx.ModelProto, group: int) -> None:
+    """Name the activations' group size in `model`'s metadata (OpenVINO shows it to the runtime)."""
+    for prop in model.metadata_props:
+        if prop.key == GROUP_KEY:
+            prop.value = str(group)
+            return
+    model.metadata_props.add(key=GROUP_KEY, value=str(group))
+
+
+def _figures(report: VariantReport) -> dict[str, float]:
+    return {metric: float(gate["value"]) for metric, gate in report.gates.items()}
+
+
+def _show(figures: dict[str, float]) -> str:
+    return ", ".join(f"{m}={v:.4g}" for m, v in figures.items())
 
 
 def weights_to_int8(graph: onnx.GraphProto) -> int:

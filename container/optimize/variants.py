@@ -84,7 +84,8 @@ def variants_for(
     # The export as it is: OpenVINO reads ONNX and does its own fusion (it cannot read ORT's fused operators).
     on_openvino = [Variant("bf16", "bf16", "fp32", openvino_runtime.build)] if bf16 else []
     if openvino:
-        on_openvino.append(Variant(grouped_int8.NAME, "int8", "fp32", grouped_int8.build, optional=not int8_units))
+        grouped = Variant(grouped_int8.NAME, "int8", "fp32", calibrate=grouped_int8.build, optional=not int8_units)
+        on_openvino.append(grouped)
         on_openvino.append(Variant(static_int8.NAME, "int8", "fp32", calibrate=static_int8.build, optional=True))
     return [
         fp32,
