@@ -204,9 +204,11 @@ def build_lines(manifest: Manifest) -> list[str]:
     for v in manifest.variants:
         chose = v.get("build") or {}
         if "group" in chose:  # int8-grouped (container/optimize/grouped_int8.py)
+            stored = chose.get("tables", [])  # bundles of the variant's first builds: none
+            rows = f"; lookup tables in int8 rows ({', '.join(stored)})" if stored else ""
             lines.append(
                 f"{v['name']}: {chose['weights']} MatMul weights in int8, activations quantized per token in groups "
-                f"of {chose['group']} channels at run time; chosen on {chose['calibration']} samples, "
+                f"of {chose['group']} channels at run time{rows}; chosen on {chose['calibration']} samples, "
                 f"{chose['passes']} tried, {chose['seconds']:.1f} s"
             )
         if "fp32" not in chose:

@@ -9,7 +9,8 @@ group has its own scale, so a channel carrying a massive activation coarsens onl
 int8-mixed's per-token scale spans all of a row's channels. Nothing is fitted to the calibration samples
 but the group size: wider groups run faster and round coarser, so the build takes the widest of GROUPS that
 leaves mixed.MARGIN of each gate's room on them (judged by the real gates, OpenVINO running each try), else
-refuses the variant with its closest figures. The graph carries its group in its metadata (GROUP_KEY), which
+refuses the variant with its closest figures; the word embedding goes into int8 rows with it where that
+passes too, as int8-mixed stores it. The graph carries its group in its metadata (GROUP_KEY), which
 container/openvino_runtime.py hands to the plugin.
 
 Measured on all-MiniLM-L6-v2 (AMD EPYC, AVX-512 VNNI and AVX512_BF16, one thread, random ids): groups of
@@ -27,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from container.optimize import graphs
+from container.optimize import graphs, int8
 from container.optimize.mixed import MARGIN, Refused
 from container.optimize.simulator import used
 from container.optimize.validate import Parity, VariantReport, validate
@@ -45,28 +46,40 @@ RUNS_ON = ("amx", "avx512-vnni", "avx-vnni")
 def build(fp32: Path, out: Path, fit: Parity) -> dict[str, Any]:
     """Write `fp32` with its MatMul weights in int8 to `out`, with the widest activation group of GROUPS that
     meets the gates on the calibration samples `fit` with MARGIN to spare, and return what it chose (for the
-    manifest); Refused, with the closest figures, when none does. A graph OpenVINO cannot take raises here
-    and fails this variant alone."""
+    manifest); Refused, with the closest figures, when none does. At each group the lookup tables (the word
+    embedding) are tried as int8 rows first (int8.int8_tables, as int8-mixed stores them: a quarter of the
+    bytes, in the file and in each copy OpenVINO compiles), then in fp32. A graph OpenVINO cannot take raises
+    here and fails this variant alone."""
     start = time.perf_counter()
-    model = onnx.load(str(fp32))
-    weights = weights_to_int8(model.graph)
+    plain = onnx.load(str(fp32))
+    weights = weights_to_int8(plain.graph)
+    names = int8.tables(plain)
+    tabled = None
+    if names:
+        tabled = onnx.ModelProto()
+        tabled.CopyFrom(plain)
+        int8.int8_tables(tabled, names)
     ideal = _figures(validate(fp32, "fp32", "fp32", fit))
     closest: tuple[float, str] = (float("inf"), "")
-    for tried, group in enumerate(GROUPS, 1):
+    tries = [(group, model) for group in GROUPS for model in (tabled, plain) if model is not None]
+    for tried, (group, model) in enumerate(tries, 1):
         set_group(model, group)
         graphs.save(model, out)
         report = validate(out, NAME, "int8", fit)
         harm = max((used(g, report.gates[g.metric], ideal) for g in fit.task.gates), default=0.0)
+        stored = names if model is tabled else []
         if report.passed and harm <= 1 - MARGIN:
             return {
                 "group": group,
                 "weights": weights,
+                "tables": stored,
                 "calibration": len(fit.encodings),
                 "figures": _figures(report),
                 "passes": tried,
                 "seconds": round(time.perf_counter() - start, 1),
             }
-        closest = min(closest, (harm, f"groups of {group}: {_show(_figures(report))}"))
+        tables_said = ", lookup tables in int8 rows" if stored else ""
+        closest = min(closest, (harm, f"groups of {group}{tables_said}: {_show(_figures(report))}"))
     raise Refused(
         f"no activation group left {MARGIN:.0%} of each gate's room on the calibration samples; closest "
         f"{closest[1]} (fp32: {_show(ideal)})"
