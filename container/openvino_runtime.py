@@ -75,9 +75,9 @@ class OpenVinoModel:
     measure it by that thread's CPU time (container/optimize/autotune.py) and a served call runs on the core
     the model thread holds (api/engine/cores.py), with no hand-off to the plugin's own threads. One compile of
     `callers` streams ran each call on a stream's thread: served at two users and 16 tokens (MiniLM, AMD EPYC),
-    int8-grouped answered 491-532 req/s against 1,006-1,080 for the model alone; a copy costs 28 MB
-    (int8-grouped MiniLM) to 56 MB (its fp32 graph in bf16). Pinning is left off: hare's core pool decides who
-    runs when."""
+    int8-grouped answered 491-532 req/s where int8-mixed on ONNX Runtime answered 640-721; with a copy a
+    thread, level with it. A copy costs 28 MB (int8-grouped MiniLM) to 56 MB (its fp32 graph in bf16).
+    Pinning is left off: hare's core pool decides who runs when."""
 
     def __init__(self, path: Path, threads: int = 0, output: str | None = None, callers: int = 1) -> None:
         ov = _openvino()

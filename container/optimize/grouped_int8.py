@@ -31,7 +31,7 @@ from onnx import helper, numpy_helper
 from container.optimize import graphs, int8
 from container.optimize.mixed import MARGIN, Refused
 from container.optimize.simulator import used
-from container.optimize.validate import Parity, VariantReport, validate
+from container.optimize.validate import Parity, show_figures, validate
 
 NAME = "int8-grouped"
 # The group sizes tried, widest (fastest) first; the graph names its own in its metadata under GROUP_KEY.
@@ -59,7 +59,7 @@ def build(fp32: Path, out: Path, fit: Parity) -> dict[str, Any]:
         tabled = onnx.ModelProto()
         tabled.CopyFrom(plain)
         int8.int8_tables(tabled, names)
-    ideal = _figures(validate(fp32, "fp32", "fp32", fit))
+    ideal = validate(fp32, "fp32", "fp32", fit).figures
     closest: tuple[float, str] = (float("inf"), "")
     tries = [(group, model) for group in GROUPS for model in (tabled, plain) if model is not None]
     for tried, (group, model) in enumerate(tries, 1):
@@ -74,15 +74,15 @@ def build(fp32: Path, out: Path, fit: Parity) -> dict[str, Any]:
                 "weights": weights,
                 "tables": stored,
                 "calibration": len(fit.encodings),
-                "figures": _figures(report),
+                "figures": report.figures,
                 "passes": tried,
                 "seconds": round(time.perf_counter() - start, 1),
             }
         tables_said = ", lookup tables in int8 rows" if stored else ""
-        closest = min(closest, (harm, f"groups of {group}{tables_said}: {_show(_figures(report))}"))
+        closest = min(closest, (harm, f"groups of {group}{tables_said}: {show_figures(report.figures)}"))
     raise Refused(
         f"no activation group left {MARGIN:.0%} of each gate's room on the calibration samples; closest "
-        f"{closest[1]} (fp32: {_show(ideal)})"
+        f"{closest[1]} (fp32: {show_figures(ideal)})"
     )
 
 
@@ -93,14 +93,6 @@ def set_group(model: onnx.ModelProto, group: int) -> None:
             prop.value = str(group)
             return
     model.metadata_props.add(key=GROUP_KEY, value=str(group))
-
-
-def _figures(report: VariantReport) -> dict[str, float]:
-    return {metric: float(gate["value"]) for metric, gate in report.gates.items()}
-
-
-def _show(figures: dict[str, float]) -> str:
-    return ", ".join(f"{m}={v:.4g}" for m, v in figures.items())
 
 
 def weights_to_int8(graph: onnx.GraphProto) -> int:

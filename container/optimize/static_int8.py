@@ -35,7 +35,7 @@ from container.optimize import graphs
 from container.optimize.mixed import MARGIN, Refused
 from container.optimize.simulator import used
 from container.optimize.smoothing import activation_maxima, smooth, smoothing_groups, spread, targets
-from container.optimize.validate import Parity, VariantReport, validate
+from container.optimize.validate import Parity, show_figures, validate
 from tasks.ops import pad_batch
 
 NAME = "int8-static"
@@ -66,7 +66,7 @@ def build(fp32: Path, out: Path, fit: Parity) -> dict[str, Any]:
     names = [i.name for i in model.graph.input]
     feeds = [pad_batch([e], names, fit.pad_id) for e in fit.encodings]
     maxima = activation_maxima(model, feeds, folder)
-    ideal = _figures(validate(fp32, "fp32", "fp32", fit))
+    ideal = validate(fp32, "fp32", "fp32", fit).figures
     big = graphs.too_big(model)
     closest: tuple[float, str] = (float("inf"), "")
     tried = 0
@@ -106,23 +106,15 @@ def build(fp32: Path, out: Path, fit: Parity) -> dict[str, Any]:
                         "matmuls": len(targets(model)),
                         "fp32": kept,
                         "calibration": len(feeds),
-                        "figures": _figures(report),
+                        "figures": report.figures,
                         "passes": tried,
                         "seconds": round(time.perf_counter() - start, 1),
                     }
-                closest = min(closest, (harm, f"α {alpha}, {len(kept)} MatMuls kept: {_show(_figures(report))}"))
+                closest = min(closest, (harm, f"α {alpha}, {len(kept)} MatMuls kept: {show_figures(report.figures)}"))
     finally:
         logging.disable(logging.NOTSET)
         shutil.rmtree(folder, ignore_errors=True)
     raise Refused(
         f"no static int8 graph left {MARGIN:.0%} of each gate's room on the calibration samples; closest "
-        f"{closest[1]} (fp32: {_show(ideal)})"
+        f"{closest[1]} (fp32: {show_figures(ideal)})"
     )
-
-
-def _figures(report: VariantReport) -> dict[str, float]:
-    return {metric: float(gate["value"]) for metric, gate in report.gates.items()}
-
-
-def _show(figures: Mapping[str, float]) -> str:
-    return ", ".join(f"{m}={v:.4g}" for m, v in figures.items())

@@ -55,6 +55,16 @@ class VariantReport:
     def failed_build(cls, name: str, precision: str, error: str) -> VariantReport:
         return cls(name, precision, {}, {}, False, 0.0, error=error)
 
+    @property
+    def figures(self) -> dict[str, float]:
+        """Each gate's figure, by metric (what a calibrated build records and refuses with)."""
+        return {metric: float(gate["value"]) for metric, gate in self.gates.items()}
+
+
+def show_figures(figures: Mapping[str, float]) -> str:
+    """Gate figures as `metric=value`, four significant digits (a calibrated build's refusal)."""
+    return ", ".join(f"{m}={v:.4g}" for m, v in figures.items())
+
 
 @dataclass(frozen=True)
 class Parity:
