@@ -33,6 +33,13 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def assert_close_to_fp32(served: list[object], reference: list[object]) -> None:
+    """Each served vector within cosine 0.99 of the fp32 bundle's."""
+    for got, want in zip(served, reference, strict=True):
+        a, b = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
+        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
+
+
 TEXTS = ["a short one", "the weather in Paris is cold today and the river is high", "x", "numbers 12 34 56"]
 
 
@@ -104,9 +111,7 @@ async def test_a_bf16_bundle_serves_close_to_fp32(bf16_bundle: Path, fp32_bundle
         assert info["providers"] == [PROVIDER] and info["variant"] == "bf16"
         alone = [(await client.post("/predict", json={"inputs": t})).json() for t in TEXTS]
         at_once = await asyncio.gather(*(client.post("/predict", json={"inputs": t}) for t in TEXTS * 4))
-    for got, want in zip(alone, reference, strict=True):
-        a, b = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
-        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
+    assert_close_to_fp32(alone, reference)
     for i, response in enumerate(at_once):
         # Batched with others, padded otherwise: bf16 products summed in another order (AMX tiles), not 1e-5.
         np.testing.assert_allclose(response.json(), alone[i % len(TEXTS)], atol=1e-4)
@@ -190,13 +195,18 @@ async def test_static_int8_is_built_only_when_named_and_served_by_openvino(
     async with serve(out) as client:
         assert (await client.get("/info")).json()["providers"] == [PROVIDER]
         served = [(await client.post("/predict", json={"inputs": t})).json() for t in TEXTS]
-    for got, want in zip(served, reference, strict=True):
-        a, b = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
-        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
+    assert_close_to_fp32(served, reference)
 
 
-def test_static_int8_that_cannot_meet_the_gates_is_refused_with_its_closest_figures(
-    tiny_model: ModelFactory, torch_work: TorchWork, tmp_path: Path
+@pytest.mark.parametrize(
+    ("variant", "refusal"),
+    [
+        ("int8-static", r"int8-static: refused: no static int8 graph.*closest"),
+        ("int8-grouped", r"int8-grouped: refused: no activation group.*closest groups of \d+.*: cosine_p1="),
+    ],
+)
+def test_a_calibrated_openvino_variant_that_cannot_meet_the_gates_is_refused_with_its_closest_figures(
+    tiny_model: ModelFactory, torch_work: TorchWork, tmp_path: Path, variant: str, refusal: str
 ) -> None:
     from container.optimize.errors import ValidationFailed
     from container.optimize.pipeline import OptimizeOptions, optimize
@@ -206,7 +216,7 @@ def test_static_int8_that_cannot_meet_the_gates_is_refused_with_its_closest_figu
         model_dir=tiny_model("feature-extraction"),
         task=get_task("feature-extraction"),
         out=tmp_path / "b",
-        only=["fp32", "int8-static"],
+        only=["fp32", variant],
         tune_lengths=[8],
         tune_batches=[1],
         tune_seconds=0.01,
@@ -215,7 +225,7 @@ def test_static_int8_that_cannot_meet_the_gates_is_refused_with_its_closest_figu
     )
     with (
         torch_work.reused(),
-        pytest.raises(ValidationFailed, match=r"int8-static: refused: no static int8 graph.*closest"),
+        pytest.raises(ValidationFailed, match=refusal),
     ):
         optimize(options)
     assert not (tmp_path / "b").exists()
@@ -299,40 +309,10 @@ async def test_an_int8_grouped_bundle_passes_its_gates_and_serves_close_to_fp32(
         assert (await client.get("/info")).json()["providers"] == [PROVIDER]
         served = [(await client.post("/predict", json={"inputs": t})).json() for t in TEXTS]
         at_once = await asyncio.gather(*(client.post("/predict", json={"inputs": t}) for t in TEXTS * 3))
-    for got, want in zip(served, reference, strict=True):
-        a, b = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
-        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
+    assert_close_to_fp32(served, reference)
     for i, response in enumerate(at_once):
         # Activations are quantized per token, so a text's answer does not depend on the batch it rode in.
         np.testing.assert_allclose(response.json(), served[i % len(TEXTS)], atol=1e-4)
-
-
-def test_int8_grouped_that_cannot_meet_the_gates_is_refused_with_its_closest_figures(
-    tiny_model: ModelFactory, torch_work: TorchWork, tmp_path: Path
-) -> None:
-    from container.optimize.errors import ValidationFailed
-    from container.optimize.pipeline import OptimizeOptions, optimize
-    from tasks.registry import get_task
-
-    options = OptimizeOptions(
-        model_dir=tiny_model("feature-extraction"),
-        task=get_task("feature-extraction"),
-        out=tmp_path / "b",
-        only=["fp32", "int8-grouped"],
-        tune_lengths=[8],
-        tune_batches=[1],
-        tune_seconds=0.01,
-        tune_streams=1,
-        thresholds={"cosine_p1": 1.0},  # nothing is exact, fp32 neither: the build names each refusal
-    )
-    with (
-        torch_work.reused(),
-        pytest.raises(
-            ValidationFailed, match=r"int8-grouped: refused: no activation group.*closest groups of \d+.*: cosine_p1="
-        ),
-    ):
-        optimize(options)
-    assert not (tmp_path / "b").exists()
 
 
 def test_int8_grouped_stores_the_word_embedding_as_int8_rows_where_that_passes(
