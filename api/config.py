@@ -326,10 +326,10 @@ class Settings:
         """Whether the bundle is served on the target it was built and measured for (HARE_TARGET may differ)."""
         return (self.target or manifest.target) == manifest.target
 
-    def for_bundle(self, manifest: Manifest) -> Settings:
+    def for_bundle(self, manifest: Manifest, throughput: bool = False) -> Settings:
         """These settings with what was left to the bundle filled from its manifest: max_batch_tokens
-        (container/bundle.py resolve_max_batch_tokens)."""
-        resolved = resolve_max_batch_tokens(manifest, self.max_batch_tokens, self.target)
+        (container/bundle.py resolve_max_batch_tokens; `throughput`: a bulk job's)."""
+        resolved = resolve_max_batch_tokens(manifest, self.max_batch_tokens, self.target, throughput)
         return dataclasses.replace(self, max_batch_tokens=resolved.max_batch_tokens)
 
     def to_env(self) -> dict[str, str]:

@@ -4,7 +4,7 @@ result store as a run of kind "bulk" (its summary: bench/bulk_tables.py).
 
     corpus       prose (Python's own documentation) cut at random token counts from `shortest` to `longest`
     model-only   the same texts tokenized beforehand, cut into the job's chunks and length-sorted calls at the
-                 bundle's batch budget, run on one one-thread session per stream: the model alone, no reading,
+                 job's batch budget, run on one one-thread session per stream: the model alone, no reading,
                  tokenizing, post-processing or writing (its wall time over all calls)
     hare run     the command itself in a child process (bundle load included), its peak RSS from the kernel;
                  once more on a quarter of the corpus, to show that memory does not grow with the corpus
@@ -129,7 +129,7 @@ def model_only(bundle: Path, texts: list[str], streams: int) -> tuple[Rate, int]
     tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))  # truncating at max_length, as served
     tok.no_padding()
     model = open_model(bundle / MODEL_FILE, manifest.variant, manifest.target, 1, manifest.output, callers=streams)
-    budget = resolve_max_batch_tokens(manifest).max_batch_tokens  # as `hare serve` and `hare run` resolve it
+    budget = resolve_max_batch_tokens(manifest, throughput=True).max_batch_tokens  # as `hare run` resolves it
     feeds, tokens = [], 0
     for at in range(0, len(texts), CHUNK_ROWS):
         encodings = tok.encode_batch(texts[at : at + CHUNK_ROWS])

@@ -171,3 +171,18 @@ def test_the_bundles_max_batch_tokens_applies_only_on_the_target_it_was_measured
     assert resolve_max_batch_tokens(manifest, 0, "gpu") == (MAX_BATCH_TOKENS, "default")
     unmeasured = dataclasses.replace(manifest, max_batch_tokens=None)
     assert resolve_max_batch_tokens(unmeasured, 0, "cpu") == (MAX_BATCH_TOKENS, "default")
+
+
+def test_a_bulk_job_batches_at_the_budget_of_the_best_rate_and_the_server_at_the_smallest_near_it(
+    tiny_bundle: ModelFactory,
+) -> None:
+    rates = {"128": 21_885.0, "256": 22_839.0, "512": 22_957.0, "1024": 22_512.0}  # int8-grouped MiniLM's, measured
+    manifest = dataclasses.replace(
+        read_manifest(tiny_bundle("feature-extraction")), max_batch_tokens=128, token_rates=rates
+    )
+    assert resolve_max_batch_tokens(manifest) == (128, "bundle")
+    assert resolve_max_batch_tokens(manifest, throughput=True) == (512, "bundle")
+    assert Settings.from_env({}).for_bundle(manifest, throughput=True).max_batch_tokens == 512
+    # A setting wins for both; a CPU bundle on a GPU gets the default for both.
+    assert resolve_max_batch_tokens(manifest, 1024, throughput=True) == (1024, "setting")
+    assert resolve_max_batch_tokens(manifest, 0, "gpu", throughput=True) == (MAX_BATCH_TOKENS, "default")

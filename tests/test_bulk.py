@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from api.bulk.job import BulkOptions, run_job
+from api.bulk.model import BulkModel
 from api.bulk.reader import Columns, Corpus
 from api.config import Settings
+from container.bundle import MANIFEST_FILE
 from hare.cli import main as hare
 from tests.api_helpers import serve
 from tests.conftest import ModelFactory
@@ -158,6 +161,17 @@ async def test_windows_read_long_texts_whole(fp32_bundle: ModelFactory, tmp_path
     kept = pq.read_table(tmp_path / "r.parquet").column("id").to_pylist()
     rejected = [json.loads(line)["row"] for line in (tmp_path / "r.rejects.jsonl").read_text().splitlines()]
     assert rejected and sorted(kept + rejected) == list(range(12))
+
+
+def test_the_job_batches_at_the_bundles_budget_of_the_best_rate(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(fp32_bundle("feature-extraction"), bundle)
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
+    rates = {"128": 1000.0, "256": 1040.0, "512": 1100.0, "1024": 1090.0}
+    (bundle / MANIFEST_FILE).write_text(json.dumps(manifest | {"max_batch_tokens": 128, "token_rates": rates}))
+    assert BulkModel(settings(bundle), {}).batching[1] == 512  # no answer waits on a batch here
+    setting = dataclasses.replace(settings(bundle), max_batch_tokens=256)
+    assert BulkModel(setting, {}).batching[1] == 256
 
 
 def test_chunks_are_the_same_rows_however_the_file_is_read(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 The batch budget, target, cores and the default size limit and truncation are the server's settings for the
 bundle (api/config.py: HARE_MAX_BATCH_TOKENS, HARE_MAX_BATCH_SIZE, HARE_TARGET, HARE_CORES,
-HARE_MAX_INPUT_CHARS, HARE_TRUNCATE), so a job batches as `hare serve` would.
+HARE_MAX_INPUT_CHARS, HARE_TRUNCATE), except that where HARE_MAX_BATCH_TOKENS is unset a job batches up to the
+bundle's budget of the best measured token rate (container/bundle.py resolve_max_batch_tokens).
 """
 
 from __future__ import annotations

@@ -50,10 +50,11 @@ class BulkModel:
     """A bundle loaded for a bulk job. `raw` holds the task's request parameters (as /predict's
     "parameters"); `long_input`: truncate (at the model's maximum), window (read whole in overlapping
     windows, tasks that allow it) or refuse (a too-long row goes to the rejects, where /predict answers 413).
-    `settings` gives the batch budget and the target, as `hare serve` resolves them for this bundle."""
+    `settings` gives the target as `hare serve` resolves it for this bundle, and the batch budget as a bulk job
+    does (the bundle's budget of the best token rate)."""
 
     def __init__(self, settings: Settings, raw: Mapping[str, object], long_input: str = "truncate") -> None:
-        opened = open_bundle(settings)
+        opened = open_bundle(settings, throughput=True)
         self.settings = settings = opened.settings
         self.manifest = manifest = opened.manifest
         self.task = task = opened.task

@@ -39,12 +39,13 @@ class OpenBundle:
         return graph_shapes(self.settings.max_batch_size, self.settings.max_batch_tokens, self.manifest.max_length)
 
 
-def open_bundle(settings: Settings) -> OpenBundle:
-    """Open `settings.bundle`; InputError names what is wrong with it."""
+def open_bundle(settings: Settings, throughput: bool = False) -> OpenBundle:
+    """Open `settings.bundle` (`throughput`: for a bulk job, container/bundle.py resolve_max_batch_tokens);
+    InputError names what is wrong with it."""
     manifest = read_manifest(settings.bundle)
     if manifest.task not in TASKS:
         raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
-    settings = settings.for_bundle(manifest)
+    settings = settings.for_bundle(manifest, throughput)
     task = TASKS[manifest.task]
     tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
     words = vocab(tokenizer)
