@@ -135,7 +135,8 @@ def model_only(bundle: Path, texts: list[str], streams: int) -> tuple[Rate, int]
         encodings = tok.encode_batch(texts[at : at + CHUNK_ROWS])
         tokens += sum(len(e.ids) for e in encodings)
         for call in length_batches([len(e.ids) for e in encodings], MAX_BATCH_SIZE, budget):
-            feeds.append(pad_batch([encodings[i] for i in call], model.input_names, manifest.pad_id))
+            batch = [encodings[i] for i in call]
+            feeds.append(pad_batch(batch, model.input_names, manifest.pad_id, model.length_multiple))  # as the job
     model.run(feeds[0])  # first-run allocations
     taken = iter(range(len(feeds)))
     lock = threading.Lock()

@@ -23,6 +23,8 @@ class Model(Protocol):
     input_names: list[str]
     output: str
     providers: list[str]
+    # The padded length a caller after throughput rather than latency rounds a call up to (a bulk job).
+    length_multiple: int
 
     @property
     def output_width(self) -> int | None: ...

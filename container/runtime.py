@@ -100,6 +100,8 @@ def available_targets() -> list[str]:
 class OnnxModel:
     """A loaded graph. `run` takes a superset of feeds and passes on only the declared inputs."""
 
+    length_multiple = 1  # ONNX Runtime's kernels run any length alike (an int8-mixed bulk job: level at 8)
+
     def __init__(
         self,
         path: Path,

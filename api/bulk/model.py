@@ -83,6 +83,7 @@ class BulkModel:
             pad_id=manifest.pad_id,
             variant=manifest.variant,
             callers=settings.cores,
+            throughput=True,
         )
         self.streams = 1 if target == "gpu" else settings.cores
         self.name = item_name(task)
