@@ -136,7 +136,8 @@ def model_only(bundle: Path, texts: list[str], streams: int) -> tuple[Rate, int]
         tokens += sum(len(e.ids) for e in encodings)
         for call in length_batches([len(e.ids) for e in encodings], MAX_BATCH_SIZE, budget):
             batch = [encodings[i] for i in call]
-            feeds.append(pad_batch(batch, model.input_names, manifest.pad_id, model.length_multiple))  # as the job
+            multiple = model.length_multiple  # as the job pads
+            feeds.append(pad_batch(batch, model.input_names, manifest.pad_id, multiple, manifest.max_length))
     model.run(feeds[0])  # first-run allocations
     taken = iter(range(len(feeds)))
     lock = threading.Lock()

@@ -100,16 +100,21 @@ def normalize_vector(vector: Array) -> Array:
 
 
 def pad_batch(
-    encodings: Sequence[Encoding], input_names: Sequence[str], pad_id: int = 0, multiple: int = 1
+    encodings: Sequence[Encoding],
+    input_names: Sequence[str],
+    pad_id: int = 0,
+    multiple: int = 1,
+    max_length: int = 0,
 ) -> dict[str, NDArray[np.int64]]:
-    """Right-pad encodings to the longest in the batch (rounded up to a `multiple` of tokens) and build the
-    graph's feeds.
+    """Right-pad encodings to the longest in the batch and build the graph's feeds; with a `multiple`, to the
+    next multiple of that many tokens, but never past the model's `max_length` (its positions end there).
 
     Only the inputs the graph declares are built: DistilBERT and RoBERTa graphs take no token_type_ids.
     Padding ids are the model's pad token: a decoder's classification head finds each row's last token by
     comparing ids with it, as transformers does.
     """
-    length = -(-max(len(e.ids) for e in encodings) // multiple) * multiple
+    longest = max(len(e.ids) for e in encodings)
+    length = max(longest, min(-(-longest // multiple) * multiple, max_length or longest))
     n = len(encodings)
     ids = np.full((n, length), pad_id, dtype=np.int64)
     mask = np.zeros((n, length), dtype=np.int64)

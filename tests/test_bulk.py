@@ -15,13 +15,15 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tokenizers import Tokenizer
 
 from api.bulk.job import BulkOptions, run_job
 from api.bulk.model import BulkModel
 from api.bulk.reader import Columns, Corpus
 from api.config import Settings
-from container.bundle import MANIFEST_FILE
+from container.bundle import MANIFEST_FILE, TOKENIZER_FILE
 from hare.cli import main as hare
+from tasks.ops import pad_batch
 from tests.api_helpers import serve
 from tests.conftest import ModelFactory
 
@@ -172,6 +174,20 @@ def test_the_job_batches_at_the_bundles_budget_of_the_best_rate(fp32_bundle: Mod
     assert BulkModel(settings(bundle), {}).batching[1] == 512  # no answer waits on a batch here
     setting = dataclasses.replace(settings(bundle), max_batch_tokens=256)
     assert BulkModel(setting, {}).batching[1] == 256
+
+
+def test_a_call_padded_to_the_runtimes_multiple_never_passes_the_models_maximum(fp32_bundle: ModelFactory) -> None:
+    tokenizer = Tokenizer.from_file(str(fp32_bundle("feature-extraction") / TOKENIZER_FILE))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    for max_length in (13, 512):
+        for words in range(1, len(WORDS) + 1):
+            encoding = tokenizer.encode(" ".join(WORDS[:words]))
+            feeds = pad_batch([encoding], ["input_ids", "attention_mask"], 0, 8, max_length)
+            n, padded = len(encoding), feeds["input_ids"].shape[1]
+            assert feeds["attention_mask"].sum() == n  # the padding is masked
+            # The next multiple of 8, unless the model's positions end first; never a cut (the tokenizer cuts).
+            assert padded == max(n, min(max_length, n + (-n) % 8)), (n, max_length, padded)
 
 
 def test_chunks_are_the_same_rows_however_the_file_is_read(tmp_path: Path) -> None:

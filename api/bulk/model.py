@@ -84,6 +84,7 @@ class BulkModel:
             variant=manifest.variant,
             callers=settings.cores,
             throughput=True,
+            max_length=manifest.max_length,
         )
         self.streams = 1 if target == "gpu" else settings.cores
         self.name = item_name(task)

@@ -56,11 +56,13 @@ class Backend:
         variant: str = "fp32",
         callers: int | None = None,
         throughput: bool = False,
+        max_length: int = 0,
     ) -> None:
         """`variant`: the bundle's, which picks the runtime (container/models.py). `callers`: the model
         threads that may call the narrowest session at once (default: one per core of the widest width, as the
         core pool grants them); a wider session gets as many as fit the same cores. `throughput`: a bulk job's
-        backend, whose calls no answer waits on (padded to the runtime's length_multiple)."""
+        backend, whose calls no answer waits on: padded to the runtime's length_multiple, at most `max_length`
+        tokens (the bundle's)."""
         self.graphs = _graphs(path, output, arena, graph_shapes, pad_id) if target == "gpu" and graph_shapes else None
         self.sessions: dict[int, Model]
         if self.graphs is not None:
@@ -77,6 +79,7 @@ class Backend:
         self._pad_id = pad_id
         # A bulk job's calls are padded to the length its runtime runs fastest per token (Model.length_multiple).
         self._multiple = first.length_multiple if throughput else 1
+        self._max_length = max_length
         self._on_unknown = on_unknown
         self._grown = False  # a batch since the last trim left the arena above a small request's needs
 
@@ -105,7 +108,9 @@ class Backend:
         trimmed off). `width` picks the session (the widest not above it). `pooling`: the pooling the batch's
         requests all take; on a GPU with CUDA graphs each sequence then comes back as one pooled [dim] row
         where the device can pool (container/cudagraphs.py), else as its token states, pooled by the caller."""
-        feeds = padded_feeds(batch, self.input_names, self._pad_id, self._unk_id, self._on_unknown, self._multiple)
+        feeds = padded_feeds(
+            batch, self.input_names, self._pad_id, self._unk_id, self._on_unknown, self._multiple, self._max_length
+        )
         return split_rows(self.run_padded(feeds, width, pooling), batch)
 
     def run_padded(self, feeds: dict[str, NDArray[np.int64]], width: int = 1, pooling: str | None = None) -> Array:
@@ -129,10 +134,10 @@ def padded_feeds(
     unk_id: int | None,
     on_unknown: Callable[[int], None] | None,
     multiple: int = 1,
+    max_length: int = 0,
 ) -> dict[str, NDArray[np.int64]]:
-    """The graph's inputs for `batch`, padded to its longest sequence (rounded up to a `multiple` of tokens),
-    with its unknown tokens counted."""
-    feeds = pad_batch(batch, input_names, pad_id, multiple)
+    """The graph's inputs for `batch`, padded as tasks.ops.pad_batch pads, with its unknown tokens counted."""
+    feeds = pad_batch(batch, input_names, pad_id, multiple, max_length)
     if unk_id is not None and on_unknown is not None and "input_ids" in feeds:
         unknown = int(np.count_nonzero(feeds["input_ids"] == unk_id))
         if unknown:
