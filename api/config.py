@@ -197,7 +197,8 @@ class Settings:
         _int(0),
         "padded tokens per model call at most (longest sequence x sequences); one sequence always fits (0: what "
         "`hare optimize` or `hare tune` measured for the bundle on its target, the smallest batch within 5% of "
-        f"the best token rate with every core busy; {MAX_BATCH_TOKENS} for a bundle without one)",
+        "the best token rate with every core busy, and for `hare run` the best itself; "
+        f"{MAX_BATCH_TOKENS} for a bundle without one)",
         0,
     )
     max_wait_ms: float = _setting(
