@@ -413,8 +413,8 @@ async def _alone_on_one_connection(
 
     await ask(batcher, ["x" * 16])  # no rate measured yet
     assert threads[-1] != loop
-    result = await ask(batcher, ["x" * 16, "y" * 15])
-    assert threads[-1] == loop and [float(r[0]) for r in result.outputs] == [16.0, 15.0]
+    result = await ask(batcher, ["y" * 15])
+    assert threads[-1] == loop and [float(r[0]) for r in result.outputs] == [15.0]
     pinned = os.sched_getaffinity(0)
     assert len(pinned) == 1 or len(cpus) == 1, pinned  # the CPU of the one core it held
     with pytest.raises(InputError, match="refused"):
@@ -439,6 +439,39 @@ async def _alone_on_one_connection(
     await batcher.close()
     assert os.sched_getaffinity(0) == cpus
     pool.close()
+
+
+async def test_a_request_of_several_calls_runs_them_side_by_side_even_alone_on_its_connection() -> None:
+    """Alone on its connection, a worker runs a one-call request on its event loop; a request of several calls
+    (more texts than the batch budget holds) goes to the model threads, which run its calls at once. On the loop
+    they ran one after the other: 32 texts of 128 tokens took one of two cores."""
+    threads: list[int] = []
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        threads.append(threading.get_ident())
+        time.sleep(0.02)
+        with lock:
+            running -= 1
+        return echo([])(batch, width, pooling)
+
+    batcher: Batcher[str] = Batcher(run, policy(streams=2, inline_seconds=10.0, max_batch_tokens=16))
+    batcher.start()
+    batcher.solo = lambda: True
+    loop = threading.get_ident()
+    await ask(batcher, ["x" * 16])  # measures the rate
+    await ask(batcher, ["x" * 16])
+    assert threads[-1] == loop  # one call: on the loop
+    threads.clear()
+    result = await ask(batcher, ["x" * 16, "y" * 15, "z" * 14, "w" * 13])
+    assert [float(r[0]) for r in result.outputs] == [16.0, 15.0, 14.0, 13.0]
+    assert len(threads) == 4 and loop not in threads and most == 2
+    await batcher.close()
 
 
 async def test_a_call_pools_as_its_requests_allow_only_when_they_all_allow_the_same() -> None:
