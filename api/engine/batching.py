@@ -56,6 +56,11 @@ from tasks.errors import HareError
 __all__ = ["BatchStats", "Batcher", "Result", "Ticket"]
 
 log = logging.getLogger("hare.batching")
+# Queued work (beyond the batch at hand) that a worker alone on its connection still runs on its event loop, in
+# seconds at the measured rate: below it, two thread hand-offs cost more than running side by side saves (4
+# three-word texts a request on a tiny classifier, one client, AMX Xeon: 1,106-1,116 req/s through the model
+# threads, 1,339-1,413 on the loop; DistilBERT at 8 tokens: 274-293 through the threads, 119-123 on the loop).
+SPLIT_SECONDS = 0.0005
 
 T = TypeVar("T", bound=Sized)
 
@@ -300,14 +305,14 @@ class Batcher(Generic[T]):
     def _inline(self, padded: int, width: int) -> bool:
         """Whether to run this batch on the event loop: the only batch of a worker alone on its connection, and
         short at the measured rate (a long one would hold up the worker's health and metrics answers). Not while
-        more of the queue waits (a request of more than one call): on the loop its calls would run one after the
-        other, where the model threads run them side by side (MiniLM, 32 texts of 128 tokens a request, 2 cores
-        of an AMX Xeon: one core busy, 79 sentences/s)."""
+        more than SPLIT_SECONDS of the queue waits (a request of several calls): on the loop its calls would run
+        one after the other, where the model threads run them side by side (MiniLM, 32 texts of 128 tokens a
+        request, 2 cores of an AMX Xeon: one core busy, 79 sentences/s)."""
         rate = self.admission.rate * width
         return (
             self.solo is not None
             and len(self._running) == 1
-            and not self._queue.pending
+            and self._queue.tokens <= self.admission.rate * SPLIT_SECONDS
             and rate > 0
             and padded / rate <= self._inline_seconds
             and self.solo()
