@@ -473,7 +473,7 @@ async def test_a_request_of_several_calls_runs_them_side_by_side_even_alone_on_i
     await ask(batcher, ["x" * 16, "y" * 15, "z" * 14, "w" * 13])
     assert threads == [loop] * 4  # four calls expected to take microseconds in all: on the loop
     pause = 0.02  # 16 tokens in 20 ms from now on
-    for _ in range(20):  # the moving average of the rate comes down
+    for _ in range(40):  # the rate's moving average forgets the fast calls (0.8 ** 40: 1e-4 of their weight)
         await ask(batcher, ["x" * 16])
     assert threads[-1] == loop  # one call: on the loop
     threads.clear()
