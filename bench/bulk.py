@@ -130,13 +130,13 @@ def model_only(bundle: Path, texts: list[str], streams: int) -> tuple[Rate, int]
     tok.no_padding()
     model = open_model(bundle / MODEL_FILE, manifest.variant, manifest.target, 1, manifest.output, callers=streams)
     budget = resolve_max_batch_tokens(manifest, throughput=True).max_batch_tokens  # as `hare run` resolves it
+    multiple = model.length_multiple  # as the job pads
     feeds, tokens = [], 0
     for at in range(0, len(texts), CHUNK_ROWS):
         encodings = tok.encode_batch(texts[at : at + CHUNK_ROWS])
         tokens += sum(len(e.ids) for e in encodings)
         for call in length_batches([len(e.ids) for e in encodings], MAX_BATCH_SIZE, budget):
             batch = [encodings[i] for i in call]
-            multiple = model.length_multiple  # as the job pads
             feeds.append(pad_batch(batch, model.input_names, manifest.pad_id, multiple, manifest.max_length))
     model.run(feeds[0])  # first-run allocations
     taken = iter(range(len(feeds)))
