@@ -441,6 +441,37 @@ async def _alone_on_one_connection(
     pool.close()
 
 
+async def test_a_call_on_the_event_loop_is_published_and_measured_like_any_batch(tmp_path: Path) -> None:
+    """A worker alone on its connection runs a lone request's call on its event loop, past the queue; the machine
+    still sees it: other workers' admission reads its padded tokens on the shared page while it runs (and none
+    after), and its batch reaches the token rate and the metrics."""
+    seen: list[float] = []
+    threads: list[int] = []
+    stats: list[BatchStats] = []
+    pool = CorePool(1, tmp_path)
+
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
+        seen.append(pool.queued())
+        threads.append(threading.get_ident())
+        return echo([])(batch, width, pooling)
+
+    batcher: Batcher[str] = Batcher(run, policy(inline_seconds=10.0), pool=pool, on_batch=stats.append)
+    batcher.start()
+    batcher.solo = lambda: True
+    await ask(batcher, ["x" * 16])  # no rate measured yet: a model thread
+    rate = batcher.admission.rate
+    result = await ask(batcher, ["y" * 12, "z" * 7])
+    assert threads[-1] == threading.get_ident()  # on the loop
+    assert [float(r[0]) for r in result.outputs] == [12.0, 7.0]
+    assert seen[-1] == 24  # its padded tokens (2 x 12), on the page while it ran
+    assert pool.queued() == 0 and batcher.held == 0 and batcher.backlog == 0
+    await asyncio.sleep(0)  # the metrics come after the answers' wake-ups
+    assert (stats[-1].size, stats[-1].padded_tokens, stats[-1].tokens) == (2, 24, 19)
+    assert batcher.admission.rate != rate
+    await batcher.close()
+    pool.close()
+
+
 async def test_a_request_of_several_calls_runs_them_side_by_side_even_alone_on_its_connection() -> None:
     """Alone on its connection, a worker runs a one-call request on its event loop; a request of several calls
     (more texts than the batch budget holds) goes to the model threads, which run its calls at once. On the loop

@@ -222,16 +222,57 @@ class Batcher(Generic[T]):
             job.started = job.submitted
             job.future.set_result(Result([], 0.0, 0.0))
             return job
+        if not self._running and not self._queue.pending and self._alone(job, items):
+            return job
         before = self._queue.tokens
         self._queue.put(job, items)
-        size = self._queue.tokens - before
-        self._request_tokens = size if self._request_tokens == 0 else 0.8 * self._request_tokens + 0.2 * size
+        self._sized(self._queue.tokens - before)
         self._publish()
         if self._idle and not self._worth_waiting():
             self._dispatch()  # straight to a free model thread, without a hop through the loop task
         if self._queue.pending:
             self._wake.set()
         return job
+
+    def _alone(self, job: Job, items: Sequence[T]) -> bool:
+        """The fast lane of a worker alone on its connection: a request that finds nothing queued or running and
+        makes one short call runs it here, on the event loop, past the queue (no entries, no batch to take, one
+        write of the shared page each way), and its future is done on return. False, having run nothing, when
+        the request does not qualify (`_inline`'s rules) or no core is free: the queue then takes it."""
+        longest = max(map(len, items))
+        padded = longest * len(items)
+        if len(items) > self._max_items or (len(items) > 1 and padded > self._max_batch_tokens):
+            return False
+        want = self._width()
+        if not self._inline(padded, want):
+            return False
+        self._sized(padded)
+        self._running_tokens += padded
+        self._publish()
+        job.started = time.perf_counter()
+        ran = self._model.run_here(list(items), want, job.pooling)
+        if ran is None:
+            self._running_tokens -= padded
+            return False
+        self._batches += 1
+        rows, error, width, seconds = ran
+        self._finished(padded)
+        if error is None and (rows is None or len(rows) != len(items)):
+            found = "no" if rows is None else len(rows)
+            error = InferenceFailed(f"the model returned {found} rows for {len(items)} sequences")
+        if error is not None:
+            log.error("a batch of %d sequences failed: %s", len(items), error, exc_info=error)
+            _fail(job, error)
+            return True
+        assert rows is not None
+        job.inference = time.perf_counter() - job.started
+        job.future.set_result(Result(list(rows), job.started - job.submitted, job.inference))
+        self._measured(len(items), longest, sum(map(len, items)), seconds, width)
+        return True
+
+    def _sized(self, tokens: float) -> None:
+        """One more request's padded tokens into the moving average (the size of requests still arriving)."""
+        self._request_tokens = tokens if self._request_tokens == 0 else 0.8 * self._request_tokens + 0.2 * tokens
 
     def leave(self, job: Job | None) -> None:
         """Free an admitted request's place (its ticket's way out); a request still waiting is withdrawn."""
@@ -281,17 +322,13 @@ class Batcher(Generic[T]):
         for job in jobs:
             if job.started is None:
                 job.started = start
-        # Every core only for a lone batch on a quiet machine; under load, one core per stream.
-        lone = not (self._running or self._queue.pending or self._arriving) and (
-            self._pool is None or self._pool.quiet()
-        )
+        want = self._width()
         self._batches += 1
         self._running[self._batches] = jobs
         padded = max(e.length for e in batch) * len(batch)
         self._running_tokens += padded
         self._publish()
         done = functools.partial(self._finish, self._batches, batch, jobs, start, padded)
-        want = self._wide if lone else self._narrow
         items = [e.item for e in batch]
         pooling = common_pooling(job.pooling for job in jobs)
         ran = self._model.run_here(items, want, pooling) if self._inline(padded, want) else None
@@ -302,6 +339,11 @@ class Batcher(Generic[T]):
         else:
             self._model.call(items, want, done, pooling)
 
+    def _width(self) -> int:
+        """The cores to ask for: every core only for a lone batch on a quiet machine; under load, one per stream."""
+        lone = not (self._running or self._queue.pending or self._arriving)
+        return self._wide if lone and (self._pool is None or self._pool.quiet()) else self._narrow
+
     def _inline(self, padded: int, width: int) -> bool:
         """Whether to run this batch on the event loop: the only batch of a worker alone on its connection, and
         short at the measured rate (a long one would hold up the worker's health and metrics answers). Not while
@@ -311,7 +353,7 @@ class Batcher(Generic[T]):
         rate = self.admission.rate * width
         return (
             self.solo is not None
-            and len(self._running) == 1
+            and len(self._running) <= 1  # no batch but this one (the fast lane asks before it runs)
             and self._queue.tokens <= self.admission.rate * SPLIT_SECONDS
             and rate > 0
             and padded / rate <= self._inline_seconds
@@ -357,14 +399,7 @@ class Batcher(Generic[T]):
         """On the event loop when a model thread is done (`ran`: its seconds on the cores it held): every
         request in the batch gets its rows or an error."""
         self._running.pop(number, None)
-        self._running_tokens -= padded
-        self._publish()
-        if self._queue.pending:
-            self._wake.set()
-        elif not self._running and self._on_idle is not None and self._idle_timer is None:
-            # One timer per quiet spell, not one made and cancelled per batch: it checks the time when it fires.
-            self._idle_timer = asyncio.get_running_loop().call_later(self._idle_after, self._went_idle)
-        self._last_finish = time.perf_counter()
+        self._finished(padded)
         if error is None:
             try:
                 self._deliver(batch, jobs, start, rows, width, ran)
@@ -374,6 +409,27 @@ class Batcher(Generic[T]):
         log.error("a batch of %d sequences failed: %s", len(batch), error, exc_info=error)
         for job in jobs:
             _fail(job, error)
+
+    def _finished(self, padded: int) -> None:
+        """A batch of `padded` tokens left the model: the shared page, the loop, the idle timer."""
+        self._running_tokens -= padded
+        self._publish()
+        if self._queue.pending:
+            self._wake.set()
+        elif not self._running and self._on_idle is not None and self._idle_timer is None:
+            # One timer per quiet spell, not one made and cancelled per batch: it checks the time when it fires.
+            self._idle_timer = asyncio.get_running_loop().call_later(self._idle_after, self._went_idle)
+        self._last_finish = time.perf_counter()
+
+    def _measured(self, size: int, longest: int, tokens: int, ran: float, width: int) -> None:
+        """A batch's figures into the token rate and, after the answers' wake-ups, the metrics. The model's own
+        time, not the batch's since dispatch: that includes waiting for a core, and under load (more model
+        threads than cores) measured the rate at about half, so admission refused early and the refusal pace
+        ran at half its setting."""
+        stats = BatchStats(size, longest * size, tokens, ran, width)
+        self.admission.observe(stats.padded_tokens, ran, width)
+        if self._on_batch is not None:  # after the waiting requests' wake-ups, so metrics never delay an answer
+            asyncio.get_running_loop().call_soon(self._on_batch, stats)
 
     def _went_idle(self) -> None:
         """No batch for `idle_after` seconds: `on_idle` (the backend trims its memory) off the event loop."""
@@ -411,15 +467,7 @@ class Batcher(Generic[T]):
             if job.remaining == 0 and not job.future.done():
                 assert job.started is not None
                 job.future.set_result(Result(job.outputs, job.started - job.submitted, job.inference))  # type: ignore[arg-type]
-        longest = max(e.length for e in batch)
-        # The model's own time, not the batch's since dispatch: that includes waiting for a core, and under
-        # load (more model threads than cores) measured the rate at about half, so admission refused early
-        # and the refusal pace ran at half its setting.
-        stats = BatchStats(len(batch), longest * len(batch), sum(e.length for e in batch), ran, width)
-        self.admission.observe(stats.padded_tokens, ran, width)
-        if self._on_batch is not None:
-            # After the waiting requests' wake-ups, so metrics never delay an answer.
-            asyncio.get_running_loop().call_soon(self._on_batch, stats)
+        self._measured(len(batch), max(e.length for e in batch), sum(e.length for e in batch), ran, width)
 
     def _work(self) -> float:
         """Padded tokens this worker still has to run: queued, on the model, and the requests admitted but
