@@ -151,7 +151,8 @@ class Settings:
         "a worker serving a single connection runs a model call expected to take at most this long (at the "
         "measured token rate) on its event loop instead of a model thread: no thread hand-offs, each a wake-up "
         "that can wait for a busy core. Its one client waits for that answer anyway, and new connections go "
-        "to the other workers meanwhile (0: always a model thread)",
+        "to the other workers meanwhile. With several connections, only a call expected under 1 ms runs there "
+        "(a quick model's, with the requests read in the same turn of the loop). 0: always a model thread",
         50.0,
     )
     core_pool: Path | None = _setting(  # noqa: RUF009 (_setting returns a dataclasses.field)

@@ -4,6 +4,7 @@ admission by count and by expected wait."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 import time
@@ -16,7 +17,7 @@ import pytest
 from numpy.typing import NDArray
 
 from api.config import Settings
-from api.engine.batching import Batcher, BatchStats, Result
+from api.engine.batching import BUSY_SECONDS, Batcher, BatchStats, Result
 from api.engine.cores import CorePool
 from api.engine.errors import NotReady, Overloaded
 from api.engine.policy import BatchPolicy
@@ -382,9 +383,10 @@ async def test_the_idle_hook_runs_once_after_a_quiet_spell_not_while_busy() -> N
 async def test_a_worker_alone_on_one_connection_runs_short_calls_on_its_event_loop(tmp_path: Path) -> None:
     """Its one client waits for this answer anyway: a short call runs on the loop's own thread, with no hand-off
     to a model thread and back. Not before the rate is measured, not for a call expected to run long (the
-    worker's health and metrics answers would wait), not while another call holds every core, and never while
-    the worker has other connections. The loop's thread stays on the CPU of the core its call held while it
-    runs calls itself, and runs on every CPU again once a call goes to a model thread (or the batcher closes)."""
+    worker's health and metrics answers would wait), not while another call holds every core, and while the
+    worker has other connections only a call expected under BUSY_SECONDS (the test of several connections).
+    The loop's thread stays on the CPU of the core its call held while it runs calls itself, and runs on every
+    CPU again once a call goes to a model thread (or the batcher closes)."""
     threads: list[int] = []
 
     def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
@@ -433,8 +435,8 @@ async def _alone_on_one_connection(
     await waiting
     assert threads[-1] != loop
     other.close()
-    alone = False
-    await ask(batcher, ["x" * 16])
+    alone = False  # with other connections, only a call expected under BUSY_SECONDS runs on the loop
+    await ask(batcher, ["x" * math.ceil(batcher.admission.rate * BUSY_SECONDS * 2)])
     assert threads[-1] != loop
     await batcher.close()
     assert os.sched_getaffinity(0) == cpus
@@ -512,6 +514,54 @@ async def test_a_request_of_several_calls_runs_them_side_by_side_even_alone_on_i
     assert [float(r[0]) for r in result.outputs] == [16.0, 15.0, 14.0, 13.0]
     assert len(threads) == 4 and loop not in threads and most == 2
     await batcher.close()
+
+
+async def test_with_several_connections_a_short_call_runs_on_the_loop_with_the_requests_of_its_turn() -> None:
+    """A worker with many connections and a model of microseconds (a tiny classifier) runs each call on its event
+    loop too, where the two thread hand-offs cost more than the call; the requests read in the same turn of the
+    loop join it first. A call expected to take longer than BUSY_SECONDS (a real model's) goes to a model
+    thread, so the loop reads and tokenizes the next requests meanwhile; HARE_INLINE_MS=0 keeps every call off
+    the loop."""
+    threads: list[int] = []
+    calls: Calls = []
+    pause = 0.0
+
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
+        threads.append(threading.get_ident())
+        if pause:
+            time.sleep(pause)
+        return echo(calls)(batch, width, pooling)
+
+    async def turn(batcher: Batcher[str]) -> list[Result]:
+        return list(await asyncio.gather(*(ask(batcher, [c * 8]) for c in "abcd")))
+
+    loop = threading.get_ident()
+    batcher: Batcher[str] = Batcher(run, policy(streams=2, inline_seconds=0.05))
+    batcher.start()
+    batcher.solo = lambda: False
+    await ask(batcher, ["x" * 16])  # no rate measured yet: a model thread
+    assert threads == [threads[0]] and threads[0] != loop
+    calls.clear()
+    results = await turn(batcher)
+    assert calls == [["a" * 8, "b" * 8, "c" * 8, "d" * 8]] and threads[-1] == loop
+    assert [float(r.outputs[0][0]) for r in results] == [8.0] * 4
+    pause = 0.01  # 8 tokens in 10 ms from now on
+    for _ in range(40):  # the rate's moving average forgets the fast calls
+        await ask(batcher, ["x" * 8])
+    threads.clear()
+    await turn(batcher)
+    assert threads and loop not in threads
+    await batcher.close()
+
+    pause = 0.0
+    threads.clear()
+    off: Batcher[str] = Batcher(run, policy(streams=2, inline_seconds=0.0))
+    off.start()
+    off.solo = lambda: False
+    for _ in range(3):
+        await turn(off)
+    assert threads and loop not in threads
+    await off.close()
 
 
 async def test_a_call_pools_as_its_requests_allow_only_when_they_all_allow_the_same() -> None:

@@ -21,7 +21,15 @@
   while it runs (its only client waits for this answer; new connections go to other workers), and the answer
   leaves without the two thread hand-offs, each a wake-up that waits for a core while the other user's call
   runs (p99 at users = cores and 8 tokens: 7.3-9.8 ms through the threads, 5.3-5.7 ms here). When no core
-  is free, the call goes to a model thread as usual: the loop never waits for another worker's call.
+  is free, the call goes to a model thread as usual: the loop never waits for another worker's call. A lone
+  request that finds nothing queued or running takes the fast lane: its one call runs from `enqueue`, past
+  the queue (`_alone`).
+- Many connections, a quick model: a call expected under BUSY_SECONDS (what is queued, at the measured rate)
+  runs on the event loop too, with every request read in the same turn of the loop (`enqueue` leaves such a
+  dispatch to the loop task, which runs after them). For a model of microseconds the hand-offs to a model
+  thread and back cost more than the call (tiny classifier, 64 connections, 2 cores of an AMX Xeon: 7,200-
+  7,400 req/s through the threads, 11,500 here); a real model's call is longer and keeps the threads, so the
+  loop reads and tokenizes the next requests while it runs.
 - Shedding by age: a request still waiting for its first batch after the admission bound (`max_queue`) is
   refused (429 with Retry-After) when its turn comes rather than run: admission's estimate was wrong (the
   machine slowed down), and its answer would come later than the bound promised. Waiting costs no core, so
@@ -61,6 +69,9 @@ log = logging.getLogger("hare.batching")
 # three-word texts a request on a tiny classifier, one client, AMX Xeon: 1,106-1,116 req/s through the model
 # threads, 1,339-1,413 on the loop; DistilBERT at 8 tokens: 274-293 through the threads, 119-123 on the loop).
 SPLIT_SECONDS = 0.0005
+# The longest call a worker with several connections runs on its event loop (above, see the module's docstring):
+# its answers and the requests behind it wait that long at most, about what two thread hand-offs cost under load.
+BUSY_SECONDS = 0.001
 
 T = TypeVar("T", bound=Sized)
 
@@ -228,7 +239,7 @@ class Batcher(Generic[T]):
         self._queue.put(job, items)
         self._sized(self._queue.tokens - before)
         self._publish()
-        if self._idle and not self._worth_waiting():
+        if self._idle and not self._worth_waiting() and not self._loop_runs_queue():
             self._dispatch()  # straight to a free model thread, without a hop through the loop task
         if self._queue.pending:
             self._wake.set()
@@ -239,6 +250,8 @@ class Batcher(Generic[T]):
         makes one short call runs it here, on the event loop, past the queue (no entries, no batch to take, one
         write of the shared page each way), and its future is done on return. False, having run nothing, when
         the request does not qualify (`_inline`'s rules) or no core is free: the queue then takes it."""
+        if self.solo is None or not self.solo():
+            return False
         longest = max(map(len, items))
         padded = longest * len(items)
         if len(items) > self._max_items or (len(items) > 1 and padded > self._max_batch_tokens):
@@ -351,19 +364,31 @@ class Batcher(Generic[T]):
         one after the other, where the model threads run them side by side (MiniLM, 32 texts of 128 tokens a
         request, 2 cores of an AMX Xeon: one core busy, 79 sentences/s)."""
         rate = self.admission.rate * width
+        if self.solo is None or len(self._running) > 1 or rate <= 0 or self._inline_seconds <= 0:
+            return False
+        if not self.solo():
+            return (padded + self._queue.tokens) / rate <= BUSY_SECONDS
+        return self._queue.tokens <= self.admission.rate * SPLIT_SECONDS and padded / rate <= self._inline_seconds
+
+    def _loop_runs_queue(self) -> bool:
+        """Whether a worker with several connections runs what is queued as one call on its event loop (it is
+        expected under BUSY_SECONDS): `enqueue` then leaves the dispatch to the loop task, so that the requests
+        read in this turn of the loop join the call first."""
+        rate = self.admission.rate * self._narrow
         return (
             self.solo is not None
-            and len(self._running) <= 1  # no batch but this one (the fast lane asks before it runs)
-            and self._queue.tokens <= self.admission.rate * SPLIT_SECONDS
+            and self._inline_seconds > 0
             and rate > 0
-            and padded / rate <= self._inline_seconds
-            and self.solo()
+            and self._queue.tokens / rate <= BUSY_SECONDS
+            and not self.solo()
         )
 
     def _take(self) -> list[Entry[T]]:
-        """The next batch. With several model threads free, the waiting sequences are shared among them."""
+        """The next batch. With several model threads free, the waiting sequences are shared among them, unless
+        the event loop runs them (`_loop_runs_queue`): then in one call."""
         self._shed_late()
-        limit = min(self._max_items, -(-self._queue.pending // max(self._idle, 1)))
+        share = 1 if self._loop_runs_queue() else max(self._idle, 1)
+        limit = min(self._max_items, -(-self._queue.pending // share))
         return self._queue.take(limit, self._max_batch_tokens)
 
     def _shed_late(self) -> None:

@@ -15,6 +15,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.web.metrics import CONTENT_TYPE
 from api.web.openapi_parts import ADMIN_ERRORS, Operation, Shapes, docs_page, get, response
@@ -115,11 +116,25 @@ def index_operation(s: Shapes) -> dict[str, Any]:
 
 
 class Documented(Route):
-    """A route with, per method, the operation /openapi.json states for it (its methods are those keys)."""
+    """A route with, per method, the operation /openapi.json states for it (its methods are those keys).
+
+    Its endpoint answers without Starlette's per-route exception layer (request_response wraps every endpoint
+    in one, a coroutine and a send wrapper a request): the app's ExceptionMiddleware, one layer up, maps
+    whatever an endpoint raises through the same table (api/web/errors.py's HANDLERS) before an answer starts,
+    and no endpoint here raises after its answer started."""
 
     def __init__(self, path: str, endpoint: Endpoint, operations: Mapping[str, Operation]) -> None:
         super().__init__(path, endpoint, methods=list(operations))
         self.operations = dict(operations)
+        self.app = _answering(endpoint)
+
+
+def _answering(endpoint: Endpoint) -> ASGIApp:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        response = await endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+    return app
 
 
 def _post(path: str, endpoint: Endpoint, operation: Operation) -> Documented:
