@@ -516,12 +516,14 @@ async def test_a_request_of_several_calls_runs_them_side_by_side_even_alone_on_i
     await batcher.close()
 
 
-async def test_with_several_connections_a_short_call_runs_on_the_loop_with_the_requests_of_its_turn() -> None:
+async def test_with_several_connections_a_short_call_runs_on_the_loop_with_the_requests_of_its_turn(
+    tmp_path: Path,
+) -> None:
     """A worker with many connections and a model of microseconds (a tiny classifier) runs each call on its event
     loop too, where the two thread hand-offs cost more than the call; the requests read in the same turn of the
     loop join it first. A call expected to take longer than BUSY_SECONDS (a real model's) goes to a model
-    thread, so the loop reads and tokenizes the next requests meanwhile; HARE_INLINE_MS=0 keeps every call off
-    the loop."""
+    thread, so the loop reads and tokenizes the next requests meanwhile; HARE_INLINE_MS=0, or a GPU (no core
+    pool), keeps every call off the loop."""
     threads: list[int] = []
     calls: Calls = []
     pause = 0.0
@@ -536,7 +538,9 @@ async def test_with_several_connections_a_short_call_runs_on_the_loop_with_the_r
         return list(await asyncio.gather(*(ask(batcher, [c * 8]) for c in "abcd")))
 
     loop = threading.get_ident()
-    batcher: Batcher[str] = Batcher(run, policy(streams=2, inline_seconds=0.05))
+    cpus = os.sched_getaffinity(0)
+    pool = CorePool(1, tmp_path)
+    batcher: Batcher[str] = Batcher(run, policy(streams=2, inline_seconds=0.05), pool=pool)
     batcher.start()
     batcher.solo = lambda: False
     await ask(batcher, ["x" * 16])  # no rate measured yet: a model thread
@@ -555,13 +559,17 @@ async def test_with_several_connections_a_short_call_runs_on_the_loop_with_the_r
 
     pause = 0.0
     threads.clear()
-    off: Batcher[str] = Batcher(run, policy(streams=2, inline_seconds=0.0))
-    off.start()
-    off.solo = lambda: False
-    for _ in range(3):
-        await turn(off)
-    assert threads and loop not in threads
-    await off.close()
+    for pooled, inline in ((pool, 0.0), (None, 0.05)):  # HARE_INLINE_MS=0; no core pool (a GPU)
+        threads.clear()
+        off: Batcher[str] = Batcher(run, policy(streams=2, inline_seconds=inline), pool=pooled)
+        off.start()
+        off.solo = lambda: False
+        for _ in range(3):
+            await turn(off)
+        assert threads and loop not in threads
+        await off.close()
+    pool.close()
+    os.sched_setaffinity(0, cpus)  # on a one-CPU machine the loop's calls were pinned to it
 
 
 async def test_a_call_pools_as_its_requests_allow_only_when_they_all_allow_the_same() -> None:

@@ -24,7 +24,7 @@
   is free, the call goes to a model thread as usual: the loop never waits for another worker's call. A lone
   request that finds nothing queued or running takes the fast lane: its one call runs from `enqueue`, past
   the queue (`_alone`).
-- Many connections, a quick model: a call expected under BUSY_SECONDS (what is queued, at the measured rate)
+- Many connections, a quick model on CPU: a call expected under BUSY_SECONDS (what is queued, at the measured rate)
   runs on the event loop too, with every request read in the same turn of the loop (`enqueue` leaves such a
   dispatch to the loop task, which runs after them). For a model of microseconds the hand-offs to a model
   thread and back cost more than the call (tiny classifier, 64 connections, 2 cores of an AMX Xeon: 7,200-
@@ -367,7 +367,7 @@ class Batcher(Generic[T]):
         if self.solo is None or len(self._running) > 1 or rate <= 0 or self._inline_seconds <= 0:
             return False
         if not self.solo():
-            return (padded + self._queue.tokens) / rate <= BUSY_SECONDS
+            return self._loop_runs_queue() and (padded + self._queue.tokens) / rate <= BUSY_SECONDS
         return self._queue.tokens <= self.admission.rate * SPLIT_SECONDS and padded / rate <= self._inline_seconds
 
     def _loop_runs_queue(self) -> bool:
@@ -377,6 +377,7 @@ class Batcher(Generic[T]):
         rate = self.admission.rate * self._narrow
         return (
             self.solo is not None
+            and self._pool is not None  # CPU cores: a GPU's (or the shared engine's) calls keep the threads
             and self._inline_seconds > 0
             and rate > 0
             and self._queue.tokens / rate <= BUSY_SECONDS
