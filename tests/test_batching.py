@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -299,6 +301,69 @@ async def test_admission_refuses_when_the_queue_would_take_longer_than_its_bound
     with batcher.admit():  # drained: admitted again
         pass
     await batcher.close()
+
+
+async def test_a_worker_whose_threads_reach_fewer_cores_than_the_machine_is_judged_by_its_own_queue(
+    tmp_path: Path,
+) -> None:
+    """With one model thread a worker on two cores (`--streams 1`, two workers), a worker's queue drains on the
+    one core its thread holds, whatever the other worker queued: an idle worker admits while the other's queue
+    is far past the bound (judged by the machine's queue it refused too, and under a flood every connection
+    stayed on the busy worker while the idle one's core did nothing), and a busy one refuses by its own queue.
+    Threads that reach every core are judged by the machine's queue, as before."""
+    gate = threading.Event()
+    gate.set()
+
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
+        gate.wait(5)
+        time.sleep(0.05)  # 16 padded tokens in 50 ms: about 320 tokens a second
+        return echo([])(batch, width, pooling)
+
+    other = subprocess.Popen(  # another worker of the machine, with a queue of a million tokens
+        [sys.executable, "-c", OTHER_WORKER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "queued"
+        pool = CorePool(2, tmp_path)
+        alone: Batcher[str] = Batcher(run, policy(streams=1, max_items=1, max_queue=0.25), pool=pool)
+        alone.start()
+        await ask(alone, ["x" * 10])  # one batch measures the rate
+        assert pool.queued() >= 1e6  # the machine's queue: hours of work at that rate
+        with alone.admit():  # but this worker's thread and its core are free
+            pass
+        gate.clear()
+        alone.admission.max_queue = 0  # (with the bound, the queue's late requests would be refused or shed)
+        waiting = [asyncio.ensure_future(ask(alone, ["x" * 10])) for _ in range(12)]
+        await asyncio.sleep(0.05)
+        alone.admission.max_queue = 0.25
+        with pytest.raises(Overloaded, match="queue would take"):  # 11 x 16 tokens: at least 0.55 s of this
+            alone.admit()  # worker's own work, past the 0.25 s bound
+        alone.admission.max_queue = 0
+        gate.set()
+        await asyncio.gather(*waiting)
+        await alone.close()
+        wide: Batcher[str] = Batcher(run, policy(streams=2, max_items=1, max_queue=0.25), pool=pool)
+        wide.start()
+        await ask(wide, ["x" * 10])
+        with pytest.raises(Overloaded, match="queue would take"):  # its threads reach both cores: the machine's
+            wide.admit()
+        await wide.close()
+        pool.close()
+    finally:
+        other.kill()
+        other.communicate()  # reaps it and closes its pipe
+
+
+# A second worker process holding a slot of the core pool in the folder argv[1], a million tokens queued.
+OTHER_WORKER = """
+import sys, time
+from pathlib import Path
+from api.engine.cores import CorePool
+pool = CorePool(2, Path(sys.argv[1]))
+pool.set_queued(1e6)
+print("queued", flush=True)
+time.sleep(60)
+"""
 
 
 async def test_the_measured_capacity_follows_the_model_speed_and_the_request_size() -> None:

@@ -124,7 +124,7 @@ class Batcher(Generic[T]):
         self._pool = pool
         self._narrow, self._wide = min(widths), max(widths)
         cores = pool.cores if pool else policy.streams * self._narrow
-        self.admission = Admission(policy.capacity, policy.max_queue, cores, pool)
+        self.admission = Admission(policy.capacity, policy.max_queue, cores, pool, policy.streams * self._narrow)
         self._held = 0  # requests admitted and not yet left
         self._arriving = 0  # admitted requests that have not queued their sequences yet
         self._reported = 0  # the depth last reported (reports only on change: each is a metrics write)
