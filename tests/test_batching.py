@@ -303,14 +303,14 @@ async def test_admission_refuses_when_the_queue_would_take_longer_than_its_bound
     await batcher.close()
 
 
-async def test_a_worker_whose_threads_reach_fewer_cores_than_the_machine_is_judged_by_its_own_queue(
+async def test_a_worker_whose_threads_have_cores_of_their_own_is_judged_by_its_own_queue(
     tmp_path: Path,
 ) -> None:
     """With one model thread a worker on two cores (`--streams 1`, two workers), a worker's queue drains on the
     one core its thread holds, whatever the other worker queued: an idle worker admits while the other's queue
     is far past the bound (judged by the machine's queue it refused too, and under a flood every connection
     stayed on the busy worker while the idle one's core did nothing), and a busy one refuses by its own queue.
-    Threads that reach every core are judged by the machine's queue, as before."""
+    Where the workers' threads share the cores (more threads than cores), the machine's queue decides, as before."""
     gate = threading.Event()
     gate.set()
 
@@ -325,7 +325,7 @@ async def test_a_worker_whose_threads_reach_fewer_cores_than_the_machine_is_judg
     try:
         assert other.stdout is not None and other.stdout.readline().strip() == "queued"
         pool = CorePool(2, tmp_path)
-        alone: Batcher[str] = Batcher(run, policy(streams=1, max_items=1, max_queue=0.25), pool=pool)
+        alone: Batcher[str] = Batcher(run, policy(streams=1, workers=2, max_items=1, max_queue=0.25), pool=pool)
         alone.start()
         await ask(alone, ["x" * 10])  # one batch measures the rate
         assert pool.queued() >= 1e6  # the machine's queue: hours of work at that rate
@@ -342,12 +342,15 @@ async def test_a_worker_whose_threads_reach_fewer_cores_than_the_machine_is_judg
         gate.set()
         await asyncio.gather(*waiting)
         await alone.close()
-        wide: Batcher[str] = Batcher(run, policy(streams=2, max_items=1, max_queue=0.25), pool=pool)
-        wide.start()
-        await ask(wide, ["x" * 10])
-        with pytest.raises(Overloaded, match="queue would take"):  # its threads reach both cores: the machine's
-            wide.admit()
-        await wide.close()
+        for streams, workers in ((2, 2), (1, 3)):  # threads sharing the cores: judged by the machine's queue
+            shared: Batcher[str] = Batcher(
+                run, policy(streams=streams, workers=workers, max_items=1, max_queue=0.25), pool=pool
+            )
+            shared.start()
+            await ask(shared, ["x" * 10])
+            with pytest.raises(Overloaded, match="queue would take"):
+                shared.admit()
+            await shared.close()
         pool.close()
     finally:
         other.kill()

@@ -6,8 +6,8 @@ answers 429 with Retry-After), never left to time out in a queue.
   shared page of api/engine/cores.py: queued, on the model, and requests admitted but not yet tokenized, at
   the average request's size) over the measured token rate (tokens per second per core x cores). Above
   `max_queue` seconds, Overloaded with retry_after = the seconds until the excess has drained (at least 1).
-  Where a worker's model threads reach fewer cores than the machine has (`--streams 1`, two workers on two
-  cores), its queue drains only on theirs: its own work over their cores is its wait. Judged by the machine's
+  Where each worker's model threads have cores of their own (workers x streams within the cores: `--streams
+  1`), a worker's queue drains only on its own: its work over those cores is its wait. Judged by the machine's
   queue, an idle worker refused while the other's queue was full, so under a flood every connection stayed
   on the busy worker and the idle one's core did nothing (open-3x goodput 0.62, 1.3 of 2 cores busy).
 - Count bound: a worker holds at most `capacity` requests (memory: each holds its body and encodings).
@@ -74,15 +74,15 @@ class Admission:
     (0: no time bound) on a machine of `cores` cores."""
 
     def __init__(
-        self, capacity: int, max_queue: float, cores: int, pool: CorePool | None = None, reach: int = 0
+        self, capacity: int, max_queue: float, cores: int, pool: CorePool | None = None, owned: int = 0
     ) -> None:
         self.capacity = capacity
         self.max_queue = max_queue
         self.cores = max(1, cores)
         self._pool = pool
-        # The cores this worker's own model threads can run on at once (0: every core). Fewer than the
-        # machine's: its queue drains only that fast, whatever the other workers do, so its own work decides.
-        self._reach = reach if 0 < reach < self.cores else 0
+        # The cores this worker's model threads have to themselves (0: they share the machine's with every
+        # worker's). Fewer than the machine's: its queue drains that fast, whatever the others queued.
+        self._owned = owned if 0 < owned < self.cores else 0
         self.rate = 0.0  # padded tokens per second per core; 0 until a batch was measured
 
     def observe(self, padded_tokens: int, seconds: float, width: int) -> None:
@@ -94,11 +94,11 @@ class Admission:
 
     def expected_wait(self, local_tokens: float) -> float:
         """Seconds until the machine's queued tokens are done (this worker's alone without a shared pool, or when
-        its model threads reach fewer cores than the machine has: then at the speed of those)."""
+        its model threads have cores of their own: then at the speed of those)."""
         if self.rate <= 0:
             return 0.0
-        if self._reach:
-            return local_tokens / (self.rate * self._reach)
+        if self._owned:
+            return local_tokens / (self.rate * self._owned)
         queued = self._pool.queued() if self._pool is not None else local_tokens
         return queued / (self.rate * self.cores)
 

@@ -24,9 +24,9 @@
   is free, the call goes to a model thread as usual: the loop never waits for another worker's call. A lone
   request that finds nothing queued or running takes the fast lane: its one call runs from `enqueue`, past
   the queue (`_alone`).
-- Many connections, a quick model on CPU: a call expected under BUSY_SECONDS (what is queued, at the measured rate)
-  runs on the event loop too, with every request read in the same turn of the loop (`enqueue` leaves such a
-  dispatch to the loop task, which runs after them). For a model of microseconds the hand-offs to a model
+- Many connections, a quick model on CPU: a call expected under BUSY_SECONDS (what is queued, at the measured
+  rate) runs on the event loop too, with every request read in the same turn of the loop (`enqueue` leaves
+  such a dispatch to the loop task, which runs after them). For a model of microseconds the hand-offs to a model
   thread and back cost more than the call (tiny classifier, 64 connections, 2 cores of an AMX Xeon: 7,200-
   7,400 req/s through the threads, 11,500 here); a real model's call is longer and keeps the threads, so the
   loop reads and tokenizes the next requests while it runs.
@@ -124,7 +124,11 @@ class Batcher(Generic[T]):
         self._pool = pool
         self._narrow, self._wide = min(widths), max(widths)
         cores = pool.cores if pool else policy.streams * self._narrow
-        self.admission = Admission(policy.capacity, policy.max_queue, cores, pool, policy.streams * self._narrow)
+        # Threads with cores of their own (every worker's threads together within the cores) drain this worker's
+        # queue alone: its own work is its wait (api/engine/admission.py).
+        reach = policy.streams * self._narrow
+        owned = reach if policy.workers * reach <= cores else 0
+        self.admission = Admission(policy.capacity, policy.max_queue, cores, pool, owned)
         self._held = 0  # requests admitted and not yet left
         self._arriving = 0  # admitted requests that have not queued their sequences yet
         self._reported = 0  # the depth last reported (reports only on change: each is a metrics write)
@@ -259,7 +263,6 @@ class Batcher(Generic[T]):
         want = self._width()
         if not self._inline(padded, want):
             return False
-        self._sized(padded)
         self._running_tokens += padded
         self._publish()
         job.started = time.perf_counter()
@@ -267,6 +270,7 @@ class Batcher(Generic[T]):
         if ran is None:
             self._running_tokens -= padded
             return False
+        self._sized(padded)
         self._batches += 1
         rows, error, width, seconds = ran
         self._finished(padded)

@@ -18,7 +18,7 @@ class BatchPolicy:
     request is admitted, and the age at which a waiting one is shed (0: no time bound). streams: model
     threads. idle_priority: they run at SCHED_IDLE. inline_seconds: the longest call a worker alone on its
     connection runs on its event loop (0: never). idle_after: seconds without a batch before the idle hook.
-    bucket: the length queue's bucket, in tokens."""
+    bucket: the length queue's bucket, in tokens. workers: the server's worker processes, sharing the cores."""
 
     max_items: int
     max_batch_tokens: int
@@ -30,6 +30,7 @@ class BatchPolicy:
     inline_seconds: float = 0.0
     idle_after: float = 1.0
     bucket: int = BUCKET
+    workers: int = 1
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BatchPolicy:
@@ -44,4 +45,5 @@ class BatchPolicy:
             streams=settings.streams,
             idle_priority=settings.idle_priority,
             inline_seconds=settings.inline_ms / 1000,
+            workers=settings.workers,
         )
