@@ -274,12 +274,9 @@ class Batcher(Generic[T]):
         self._batches += 1
         rows, error, width, seconds = ran
         self._finished(padded)
-        if error is None and (rows is None or len(rows) != len(items)):
-            found = "no" if rows is None else len(rows)
-            error = InferenceFailed(f"the model returned {found} rows for {len(items)} sequences")
+        error = error or _rows_error(rows, len(items))
         if error is not None:
-            log.error("a batch of %d sequences failed: %s", len(items), error, exc_info=error)
-            _fail(job, error)
+            _failed([job], len(items), error)
             return True
         assert rows is not None
         job.inference = time.perf_counter() - job.started
@@ -436,9 +433,7 @@ class Batcher(Generic[T]):
                 return
             except Exception as exc:
                 error = exc
-        log.error("a batch of %d sequences failed: %s", len(batch), error, exc_info=error)
-        for job in jobs:
-            _fail(job, error)
+        _failed(jobs, len(batch), error)
 
     def _finished(self, padded: int) -> None:
         """A batch of `padded` tokens left the model: the shared page, the loop, the idle timer."""
@@ -483,9 +478,9 @@ class Batcher(Generic[T]):
     def _deliver(
         self, batch: list[Entry[T]], jobs: list[Job], start: float, rows: Rows | None, width: int, ran: float
     ) -> None:
-        if rows is None or len(rows) != len(batch):
-            found = "no" if rows is None else len(rows)
-            raise InferenceFailed(f"the model returned {found} rows for {len(batch)} sequences")
+        if (wrong := _rows_error(rows, len(batch))) is not None:
+            raise wrong
+        assert rows is not None
         seconds = time.perf_counter() - start
         for row, entry in zip(rows, batch, strict=True):
             job = entry.job
@@ -528,6 +523,21 @@ class Batcher(Generic[T]):
         error = task.exception() if not task.cancelled() else None
         log.critical("the batching loop stopped: %r", error)
         self._fail_pending(InferenceFailed("the server's batching loop stopped; see the server log"))
+
+
+def _rows_error(rows: Rows | None, size: int) -> InferenceFailed | None:
+    """The failure of a model call that did not return one row per sequence of its batch of `size`."""
+    if rows is not None and len(rows) == size:
+        return None
+    found = "no" if rows is None else len(rows)
+    return InferenceFailed(f"the model returned {found} rows for {size} sequences")
+
+
+def _failed(jobs: Sequence[Job], size: int, error: BaseException) -> None:
+    """A batch of `size` sequences failed: logged once, and every request in it gets the error."""
+    log.error("a batch of %d sequences failed: %s", size, error, exc_info=error)
+    for job in jobs:
+        _fail(job, error)
 
 
 def _fail(job: Job, exc: BaseException) -> None:
