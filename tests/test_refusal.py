@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from api.engine.errors import Overloaded
-from api.process.refuser import LINGER_S
+from api.process.refuser import LINGER_S, whole_request
 from api.web.errors import error_response, raw_answer
 from tests.conftest import ModelFactory
 from tests.live_server import hare_serve
@@ -56,18 +56,26 @@ def full_server(
             thread.join(TIMEOUT_S)
 
 
-def raw_post(url: str, body: bytes, split: int | None = None) -> tuple[int, dict[str, str], bytes]:
-    """One POST /predict on a fresh connection, read to the server's close (a reset would raise)."""
-    host, port = url.removeprefix("http://").split(":")
-    request = (
+def post_bytes(url: str, body: bytes, connection: str = "close") -> bytes:
+    host = url.removeprefix("http://").split(":")[0]
+    return (
         f"POST /predict HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        f"content-length: {len(body)}\r\nconnection: {connection}\r\n\r\n"
     ).encode() + body
+
+
+def raw_post(
+    url: str, body: bytes, split: int | None = None, request: bytes | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """One POST /predict (or the bytes of `request`) on a fresh connection, read to the server's close (a reset
+    would raise); `split`: sent in two parts that far in, SPLIT_PAUSE_S apart."""
+    host, port = url.removeprefix("http://").split(":")
+    request = request or post_bytes(url, body)
     with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
         if split is None:
             sock.sendall(request)
-        else:  # the request line split before its method is whole, the rest sent once the accept loop has
-            # read the first part (a pause: both parts in one read would make it a whole POST, rightly refused)
+        else:  # the rest sent once the accept loop has read the first part (a pause: both parts in one read
+            # would make it one whole request)
             sock.sendall(request[:split])
             time.sleep(SPLIT_PAUSE_S)
             sock.sendall(request[split:])
@@ -109,6 +117,29 @@ def test_a_request_split_before_its_method_and_other_methods_reach_the_app(full_
     assert httpx.get(f"{full_server}/health", timeout=TIMEOUT_S).status_code == 200  # not refused: not a POST
 
 
+@pytest.mark.parametrize("how", ["body late", "large body"])
+def test_a_refused_request_not_read_whole_at_once_still_reads_its_429(full_server: str, how: str) -> None:
+    """The accept loop closes a refused connection at once only when one read took the whole request. With
+    the body still on the way it answers and lingers for the rest; with more than one read takes (a large
+    body), closing would leave bytes unread and the kernel would reset the connection: the client's write of
+    its body would fail (and on a real network the reset can overtake the 429). Either way the client writes
+    its whole request and reads its 429 whole."""
+    if how == "body late":
+        body = json.dumps({"inputs": "a short text"}).encode()
+        request = post_bytes(full_server, body)
+        at: int | None = len(request) - len(body) // 2
+    else:
+        body = json.dumps({"inputs": "word " * 40_000}).encode()  # 200 kB: over READ_BYTES
+        request, at = post_bytes(full_server, body), None
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: raw_post(full_server, body, split=at, request=request), range(BURST)))
+    assert {status for status, _, _ in answers} <= {200, 429}
+    canned = [(headers, rest) for status, headers, rest in answers if status == 429 and "server" not in headers]
+    assert canned, "no refusal from the accept loop in the burst"
+    for headers, rest in canned:
+        assert json.loads(rest[: int(headers["content-length"])])["type"] == "Overloaded"
+
+
 def test_a_connection_silent_past_the_linger_is_still_served(full_server: str) -> None:
     host, port = full_server.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
@@ -140,3 +171,21 @@ def test_the_prebuilt_429_parses_as_http_and_is_the_apps_answer() -> None:
     assert {k: v for k, v in app.headers.items() if k not in ("content-length", "content-type")} == {
         k: v for k, v in headers.items() if k not in ("content-length", "content-type")
     }
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "whole"),
+    [
+        (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", True),
+        (b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{", False),  # the body still coming
+        (b"POST /predict HTTP/1.1\r\nhost: x\r\n\r\n", True),  # no body
+        (b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-le", False),  # the head still coming
+        (b"POST / HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}POST / HTTP/1.1\r\n", False),  # another behind it
+        (b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", False),  # never judged
+        (b"POST / HTTP/1.1\r\ncontent-length: x\r\n\r\n", False),
+    ],
+)
+def test_a_refusal_closes_at_once_only_after_one_whole_request(request_bytes: bytes, whole: bool) -> None:
+    """Whatever is left unread at close makes the kernel reset the connection: only a read holding exactly one
+    whole request lets the accept loop close without lingering."""
+    assert whole_request(request_bytes) is whole

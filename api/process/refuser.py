@@ -5,16 +5,20 @@ admission opened) goes on to uvicorn as usual.
 
 Why: a refusal through uvicorn and the app costs about 0.2 ms of a core, so refusals could not keep up with
 arrivals a few times past capacity, and the connections they did not reach waited unseen in the listen
-backlog (a client saw 80 s). Here a refusal is a few system calls (peek, send, shutdown, read, close).
+backlog (a client saw 80 s). Here a refusal is a few system calls: peek, read, send, close.
 
 One connection, refused:
 
-    accepted -> readable: peek 5 bytes -> "POST " and admission refuses -> send the 429, shutdown(SHUT_WR)
-             -> readable: read and drop the request until the client closes (or LINGER_S) -> close
+    accepted -> peek 5 bytes (at once: paced, it waited in the backlog and its request is most often there;
+                else when readable) -> "POST " and admission refuses -> read the request, send the 429
+             -> the request was read whole: close
+             -> else (its body still on the way, or more behind it): shutdown(SHUT_WR), then when readable
+                read and drop the rest until the client closes (or LINGER_S) -> close
 
-Closing while the request is still unread would make the kernel answer with a reset, which can destroy the
-429 before the client reads it (the lingering close every HTTP server does). A connection that sends nothing
-for LINGER_S is handed to uvicorn, whose own timeouts apply.
+Closing while part of the request is still unread would make the kernel answer with a reset, which can
+destroy the 429 before the client reads it (hence the lingering close every HTTP server does, here only
+where it is needed: it costs two turns of the loop and five system calls more). A connection that sends
+nothing for LINGER_S is handed to uvicorn, whose own timeouts apply.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable
 
 LINGER_S = 2.0  # a refused client has this long to read its 429 and close; a silent one to send its request
 REFUSED_METHOD = b"POST "  # every inference route is a POST; RefuseEarly (api/web/errors.py) refuses the same
+READ_BYTES = 65536  # what one read of a refused request takes; a longer one lingers for the rest
 
 
 class Refuser:
@@ -49,41 +54,51 @@ class Refuser:
         return len(self._held)
 
     def take(self, conn: socket.socket) -> None:
-        """Hold `conn` (non-blocking, just accepted) until its first bytes say what to do with it."""
-        fd = conn.fileno()
-        self._held[fd] = (conn, time.monotonic() + LINGER_S, False)
-        self._loop.add_reader(fd, self._first, conn)
+        """Decide `conn` (non-blocking, just accepted) by its first bytes, now if they are there, else when
+        they come."""
+        if not self._first(conn):
+            fd = conn.fileno()
+            self._held[fd] = (conn, time.monotonic() + LINGER_S, False)
+            self._loop.add_reader(fd, self._first, conn)
 
-    def _first(self, conn: socket.socket) -> None:
+    def _first(self, conn: socket.socket) -> bool:
+        """Refuse `conn`, or give it to uvicorn, or close it; False while it has sent nothing yet."""
         try:
             head = conn.recv(len(REFUSED_METHOD), socket.MSG_PEEK)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             self._close(conn)
-            return
+            return True
         if not head:  # the client left before sending anything
             self._close(conn)
-            return
+            return True
         refusal = self._refusal() if head == REFUSED_METHOD else None
         if refusal is None:  # another method, a request split before its 5th byte, or admission opened
             self._give(conn)
-            return
+            return True
         try:
+            whole = whole_request(conn.recv(READ_BYTES))
             conn.send(refusal)  # a few hundred bytes into an empty send buffer: never partial
-            conn.shutdown(socket.SHUT_WR)
-        except OSError:
+            if not whole:
+                conn.shutdown(socket.SHUT_WR)
+        except OSError:  # the client is gone
             self._close(conn)
-            return
+            return True
         self._refused()
+        if whole:
+            self._close(conn)
+            return True
         fd = conn.fileno()
+        if fd in self._held:
+            self._loop.remove_reader(fd)
         self._held[fd] = (conn, time.monotonic() + LINGER_S, True)
-        self._loop.remove_reader(fd)
         self._loop.add_reader(fd, self._drain, conn)
+        return True
 
     def _drain(self, conn: socket.socket) -> None:
         try:
-            while conn.recv(65536):
+            while conn.recv(READ_BYTES):
                 pass
         except BlockingIOError:
             return
@@ -116,3 +131,20 @@ class Refuser:
     def _close(self, conn: socket.socket) -> None:
         self._release(conn)
         conn.close()
+
+
+def whole_request(request: bytes) -> bool:
+    """Whether `request` is one whole HTTP request and nothing more: its head, and exactly the body its
+    Content-Length gives (none without one; a chunked body is never taken for whole). Closing after reading
+    it leaves nothing unread for the kernel to answer with a reset."""
+    head, found, body = request.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    fields = head.lower()
+    if b"\r\ntransfer-encoding:" in fields:
+        return False
+    at = fields.find(b"\r\ncontent-length:")
+    if at < 0:
+        return not body
+    value = fields[at + 2 :].split(b"\r\n", 1)[0].partition(b":")[2].strip()
+    return value.isdigit() and len(body) == int(value)

@@ -27,7 +27,7 @@ a refusal costs the server as little as possible and keeps up with the clients w
 
     kernel listen backlog (one socket, every worker)
         -> accept loop (this module): open while admitted, paced by capacity while refusing
-            -> refusing: api/process/refuser.py (peek "POST ", the prebuilt 429, a lingering close)
+            -> refusing: api/process/refuser.py (peek "POST ", read it, the prebuilt 429, close)
             -> otherwise: uvicorn's protocol (httptools; one write per answer, onewrite.py)
                 -> the app (api/web/app.py): RefuseEarly, routes, batcher
 """
