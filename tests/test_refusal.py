@@ -10,6 +10,8 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
 
 import h11
 import httpx
@@ -37,9 +39,17 @@ def full_server(
     """A one-worker server that holds one request at a time, kept busy by a client sending heavy requests
     back to back, so that admission refuses nearly always; refusing every new connection at once, or at the
     default pace (3 a second per answer a second of capacity)."""
-    log = tmp_path_factory.mktemp("refusal") / "server.log"
-    env = {"HARE_QUEUE_SIZE": "1", "HARE_REFUSAL_INTERVAL_MS": "0", "HARE_REFUSALS_PER_ANSWER": request.param}
-    with hare_serve(tiny_bundle("feature-extraction"), log, env=env) as (url, _):
+    env = {"HARE_REFUSALS_PER_ANSWER": request.param}
+    with busy_server(tiny_bundle("feature-extraction"), tmp_path_factory.mktemp("refusal"), env) as url:
+        yield url
+
+
+@contextmanager
+def busy_server(bundle: Path, logs: Path, env: dict[str, str]) -> Iterator[str]:
+    """A one-worker server that holds one request at a time, kept busy by a client sending heavy requests
+    back to back, with `env` on top."""
+    env = {"HARE_QUEUE_SIZE": "1", "HARE_REFUSAL_INTERVAL_MS": "0", **env}
+    with hare_serve(bundle, logs / "server.log", env=env) as (url, _):
         stop = threading.Event()
 
         def busy() -> None:
@@ -138,6 +148,18 @@ def test_a_refused_request_not_read_whole_at_once_still_reads_its_429(full_serve
     assert canned, "no refusal from the accept loop in the burst"
     for headers, rest in canned:
         assert json.loads(rest[: int(headers["content-length"])])["type"] == "Overloaded"
+
+
+def test_a_large_body_refused_by_the_app_reads_its_429(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    """Refused in the app (RefuseEarly, or admission in the route), a request's body is read before the 429
+    closes the connection: closed with 200 kB still arriving, the kernel would reset it, and the client would
+    see a broken connection instead of its 429."""
+    env = {"HARE_REFUSE_IN_ACCEPT": "0"}  # every refusal through uvicorn and the app
+    body = json.dumps({"inputs": "word " * 40_000}).encode()
+    with busy_server(tiny_bundle("feature-extraction"), tmp_path, env) as url, ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: raw_post(url, body), range(2 * BURST)))
+    statuses = [status for status, _, _ in answers]
+    assert set(statuses) <= {200, 429} and 429 in statuses, statuses
 
 
 def test_a_connection_silent_past_the_linger_is_still_served(full_server: str) -> None:

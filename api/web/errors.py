@@ -118,9 +118,11 @@ def _count(request: Request, kind: str) -> None:
 
 
 class RefuseEarly:
-    """Refuses an inference request (every POST) before routing, middleware or its body, when admission
-    would refuse it anyway: under a flood the refusals must cost the cores as little as possible. The same
-    429 as the handler below; requests that get past this still meet the admission check in their route."""
+    """Refuses an inference request (every POST) before routing, middleware or parsing its body, when
+    admission would refuse it anyway: under a flood the refusals must cost the cores as little as possible.
+    The same 429 as the handler below; requests that get past this still meet the admission check in their
+    route. The body is read and dropped first: the 429 closes the connection, and one closed with bytes
+    unread is reset by the kernel, which a client still sending its body sees instead of the 429."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -131,9 +133,22 @@ class RefuseEarly:
             refusal = res.batcher.refusal() if res is not None else None
             if res is not None and refusal is not None:
                 res.metrics.errors.labels(type(refusal).__name__).inc()
+                await drop_body(receive, res.limits.max_body_bytes)
                 await error_response(refusal)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+async def drop_body(receive: Receive, limit: int) -> None:
+    """Read a request's body and drop it, up to `limit` bytes (past that the client hears a reset, as a body
+    over the limit would anyway), before a 429 that closes the connection. A body that came with its head is
+    already read: one call."""
+    read = 0
+    while read <= limit:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+        read += len(message.get("body", b""))
 
 
 async def on_hare_error(request: Request, exc: Exception) -> Response:

@@ -24,9 +24,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
+from api.engine.errors import Overloaded
 from api.engine.pipeline import PredictRequest, Served
 from api.web import schemas
-from api.web.errors import NotFound
+from api.web.errors import NotFound, drop_body
 from api.web.metrics import SERVED
 from api.web.public import check_api_key
 from api.web.state import Resources, resources
@@ -68,7 +69,12 @@ async def infer(
     res = guarded(request, needs, what)
     if res.limiter is not None:
         res.limiter.check(request)
-    with res.batcher.admit() as ticket:
+    try:
+        admitted = res.batcher.admit()
+    except Overloaded:
+        await drop_body(request.receive, res.limits.max_body_bytes)  # see RefuseEarly
+        raise
+    with admitted as ticket:
         body = await schemas.read_body(request, res.limits.max_body_bytes)
         parsed, extra = parse(body, res)
         served = await res.pipeline.run(ticket, parsed, partial(_gone, request.receive))
