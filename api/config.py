@@ -21,12 +21,13 @@ from tasks.errors import InputError
 PROFILES = ("throughput", "latency")
 ENGINES = ("auto", "shared", "per-worker")
 # Throughput profile: one worker process per physical core, so the Python side (HTTP, tokenizing, answering)
-# has an event loop per core, each worker running at least this many model streams. Keep-alive connections
-# stick to the worker that accepted them and the kernel often hands several to one worker: with two streams,
-# a worker holding two clients still uses two cores. Measured on 2 cores: 2 workers x 2 streams matched or
-# beat 1 x 2 at every point (1,843 vs 1,505 req/s at 16 users, 8 tokens, when the connections spread), and
-# 2 x 1 ran at half speed whenever both clients landed on one worker.
-MIN_STREAMS = 2
+# has an event loop per core, each running one model stream: the worker's waiting requests go to the model
+# as one call on its core. Two streams a worker (the default until 2026-11-29) ran them as two smaller calls
+# taking turns on the cores: on an AMX Xeon, 2 cores, one stream answered 1.4-1.9x the requests at 8-64 users
+# on short texts, 1.1-1.25x at 128 tokens, and the same within 5% at 2 users (docs/serving.md). Two streams
+# were kept while keep-alive could pin both clients of a 2-core machine to one worker (one stream then ran at
+# half speed); the workers now balance their connections (api/process/worker.py), and a lone call takes
+# every core (api/engine/cores.py).
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _UNSET = object()
 
@@ -100,7 +101,7 @@ class Settings:
     profile: str = _setting(
         "HARE_PROFILE",
         _choice(PROFILES),
-        "throughput: one worker per physical core, each with two model streams of one ORT thread (on a GPU, "
+        "throughput: one worker per physical core, each with one model stream of one ORT thread (on a GPU, "
         "all feeding one shared engine); latency: one worker, one stream using every core (on a GPU, two)",
         "throughput",
     )
@@ -371,7 +372,7 @@ class Settings:
 
 def layout(profile: str, cores: int, workers: int = 0, gpu: bool = False) -> tuple[int, int, int]:
     """(workers, streams per worker, ORT threads per stream) for a profile on `cores` physical cores; `workers`
-    given (non-zero) is kept, each with enough streams to use its share of the cores (and at least two).
+    given (non-zero) is kept, each with enough streams to use its share of the cores.
 
     On a GPU the device does the work: for throughput, a worker per core to parse, tokenize and answer, feeding
     one shared engine that holds the one copy of the model (api/process/engine.py; measured on an H200 at 256
@@ -383,7 +384,7 @@ def layout(profile: str, cores: int, workers: int = 0, gpu: bool = False) -> tup
     if profile == "latency":
         return workers or 1, 1, cores
     workers = workers or cores
-    return workers, max(-(-cores // workers), min(MIN_STREAMS, cores)), 1
+    return workers, -(-cores // workers), 1
 
 
 def _fields() -> dict[str, dataclasses.Field[Any]]:

@@ -30,12 +30,13 @@ def test_defaults() -> None:
     assert s.rate_limit == 0 and s.max_inputs == 10_000
 
 
-def test_throughput_runs_a_worker_per_core_each_with_two_streams() -> None:
+def test_throughput_runs_a_worker_per_core_each_with_one_stream() -> None:
     assert layout("throughput", 1) == (1, 1, 1)
-    assert layout("throughput", 2) == (2, 2, 1)  # this machine: two clients on one worker still use both cores
-    assert layout("throughput", 16) == (16, 2, 1)
+    assert layout("throughput", 2) == (2, 1, 1)  # a worker's waiting requests go to its core as one call
+    assert layout("throughput", 16) == (16, 1, 1)
     assert layout("throughput", 2, workers=1) == (1, 2, 1)  # fewer workers: each gets streams for its share
     assert layout("throughput", 16, workers=4) == (4, 4, 1)
+    assert layout("throughput", 2, workers=3) == (3, 1, 1)
     assert Settings.from_env({"HARE_STREAMS": "3"}).streams == 3
     # A GPU: a worker per core feeding the shared engine for throughput, one worker for latency; two streams.
     assert layout("throughput", 16, gpu=True) == (16, 2, 1) and layout("latency", 16, gpu=True) == (1, 2, 1)

@@ -136,7 +136,7 @@ def test_two_clients_of_a_two_worker_server_are_served_by_two_workers(
 ) -> None:
     """Each worker alone on one connection runs its short calls on its own event loop (api/engine/batching.py); two
     users on one worker would share its loop and its model threads. Balanced when each is accepted: a worker
-    holding a connection lets the other take the next one first (1 ms, api/process/worker.py). The real clock
+    holding a connection lets the other take the next one first (3 ms, api/process/worker.py). The real clock
     decides whether the other wakes within it, hence the serial phase."""
     url, _, _ = server
     seen: set[int] = set()  # first both workers accepting (the fixture waited for one to be ready)
