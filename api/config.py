@@ -24,7 +24,7 @@ ENGINES = ("auto", "shared", "per-worker")
 # has an event loop per core, each running one model stream: the worker's waiting requests go to the model
 # as one call on its core. Two streams a worker (the default until 2026-11-29) ran them as two smaller calls
 # taking turns on the cores: on an AMX Xeon, 2 cores, one stream answered 1.4-1.9x the requests at 8-64 users
-# on short texts, 1.1-1.25x at 128 tokens, and the same within 5% at 2 users (docs/serving.md). Two streams
+# on short texts, and 0.93-1.25x at 2 users or 128 tokens (docs/serving.md, Process model). Two streams
 # were kept while keep-alive could pin both clients of a 2-core machine to one worker (one stream then ran at
 # half speed); the workers now balance their connections (api/process/worker.py), and a lone call takes
 # every core (api/engine/cores.py).

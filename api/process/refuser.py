@@ -17,8 +17,8 @@ One connection, refused:
 
 Closing while part of the request is still unread would make the kernel answer with a reset, which can
 destroy the 429 before the client reads it (hence the lingering close every HTTP server does, here only
-where it is needed: it costs two turns of the loop and five system calls more). A connection that sends
-nothing for LINGER_S is handed to uvicorn, whose own timeouts apply.
+where it is needed: it costs a shutdown, the reads after it and the event loop's watching of the socket). A
+connection that sends nothing for LINGER_S is handed to uvicorn, whose own timeouts apply.
 """
 
 from __future__ import annotations
