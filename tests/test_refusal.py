@@ -162,6 +162,29 @@ def test_a_large_body_refused_by_the_app_reads_its_429(tiny_bundle: ModelFactory
     assert set(statuses) <= {200, 429} and 429 in statuses, statuses
 
 
+def test_a_client_that_expects_100_continue_gets_its_429_without_sending_its_body(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    """A client that sends `Expect: 100-continue` (curl does, for bodies over 1 MB) waits for leave to send
+    its body: refused, it gets its 429 at once instead of being asked for a body only to drop it."""
+    env = {"HARE_REFUSE_IN_ACCEPT": "0"}  # every refusal through uvicorn and the app
+
+    def ask(url: str) -> bytes:
+        host, port = url.removeprefix("http://").split(":")
+        head = (
+            f"POST /predict HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+            "content-length: 2000000\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n"
+        )
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
+            sock.sendall(head.encode())
+            return sock.recv(65536).split(b"\r\n", 1)[0]  # the status line: 429, or 100 when admitted
+
+    with busy_server(tiny_bundle("feature-extraction"), tmp_path, env) as url, ThreadPoolExecutor(8) as pool:
+        lines = list(pool.map(lambda _: ask(url), range(BURST)))
+    assert set(lines) <= {b"HTTP/1.1 429 Too Many Requests", b"HTTP/1.1 100 Continue"}, set(lines)
+    assert b"HTTP/1.1 429 Too Many Requests" in lines
+
+
 def test_a_connection_silent_past_the_linger_is_still_served(full_server: str) -> None:
     host, port = full_server.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:

@@ -133,16 +133,19 @@ class RefuseEarly:
             refusal = res.batcher.refusal() if res is not None else None
             if res is not None and refusal is not None:
                 res.metrics.errors.labels(type(refusal).__name__).inc()
-                await drop_body(receive, res.limits.max_body_bytes)
+                await drop_body(scope, receive, res.limits.max_body_bytes)
                 await error_response(refusal)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-async def drop_body(receive: Receive, limit: int) -> None:
+async def drop_body(scope: Scope, receive: Receive, limit: int) -> None:
     """Read a request's body and drop it, up to `limit` bytes (past that the client hears a reset, as a body
     over the limit would anyway), before a 429 that closes the connection. A body that came with its head is
-    already read: one call."""
+    already read: one call. A client that asked `Expect: 100-continue` has sent none and sends none unless
+    asked (uvicorn asks on the first read): it gets its 429 at once."""
+    if any(name == b"expect" and value.lower() == b"100-continue" for name, value in scope["headers"]):
+        return
     read = 0
     while read <= limit:
         message = await receive()

@@ -72,7 +72,7 @@ async def infer(
     try:
         admitted = res.batcher.admit()
     except Overloaded:
-        await drop_body(request.receive, res.limits.max_body_bytes)  # see RefuseEarly
+        await drop_body(request.scope, request.receive, res.limits.max_body_bytes)  # see RefuseEarly
         raise
     with admitted as ticket:
         body = await schemas.read_body(request, res.limits.max_body_bytes)
