@@ -6,10 +6,11 @@ answers 429 with Retry-After), never left to time out in a queue.
   shared page of api/engine/cores.py: queued, on the model, and requests admitted but not yet tokenized, at
   the average request's size) over the measured token rate (tokens per second per core x cores). Above
   `max_queue` seconds, Overloaded with retry_after = the seconds until the excess has drained (at least 1).
-  Where each worker's model threads have cores of their own (workers x streams within the cores: `--streams
-  1`), a worker's queue drains only on its own: its work over those cores is its wait. Judged by the machine's
-  queue, an idle worker refused while the other's queue was full, so under a flood every connection stayed
-  on the busy worker and the idle one's core did nothing (open-3x goodput 0.62, 1.3 of 2 cores busy).
+  Where each worker's model threads have cores of their own (workers x streams within the cores: the
+  default, one stream a worker), a worker's queue drains only on its own: its work over those cores is its
+  wait. Judged by the machine's queue, an idle worker refused while the other's queue was full, so under a
+  flood every connection stayed on the busy worker and the idle one's core did nothing (open-3x goodput
+  0.62, 1.3 of 2 cores busy).
 - Count bound: a worker holds at most `capacity` requests (memory: each holds its body and encodings).
 - The rate starts from warm-up's batches (api/web/app.py) and follows every batch (a moving average), so it
   tracks the model, the sequence lengths being served and how busy the machine is.
