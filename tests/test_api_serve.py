@@ -162,11 +162,11 @@ def test_two_clients_of_a_two_worker_server_are_served_by_two_workers(
                 second.close()
         finally:  # closed either way: a socket left open fails the next test as an unraisable warning
             first.close()
-        assert not first_closing and first_pid != second_pid
+        assert not first_closing and first_pid != second_pid, (first_pid, second_pid, closing)
         time.sleep(0.2)  # the server sees them gone
     # Balanced at accept nearly always: with no balancing, half the second clients would land on the first's
     # worker (2 or fewer of 12 by chance: 2%).
-    assert moved <= 2
+    assert moved <= 2, f"{moved} of 12 second clients were asked to reconnect"
 
 
 def test_connections_spread_again_once_a_replaced_worker_is_up(
