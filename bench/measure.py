@@ -210,7 +210,7 @@ def ceiling(args: argparse.Namespace) -> int:
             s = run_load(spec, stop=stop)
             p50 = latency_summary(s).p50
             console.print(
-                f"  {c:>3} users: {s.ok / s.window_s:9.0f} req/s  p50 {p50:.3f} ms  "
+                f"  {c:>3} users: {s.answered / s.window_s:9.0f} req/s  p50 {p50:.3f} ms  "
                 f"client cpu {s.cpu_s / s.window_s:.2f} cores = {s.cpu_s / max(s.ok, 1) * 1e6:.0f} µs per request"
             )
     return 0

@@ -6,8 +6,8 @@ for the whole scenario, every phase stored as a point of one run (kind "overload
                  at their sockets (and, beside it, as the load generator read the answers: bench/client.py)
     capacity     2 users per core, closed loop: the capacity the later phases are measured against
     open-kx      Poisson arrivals at k x capacity, as the clients see it: accepted answers' latency from the
-                 intended send time (p50, p99), goodput (answers/s over capacity, the window lasting until
-                 the last answer), refusals and whether each said Retry-After, connections never answered
+                 intended send time (p50, p99), goodput (answers read in the window a second, over
+                 capacity), refusals and whether each said Retry-After, connections never answered
                  (connect failures, timeouts); also the server's own time (x-compute-time p99)
     flood        N greedy connections (closed loop, 10 ms back-off after a refusal): goodput / capacity
     recovery     2 users per core for the seconds right after the flood: req/s / capacity
@@ -82,6 +82,8 @@ class _Scenario:
         if samples.read_latencies:  # as the load generator read the answers, its own waits for a core included
             read = latency_summary(samples, read=True)
             extra["read_p50"], extra["read_p99"] = read.p50, read.p99
+        if load == "open":  # how far behind the window its last answer came: the server's queue
+            extra["drain_s"] = samples.drain_s
         if samples.probe_delta is not None:  # over the span between the probes
             extra["server_cores"] = sum(samples.probe_delta.values()) / max(samples.probe_s, 1e-9)
         planned = Planned("hare", None, None, seq or self.options.seq_len, 1, users, rate)
@@ -101,6 +103,7 @@ class _Scenario:
             latency_summary(samples),
             server=samples.server_figures(),
             client_cpu=samples.cpu_s / max(samples.window_s, 1e-9),
+            answered=samples.answered,
             extra={"scenario": name, "retry_after": samples.retry_after, **extra},
         )
         self.store.add_point(point)

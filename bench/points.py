@@ -41,10 +41,11 @@ def make_point(
     client_cpu: float,
     server_cpu: float | None = None,
     extra: dict[str, Any] | None = None,
+    answered: int | None = None,
 ) -> Point:
-    """One measured point: the rates follow from `ok` answers in `window_s`, `planned.batch` sequences of
-    `tokens` tokens each."""
-    req_s = ok / max(window_s, 1e-9)
+    """One measured point: the rates follow from `answered` answers (default `ok`, the latencies' count) in
+    `window_s`, `planned.batch` sequences of `tokens` tokens each."""
+    req_s = (ok if answered is None else answered) / max(window_s, 1e-9)
     return Point(
         run_id=run_id,
         idx=idx,

@@ -287,6 +287,7 @@ class Runner:
             server=samples.server_figures(),
             client_cpu=samples.cpu_s / window,
             server_cpu=sum(by_process) if by_process is not None else None,
+            answered=samples.answered,
             extra={
                 "inputs": "exact" if p.seq_len is not None else "comet",
                 "url": url,

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, cast
 
+import httptools
 import pytest
 
 from bench.loadgen import LoadSpec, latency_summary, run_load
 from bench.servers import ServerProcess, free_port, trivial_server
+from bench.trivial import RESPONSE
 
 # Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
 pytestmark = pytest.mark.serial
@@ -82,6 +87,62 @@ def test_open_loop_counts_from_the_intended_send_when_the_client_falls_behind(tr
     s = run_load(spec, on_tick=stall)
     assert s.ok == s.requests and s.requests > 100
     assert max(s.latencies) >= 0.2
+
+
+@contextmanager
+def lagging_server(lag: float) -> Iterator[int]:
+    """A loopback HTTP server that answers each request `lag` seconds after it came, as a server whose queue
+    is that deep; its port."""
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    class Lagging(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = cast(asyncio.Transport, transport)
+            self.parser = httptools.HttpRequestParser(self)
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_message_complete(self) -> None:
+            asyncio.get_running_loop().call_later(lag, self.transport.write, RESPONSE)
+
+    async def serve() -> None:
+        loop = state["loop"] = asyncio.get_running_loop()
+        server = await loop.create_server(Lagging, "127.0.0.1", 0)
+        state["port"], state["stop"] = server.sockets[0].getsockname()[1], loop.create_future()
+        ready.set()
+        async with server:
+            await state["stop"]
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield state["port"]
+    finally:
+        state["loop"].call_soon_threadsafe(state["stop"].set_result, None)
+        thread.join(10)
+
+
+def test_open_loop_rate_is_the_answers_read_in_the_window_not_charged_for_the_queue() -> None:
+    """A server that answers every request 0.3 s late (a queue that deep) and keeps up with the arrivals
+    answers at their rate: the rate counts the 200s read while the window was open, whenever sent (the
+    warm-up's at its start), over the window. Counting the window's own requests over the time until the
+    last of them was answered gave about 1 / 1.3 of it. Their latencies still include the lag."""
+    with lagging_server(0.3) as port:
+        spec = LoadSpec("127.0.0.1", port, "/predict", BODY, load="open", rate=200, warmup_s=0.5, duration_s=1.0)
+        s = run_load(spec)
+    rng, t, sent_in_window, answered_in_window = random.Random(spec.seed), 0.0, 0, 0
+    while t < spec.warmup_s + spec.duration_s:
+        t += rng.expovariate(spec.rate)
+        sent_in_window += spec.warmup_s <= t < spec.warmup_s + spec.duration_s
+        answered_in_window += spec.warmup_s <= t + 0.3 < spec.warmup_s + spec.duration_s
+    assert s.ok == s.requests and abs(s.requests - sent_in_window) <= 2, (s.requests, sent_in_window)
+    # The lag's own jitter (timers, a busy machine) moves an answer at either edge across it now and then.
+    assert abs(s.answered - answered_in_window) <= 0.05 * answered_in_window, (s.answered, answered_in_window)
+    assert s.window_s == pytest.approx(1.0, abs=0.05) and s.drain_s == pytest.approx(0.3, abs=0.15)
+    assert min(s.latencies) >= 0.3
 
 
 def test_refused_connections_are_errors_and_the_loop_stops() -> None:
