@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from container.openvino_runtime import VARIANTS, OpenVinoModel
+from container.openvino_runtime import VARIANTS, OpenVinoModel, read_graph
 from container.runtime import OnnxModel
 
 # ONNX Runtime runs every variant but these: bf16, which its CPU provider has no kernels for, int8-static,
@@ -47,3 +47,23 @@ def open_model(
     if variant in OPENVINO_VARIANTS:
         return OpenVinoModel(path, threads, output, callers)
     return OnnxModel(path, target, threads, output, arena=arena)
+
+
+def open_models(
+    path: Path,
+    variant: str,
+    target: str,
+    callers: Mapping[int, int],
+    output: str | None = None,
+    arena: bool = True,
+) -> dict[int, Model]:
+    """One model per thread count of `callers` (threads per call -> the threads that may call it at once), as
+    `open_model` opens each, the graph read once for all of them where the runtime can share it (OpenVINO:
+    `read_graph`)."""
+    graph = read_graph(path) if variant in OPENVINO_VARIANTS else None
+    return {
+        threads: OpenVinoModel(graph, threads, output, n)
+        if graph is not None
+        else open_model(path, variant, target, threads, output, arena, n)
+        for threads, n in callers.items()
+    }

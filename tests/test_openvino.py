@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from container.bundle import MODEL_FILE, read_manifest
-from container.models import open_model
+from container.models import open_model, open_models
 from container.openvino_runtime import PROVIDER
 from container.optimize import pipeline
 from container.optimize.variants import variants_for
@@ -332,3 +332,30 @@ def test_int8_grouped_stores_the_word_embedding_as_int8_rows_where_that_passes(
     names = {i.name for i in onnx.load(str(out / MODEL_FILE), load_external_data=False).graph.initializer}
     assert {f"{t}_rowscale" for t in report["build"]["tables"]} <= names
     assert not set(report["build"]["tables"]) & names  # the fp32 tables are gone
+
+
+def test_a_workers_models_of_one_graph_map_its_weights_once(bf16_bundle: Path, tmp_path: Path) -> None:
+    """A worker's one-thread and two-thread models (api/engine/backend.py) read the graph once: each read maps
+    the weights file, and the mapping lives as long as the models compiled from it (the default MiniLM's 86 MB
+    held twice in a worker's RSS before). They answer as models opened alone do."""
+    import onnx
+
+    onnx.save(onnx.load(bf16_bundle / MODEL_FILE), tmp_path / MODEL_FILE, save_as_external_data=True,
+              location="weights.data", size_threshold=0)  # fmt: skip
+    weights = str(tmp_path / "weights.data")
+
+    def mappings() -> int:
+        return sum(line.endswith(weights) for line in Path("/proc/self/maps").read_text().splitlines())
+
+    shared = open_models(tmp_path / MODEL_FILE, "bf16", "cpu", {1: 1, 2: 1})
+    once = mappings()
+    alone = {threads: open_model(tmp_path / MODEL_FILE, "bf16", threads=threads) for threads in (1, 2)}
+    assert once >= 1 and mappings() - once == 2 * once
+    from tokenizers import Tokenizer
+
+    from tasks.ops import pad_batch
+
+    tok = Tokenizer.from_file(str(bf16_bundle / "tokenizer.json"))
+    feeds = pad_batch(tok.encode_batch(TEXTS), shared[1].input_names)
+    for threads, model in shared.items():
+        np.testing.assert_array_equal(model.run(feeds), alone[threads].run(feeds))

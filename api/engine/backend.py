@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from tokenizers import Encoding
 
 from container.cudagraphs import CudaGraphs, Shape
-from container.models import Model, open_model
+from container.models import Model, open_models
 from container.runtime import InferenceFailed, OnnxModel
 from tasks.ops import pad_batch
 
@@ -69,9 +69,8 @@ class Backend:
             self.sessions = {min(widths): self.graphs.model}
         else:
             cores = callers * min(widths) if callers else max(widths)
-            self.sessions = {
-                w: open_model(path, variant, target, w, output, arena, max(1, cores // w)) for w in sorted(set(widths))
-            }
+            callers_by_width = {w: max(1, cores // w) for w in sorted(set(widths))}
+            self.sessions = open_models(path, variant, target, callers_by_width, output, arena)
         first = next(iter(self.sessions.values()))
         self.input_names = first.input_names
         self.providers = first.providers
