@@ -19,7 +19,7 @@ from container.bundle import (
     read_manifest,
     resolve_max_batch_tokens,
 )
-from container.models import Model, open_model
+from container.models import Model, open_models
 from tasks.ops import length_batches, normalize_vector, pad_batch, pool_tokens
 
 
@@ -37,8 +37,8 @@ class HareEncoder:
         if manifest.task != "feature-extraction":
             raise Skip(f"{bundle} serves {manifest.task}; the peers compare embedding models")
         graph, variant, target, output = bundle / MODEL_FILE, manifest.variant, manifest.target, manifest.output
-        self.wide = open_model(graph, variant, target, threads, output)
-        self.narrow = self.wide if threads == 1 else open_model(graph, variant, target, 1, output, callers=threads)
+        models = open_models(graph, variant, target, {threads: 1} if threads == 1 else {threads: 1, 1: threads}, output)
+        self.wide, self.narrow = models[threads], models[1]
         self.streams = ThreadPoolExecutor(threads)
         self.max_batch_tokens = resolve_max_batch_tokens(manifest).max_batch_tokens  # as `hare serve` would
         self.tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))  # truncating at max_length, as served
