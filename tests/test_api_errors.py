@@ -168,6 +168,23 @@ async def test_a_full_queue_answers_429_with_retry_after_at_once(tiny_bundle: Mo
         assert (await client.post("/predict", json={"inputs": "hi"})).status_code == 200
 
 
+async def test_a_crowded_workers_refusal_says_connection_close_once(tiny_bundle: ModelFactory) -> None:
+    """A worker holding more connections than another asks each client to reconnect (Connection: close on its
+    answers, app.py Rebalance); a 429 already says it: once, not "close, close"."""
+    async with serve(tiny_bundle("text-classification"), HARE_QUEUE_SIZE="1") as client:
+        client.resources.rebalance = lambda: True
+        answered = await client.post("/predict", json={"inputs": "hi"})
+        assert answered.status_code == 200 and answered.headers.get_list("connection") == ["close"]
+        batcher = client.resources.batcher
+        with batcher.admit():  # the one place is taken
+            for early in (True, False):  # refused before routing, or by admission in the route (the door was open)
+                if not early:
+                    batcher.refusal = lambda: None  # type: ignore[method-assign]
+                response = await client.post("/predict", json={"inputs": "hi"})
+                refused(response, 429, "Overloaded", "capacity")
+                assert response.headers.get_list("connection") == ["close"]
+
+
 async def test_a_failing_model_call_fails_its_requests_and_the_server_goes_on(tiny_bundle: ModelFactory) -> None:
     async with serve(tiny_bundle("text-classification")) as client:
         backend = client.resources.backend

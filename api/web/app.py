@@ -239,8 +239,10 @@ class Rebalance:
             return
 
         async def closing(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            headers = message.get("headers", [])
+            # A 429 says it already: one Connection header, not "close, close".
+            if message["type"] == "http.response.start" and all(k.lower() != b"connection" for k, _ in headers):
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
             await send(message)
 
         await self.app(scope, receive, closing)
