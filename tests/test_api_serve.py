@@ -164,9 +164,10 @@ def test_two_clients_of_a_two_worker_server_are_served_by_two_workers(
             first.close()
         assert not first_closing and first_pid != second_pid, (first_pid, second_pid, closing)
         time.sleep(0.2)  # the server sees them gone
-    # Balanced at accept nearly always: with no balancing, half the second clients would land on the first's
-    # worker (2 or fewer of 12 by chance: 2%).
-    assert moved <= 2, f"{moved} of 12 second clients were asked to reconnect"
+    # Balanced at accept most of the time (3 of 12 needed the reconnection with a second test suite on the same
+    # 2 cores); with no balancing at accept the reconnection lands on the busy worker too and the pid assertion
+    # above fails (BALANCE_S = 0: every run).
+    assert moved <= 4, f"{moved} of 12 second clients were asked to reconnect"
 
 
 def test_connections_spread_again_once_a_replaced_worker_is_up(
