@@ -22,7 +22,9 @@ RESPONSE = (
 )
 
 
-class _Protocol(asyncio.Protocol):
+class TrivialProtocol(asyncio.Protocol):
+    """Parses each request and answers it with RESPONSE when it is complete."""
+
     def __init__(self) -> None:
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
@@ -44,7 +46,7 @@ class _Protocol(asyncio.Protocol):
 
 async def serve(host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(_Protocol, host, port, reuse_address=True)
+    server = await loop.create_server(TrivialProtocol, host, port, reuse_address=True)
     async with server:
         await server.serve_forever()
 

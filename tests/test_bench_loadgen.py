@@ -8,14 +8,13 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any
 
-import httptools
 import pytest
 
 from bench.loadgen import LoadSpec, latency_summary, run_load
 from bench.servers import ServerProcess, free_port, trivial_server
-from bench.trivial import RESPONSE
+from bench.trivial import RESPONSE, TrivialProtocol
 
 # Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
 pytestmark = pytest.mark.serial
@@ -96,16 +95,10 @@ def lagging_server(lag: float) -> Iterator[int]:
     ready = threading.Event()
     state: dict[str, Any] = {}
 
-    class Lagging(asyncio.Protocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            self.transport = cast(asyncio.Transport, transport)
-            self.parser = httptools.HttpRequestParser(self)
-
-        def data_received(self, data: bytes) -> None:
-            self.parser.feed_data(data)
-
-        def on_message_complete(self) -> None:
-            asyncio.get_running_loop().call_later(lag, self.transport.write, RESPONSE)
+    class Lagging(TrivialProtocol):
+        def on_message_complete(self) -> None:  # the trivial server's answer, `lag` seconds late
+            if self.transport is not None:
+                asyncio.get_running_loop().call_later(lag, self.transport.write, RESPONSE)
 
     async def serve() -> None:
         loop = state["loop"] = asyncio.get_running_loop()
