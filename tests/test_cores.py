@@ -97,6 +97,8 @@ def test_a_killed_worker_leaks_no_core_and_its_queue_and_connections_are_forgott
         from api.engine.cores import CorePool
         pool = CorePool(1, Path({str(tmp_path)!r}))
         pool.set_queued(100)
+        print("loading", flush=True)
+        sys.stdin.readline()
         pool.set_connections(3)
         seat = pool.seat(0)
         seat.acquire(1)
@@ -104,13 +106,21 @@ def test_a_killed_worker_leaks_no_core_and_its_queue_and_connections_are_forgott
         time.sleep(60)
         """
     )
-    process = subprocess.Popen([sys.executable, "-c", holder], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", holder], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
-        assert process.stdout is not None and process.stdout.readline().strip() == "held"
+        assert process.stdout is not None and process.stdin is not None
+        assert process.stdout.readline().strip() == "loading"
         pool = CorePool(1, tmp_path)
+        pool.set_connections(5)
+        # A worker that has not begun accepting (loading its model) takes no connection: none to leave it.
+        assert pool.fewest_connections_elsewhere() is None
+        process.stdin.write("accepting\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "held"
         pool.set_queued(28)
         assert pool.queued() == 128  # every worker's queue, read from the shared page
-        pool.set_connections(5)
         assert pool.fewest_connections_elsewhere() == 3  # the other worker's, not this one's own
         seat = pool.seat(0)
         got = threading.Event()
@@ -133,6 +143,7 @@ def test_a_killed_worker_leaks_no_core_and_its_queue_and_connections_are_forgott
         pool.close()
     finally:
         process.kill()
+        process.communicate()  # closes both pipes
         process.wait()
         if process.stdout is not None:
             process.stdout.close()

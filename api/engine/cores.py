@@ -40,8 +40,9 @@ import numpy as np
 QUIET_SECONDS = 1.0  # a wide (all-core) call only after this long without contention
 SLOTS = 64  # worker slots in the shared page (a gunicorn server restarts workers into free slots)
 _HEADER = struct.Struct("d")  # contended_at (CLOCK_MONOTONIC, the same clock in every process)
-# One worker's slot: pid (0: free), queued tokens, open connections.
+# One worker's slot: pid (0: free), queued tokens, open connections (NOT_ACCEPTING until its accept loop runs).
 _SLOT = np.dtype([("pid", "=i8"), ("tokens", "=f8"), ("connections", "=i8")])
+NOT_ACCEPTING = -1  # a slot's connections while its worker takes none
 _SIZE = _HEADER.size + SLOTS * _SLOT.itemsize
 
 
@@ -168,12 +169,15 @@ class CorePool:
         self._tokens[self._slot] = tokens
 
     def set_connections(self, count: int) -> None:
-        """This worker's open connections (the accept loops balance them, api/process/worker.py)."""
+        """This worker's open connections (the accept loops balance them, api/process/worker.py), or
+        NOT_ACCEPTING: a worker still loading its model, or draining, takes no new connection, so the others
+        must not leave one to it."""
         self._connections[self._slot] = count
 
     def fewest_connections_elsewhere(self) -> int | None:
-        """The open connections of the least busy other worker (None: this worker is alone)."""
-        others = self._connections[(self._pids != 0) & self._others]
+        """The open connections of the least busy other worker that accepts (None: no other one does)."""
+        connections = self._connections
+        others = connections[(self._pids != 0) & self._others & (connections != NOT_ACCEPTING)]
         return int(others.min()) if others.size else None
 
     def queued(self) -> float:
@@ -194,7 +198,7 @@ class CorePool:
             for i in range(SLOTS):
                 pid = int(self._slots["pid"][i])
                 if pid == 0 or pid == os.getpid() or not _alive(pid):
-                    self._slots[i] = (os.getpid(), 0.0, 0)
+                    self._slots[i] = (os.getpid(), 0.0, NOT_ACCEPTING)
                     return i
         raise RuntimeError(f"more than {SLOTS} workers share the core pool {self.folder}")
 

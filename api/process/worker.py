@@ -18,12 +18,15 @@ a refusal costs the server as little as possible and keeps up with the clients w
   answers a second) or too fast for long ones. As soon as admission opens, the worker accepts as fast as
   connections come, oldest first. A worker that never refuses accepts exactly as uvicorn would, but for:
 - Balanced connections: every worker wakes for a new connection, and one that serves more connections than
-  the least busy other worker (counts on the shared page of api/engine/cores.py) lets that one take it first
-  (1 ms). Keep-alive connections made while only one worker was up (right after a start, or while a
-  replaced worker boots) would all stay on it: a worker holding 2 more than the least busy one answers
-  one request with Connection: close (api/web/app.py, Rebalance), and its client reconnects to the other. Two
-  clients of a two-worker server then run on two workers, each alone on its connection, which runs short
-  calls on its event loop (api/engine/batching.py); on one, the p99 was 40% higher.
+  the least busy other worker (counts on the shared page of api/engine/cores.py) leaves it to that one: it
+  looks every millisecond whether the connection was taken, and takes it itself after 3 ms, or 50 ms when
+  the other holds no connection and nothing waits for the model (it is idle, but may be starved of CPU, or
+  hung). A worker still loading its model, or draining, counts as none (it takes no connection). Keep-alive
+  connections made while only one worker was up (right after a start, or while a replaced worker boots)
+  would all stay on it: a worker holding 2 more than the least busy one answers one request with Connection:
+  close (api/web/app.py, Rebalance), and its client reconnects to the other. Two clients of a two-worker
+  server then run on two workers, each alone on its connection, which runs short calls on its event loop
+  (api/engine/batching.py); on one, the p99 was 40% higher.
 
     kernel listen backlog (one socket, every worker)
         -> accept loop (this module): open while admitted, paced by capacity while refusing
@@ -37,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import select
 import socket
 import sys
 import time
@@ -47,6 +51,7 @@ from gunicorn.arbiter import Arbiter
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
+from api.engine.cores import NOT_ACCEPTING
 from api.engine.errors import Overloaded
 from api.process.onewrite import coalescing
 from api.process.refuser import LINGER_S, Refuser
@@ -56,10 +61,16 @@ from api.web.state import Resources
 log = logging.getLogger("hare")
 ACCEPT_ERROR_PAUSE_S = 0.1  # after EMFILE and the like: let connections close before trying again
 REFUSALS_PER_YIELD = 64  # canned refusals taken from the backlog between two turns of the event loop
-# A worker with more connections than another lets it take a new one first, this long: the other, woken by
-# the same connection, may wait for a busy CPU; at 1 ms both clients of a 2-core test landed on one worker in 2
-# of 11 runs (0 of 8 at 3 ms), and with one model stream a worker that leaves a core idle.
+# A worker with more connections than another leaves a new one to it, looking every BALANCE_STEP_S whether it
+# was taken: until BALANCE_IDLE_S while the other holds no connection and no worker has work for the model (the
+# other, woken by the same connection, may wait for a busy CPU; at a fixed 3 ms 3 of 12 second clients of a
+# 2-core test landed on the busy worker while a second test suite ran on the same cores, and two clients on one
+# worker share its loop and its model stream and leave a core idle), else BALANCE_S: under load the backlog
+# would wait for the crowded worker too (at 50 ms for any idle worker, 3x overload's accepted p99 rose from
+# 1.21-1.25 s to 1.32-1.41 and its goodput fell from 0.84-0.85 of capacity to 0.80-0.81).
+BALANCE_STEP_S = 0.001
 BALANCE_S = 0.003
+BALANCE_IDLE_S = 0.05
 REBALANCE_AT = 2  # connections more than the least busy worker at which a client is asked to reconnect
 REBALANCE_S = 0.1  # at most one such request per worker in this time
 
@@ -98,8 +109,12 @@ class PacedServer(Server):
             task = asyncio.create_task(self._accept(sock))
             task.add_done_callback(self._accept_stopped)
             self._accepting.append(task)
+        if isinstance(self.server_state.connections, _Counted):
+            self.server_state.connections.publish()  # accepting from here on: the other workers balance with it
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if isinstance(self.server_state.connections, _Counted):
+            self.server_state.connections.stop()  # the others stop leaving new connections to this one
         for task in self._accepting:  # stop accepting first; the connections drain in uvicorn's shutdown
             task.cancel()
         await asyncio.gather(*self._accepting, return_exceptions=True)
@@ -156,15 +171,26 @@ class PacedServer(Server):
             return floor
         return max(floor, settings.workers / (settings.refusals_per_answer * capacity))
 
+    def _fewest_elsewhere(self) -> int | None:
+        """The connections of the least busy other worker that accepts (None: no other one does)."""
+        res = self._resources()
+        return res.pool.fewest_connections_elsewhere() if res is not None and res.pool is not None else None
+
     def _surplus(self) -> int:
         """Connections this worker holds over the least busy other worker (0 when it is alone, or not above)."""
-        res = self._resources()
-        fewest = res.pool.fewest_connections_elsewhere() if res is not None and res.pool is not None else None
+        fewest = self._fewest_elsewhere()
         return 0 if fewest is None else len(self.server_state.connections) - fewest
 
-    def _crowded(self) -> bool:
-        """Whether another worker serves fewer connections than this one (and should take the next)."""
-        return self._surplus() > 0
+    def _leave_for(self) -> float:
+        """How long this worker leaves a waiting connection to another (0: it takes it): one serving fewer
+        connections should take it; one serving none, while no worker has work for the model, is idle and
+        takes it as soon as it runs."""
+        fewest = self._fewest_elsewhere()
+        if fewest is None or len(self.server_state.connections) <= fewest:
+            return 0.0
+        res = self._resources()
+        idle = fewest == 0 and res is not None and res.pool is not None and res.pool.queued() == 0
+        return BALANCE_IDLE_S if idle else BALANCE_S
 
     def _overfull(self) -> bool:
         """Whether this worker holds REBALANCE_AT connections more than the least busy other worker, and has
@@ -211,30 +237,36 @@ class PacedServer(Server):
         sweeper = asyncio.create_task(self._sweep(refuser)) if canned else None
         last_refused = 0.0
         refused_in_a_row = 0
-        deferred = False
+        deferred_at: float | None = None  # when this worker began leaving the waiting connection to another
         try:
             while True:
                 refusing = self._refusal() is not None
                 interval = self._pace() if refusing else 0.0
-                wait = last_refused + interval - time.monotonic()
+                now = time.monotonic()
+                wait = last_refused + interval - now
                 if refusing and interval and wait > 0:
                     await asyncio.sleep(wait)
                     continue  # admission may have opened meanwhile
-                if not refusing and not deferred and self._crowded():
-                    deferred = True  # once per connection: the other worker may be busy, or gone
-                    await asyncio.sleep(BALANCE_S)  # a worker with fewer connections takes it meanwhile
-                    continue
+                leave = 0.0 if refusing else self._leave_for()
+                if leave:
+                    deferred_at = now if deferred_at is None else deferred_at
+                    if now - deferred_at < leave:
+                        await asyncio.sleep(BALANCE_STEP_S)  # a worker with fewer connections takes it meanwhile
+                        if not _pending(sock):  # it did
+                            deferred_at = None
+                            await _readable(loop, sock)
+                        continue
                 try:
                     conn, _ = sock.accept()
                 except BlockingIOError:
-                    deferred = False
+                    deferred_at = None
                     await _readable(loop, sock)
                     continue
                 except OSError as exc:  # out of descriptors, a connection reset before accept: not fatal
                     log.warning("accept failed: %s", exc)
                     await asyncio.sleep(ACCEPT_ERROR_PAUSE_S)
                     continue
-                deferred = False
+                deferred_at = None
                 conn.setblocking(False)
                 if refusing:
                     last_refused = time.monotonic()  # this one will most likely be refused
@@ -256,21 +288,41 @@ class PacedServer(Server):
 
 
 class _Counted(set[Any]):
-    """uvicorn's set of open connections, telling `publish` its size whenever a connection comes or goes."""
+    """uvicorn's set of open connections, telling `publish` its size whenever a connection comes or goes, from
+    `publish()` (the worker accepts) to `stop()` (it no longer does: NOT_ACCEPTING)."""
 
     def __init__(self, items: set[Any], publish: Callable[[int], None] | None) -> None:
         super().__init__(items)
         self._publish = publish
+        self._accepting = False
+
+    def publish(self) -> None:
+        self._accepting = True
+        self._tell()
+
+    def stop(self) -> None:
+        self._accepting = False
+        if self._publish is not None:
+            self._publish(NOT_ACCEPTING)
 
     def add(self, item: Any) -> None:
         super().add(item)
-        if self._publish is not None:
-            self._publish(len(self))
+        self._tell()
 
     def discard(self, item: Any) -> None:
         super().discard(item)
-        if self._publish is not None:
+        self._tell()
+
+    def _tell(self) -> None:
+        if self._accepting and self._publish is not None:
             self._publish(len(self))
+
+
+def _pending(sock: socket.socket) -> bool:
+    """Whether a connection waits in `sock`'s backlog (without taking it)."""
+    poll = select.poll()
+    poll.register(sock, select.POLLIN)
+    return bool(poll.poll(0))
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
