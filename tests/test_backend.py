@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 
 from api.engine.backend import Backend
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
+from tasks.ops import pool_tokens
 from tests.conftest import ModelFactory
 
 
@@ -30,6 +31,21 @@ def test_rows_come_back_per_sequence_trimmed_and_the_same_at_every_width(tiny_bu
     # Alone, a sequence gives the rows it gave inside the padded batch (up to dynamic int8's batch-wide scale).
     np.testing.assert_allclose(backend.run(batch[:1])[0], narrow[0], atol=2e-3)
     assert unknown == [1, 1]  # the snowman is one [UNK] in each run that carried it
+
+
+def test_a_pooled_batch_comes_back_as_one_vector_per_sequence_as_post_processing_pools_it(
+    tiny_bundle: ModelFactory,
+) -> None:
+    bundle = tiny_bundle("feature-extraction")
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    backend = Backend(bundle / MODEL_FILE, "cpu", (1,), read_manifest(bundle).output)
+    batch = tokenizer.encode_batch(["a short one", "a somewhat longer sentence than the first"])
+    states = backend.run(batch)
+    for pooling in ("mean", "cls", "max", "lasttoken"):
+        pooled = backend.run(batch, pooling=pooling)
+        assert [v.shape for v in pooled] == [(states[0].shape[1],)] * 2
+        for vector, rows in zip(pooled, states, strict=True):  # padding left out, as pool_tokens is given it
+            np.testing.assert_array_equal(vector, pool_tokens(rows, pooling))
 
 
 def test_cpu_sessions_keep_the_residual_add_apart_from_its_layer_norm(tmp_path: Path) -> None:

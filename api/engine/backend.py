@@ -26,7 +26,7 @@ from tokenizers import Encoding
 from container.cudagraphs import CudaGraphs, Shape
 from container.models import Model, open_models
 from container.runtime import InferenceFailed, OnnxModel
-from tasks.ops import pad_batch
+from tasks.ops import pad_batch, pool_tokens
 
 Array = NDArray[np.float32]
 # Batches above this many padded tokens give ORT's arena back after their run (measured on a 90 MB fp32
@@ -105,12 +105,17 @@ class Backend:
     def run(self, batch: Sequence[Encoding], width: int = 1, pooling: str | None = None) -> list[Array]:
         """Each sequence's rows: [labels] per sequence, or [its length, dim] for token-level outputs (padding
         trimmed off). `width` picks the session (the widest not above it). `pooling`: the pooling the batch's
-        requests all take; on a GPU with CUDA graphs each sequence then comes back as one pooled [dim] row
-        where the device can pool (container/cudagraphs.py), else as its token states, pooled by the caller."""
+        requests all take; each sequence then comes back as one pooled [dim] row, pooled by the device where
+        it can (CUDA graphs, container/cudagraphs.py), else here."""
         feeds = padded_feeds(
             batch, self.input_names, self._pad_id, self._unk_id, self._on_unknown, self._multiple, self._max_length
         )
-        return split_rows(self.run_padded(feeds, width, pooling), batch)
+        rows = split_rows(self.run_padded(feeds, width, pooling), batch)
+        if pooling is not None and rows and rows[0].ndim == 2:
+            # On the thread that ran the model, while its output is still in that core's caches: post-processing
+            # on the event loop gets [dim] rows, and a batch's pooling leaves the loop.
+            return [pool_tokens(r, pooling) for r in rows]
+        return rows
 
     def run_padded(self, feeds: dict[str, NDArray[np.int64]], width: int = 1, pooling: str | None = None) -> Array:
         """The model's output for padded `feeds` (sequences x tokens), padding rows and columns included; with
