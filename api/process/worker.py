@@ -66,8 +66,9 @@ REFUSALS_PER_YIELD = 64  # canned refusals taken from the backlog between two tu
 # other, woken by the same connection, may wait for a busy CPU; at a fixed 3 ms 3 of 12 second clients of a
 # 2-core test landed on the busy worker while a second test suite ran on the same cores, and two clients on one
 # worker share its loop and its model stream and leave a core idle), else BALANCE_S: under load the backlog
-# would wait for the crowded worker too (at 50 ms for any idle worker, 3x overload's accepted p99 rose from
-# 1.21-1.25 s to 1.32-1.41 and its goodput fell from 0.84-0.85 of capacity to 0.80-0.81).
+# would wait for the crowded worker too (at 50 ms whenever the other held no connection, whatever was queued,
+# 3x overload's accepted p99 rose from 1.21-1.25 s to 1.32-1.41 and its goodput fell from 0.84-0.85 of capacity
+# to 0.80-0.81).
 BALANCE_STEP_S = 0.001
 BALANCE_S = 0.003
 BALANCE_IDLE_S = 0.05
@@ -110,7 +111,7 @@ class PacedServer(Server):
             task.add_done_callback(self._accept_stopped)
             self._accepting.append(task)
         if isinstance(self.server_state.connections, _Counted):
-            self.server_state.connections.publish()  # accepting from here on: the other workers balance with it
+            self.server_state.connections.start()  # accepting from here on: the other workers balance with it
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if isinstance(self.server_state.connections, _Counted):
@@ -292,14 +293,14 @@ class PacedServer(Server):
 
 class _Counted(set[Any]):
     """uvicorn's set of open connections, telling `publish` its size whenever a connection comes or goes, from
-    `publish()` (the worker accepts) to `stop()` (it no longer does: NOT_ACCEPTING)."""
+    `start()` (the worker accepts) to `stop()` (it no longer does: NOT_ACCEPTING)."""
 
     def __init__(self, items: set[Any], publish: Callable[[int], None] | None) -> None:
         super().__init__(items)
         self._publish = publish
         self._accepting = False
 
-    def publish(self) -> None:
+    def start(self) -> None:
         self._accepting = True
         self._tell()
 
