@@ -23,7 +23,7 @@ class Model(Protocol):
     input_names: list[str]
     output: str
     providers: list[str]
-    # The padded length a caller after throughput rather than latency rounds a call up to (a bulk job).
+    # The multiple of tokens a call's padded length is rounded up to (api/engine/backend.py).
     length_multiple: int
 
     @property

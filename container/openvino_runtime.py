@@ -35,11 +35,15 @@ PROVIDER = "OpenVINO CPU"  # what /info and the logs name as the bundle's provid
 # calls of random shapes (1-8 x 3-200 tokens), RSS above the process before it: +833 MB and growing with the
 # default, +344 MB flat with 256 entries, at most 8% more CPU on those all-new shapes (AMD EPYC).
 RUNTIME_CACHE = 256
-# The padded length a bulk job rounds its calls up to. The plugin's kernels run a multiple of 8 tokens faster
-# per token, beyond the padding it adds: the int8-grouped MiniLM's calls of a 2,000-text bulk job (10-300
-# tokens, budget 512) cost 15.98-16.55 CPU s per 1,000 rows at multiples of 8 against 16.76-17.25 unrounded, in
-# both passes (so not only the 145 shapes' compiles, 6.4 ms each); 32 lost it again (AMD EPYC, 2026-11-29).
-# Not served: one short text pays for the padding (9 tokens 1.35-1.63 ms, 16 tokens 1.72-2.04).
+# The multiple of tokens a call's padded length is rounded up to, served or bulk. The plugin compiles kernels for
+# each input shape (a new one cost 5-10 ms more than its next call, MiniLM bf16 on AMX) and oneDNN keeps them for
+# up to 1,024 primitives: a mix of lengths (scripts/mixed-lengths.py, MiniLM bf16 on an Intel Xeon with AMX,
+# 2026-11-29) left a worker at 602-626 MB RSS and answered 516-542 req/s at 16 connections; rounded to 8, 423-448
+# MB and 618-630 req/s (int8-grouped, an earlier form of the script: 448-460 against 277-289 MB, 401-434 against
+# 462-514 req/s). A bulk job's calls at multiples of 8 cost less per token too (int8-grouped, AMD EPYC:
+# 15.98-16.55 CPU s per 1,000 rows against 16.76-17.25 unrounded); 32 lost it again. A lone short text pays for
+# the padding: 9 tokens as 16 cost 2-8% more on AMX (bf16, int8-grouped), 1.35-1.63 against 1.72-2.04 ms on that
+# EPYC (int8-grouped; its mix of lengths not measured).
 LENGTH_MULTIPLE = 8
 # The variants OpenVINO runs (container/models.py opens them here).
 VARIANTS = ("bf16", "int8-static", "int8-grouped")

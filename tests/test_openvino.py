@@ -16,7 +16,7 @@ import pytest
 
 from container.bundle import MODEL_FILE, read_manifest
 from container.models import open_model, open_models
-from container.openvino_runtime import PROVIDER
+from container.openvino_runtime import LENGTH_MULTIPLE, PROVIDER, OpenVinoModel
 from container.optimize import pipeline
 from container.optimize.variants import variants_for
 from tasks.errors import InputError
@@ -115,6 +115,34 @@ async def test_a_bf16_bundle_serves_close_to_fp32(bf16_bundle: Path, fp32_bundle
     for i, response in enumerate(at_once):
         # Batched with others, padded otherwise: bf16 products summed in another order (AMX tiles), not 1e-5.
         np.testing.assert_allclose(response.json(), alone[i % len(TEXTS)], atol=1e-4)
+
+
+async def test_served_calls_are_padded_to_the_runtimes_multiple_and_answer_as_unpadded_ones(
+    bf16_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenVINO compiles kernels for each input shape and keeps them: a served call is padded to a multiple of
+    LENGTH_MULTIPLE tokens, so that a mix of lengths makes a few shapes, not one per length."""
+    lengths: list[int] = []
+    run = OpenVinoModel.run
+
+    def recorded(self: OpenVinoModel, feeds: dict[str, np.ndarray], shrink: bool = False) -> np.ndarray:
+        lengths.append(feeds["input_ids"].shape[1])
+        return run(self, feeds, shrink)
+
+    async def answers() -> list[object]:
+        lengths.clear()
+        async with serve(bf16_bundle) as client:
+            return [(await client.post("/predict", json={"inputs": t})).json() for t in TEXTS]
+
+    monkeypatch.setattr(OpenVinoModel, "run", recorded)
+    longest = read_manifest(bf16_bundle).max_length
+    padded = await answers()
+    assert lengths and all(n % LENGTH_MULTIPLE == 0 or n == longest for n in lengths), lengths
+    monkeypatch.setattr(OpenVinoModel, "length_multiple", 1)
+    unpadded = await answers()
+    assert any(n % LENGTH_MULTIPLE for n in lengths), lengths  # the texts' own lengths are not all multiples
+    # The padding is masked: the same answers, bf16 products summed in another order.
+    np.testing.assert_allclose(np.array(padded), np.array(unpadded), atol=1e-4)
 
 
 def test_tune_check_replays_a_bf16_bundle(bf16_bundle: Path) -> None:

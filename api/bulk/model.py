@@ -83,7 +83,6 @@ class BulkModel:
             pad_id=manifest.pad_id,
             variant=manifest.variant,
             callers=settings.cores,
-            throughput=True,
             max_length=manifest.max_length,
         )
         self.streams = 1 if target == "gpu" else settings.cores

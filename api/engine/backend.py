@@ -55,14 +55,12 @@ class Backend:
         graph_shapes: Sequence[Shape] = (),
         variant: str = "fp32",
         callers: int | None = None,
-        throughput: bool = False,
         max_length: int = 0,
     ) -> None:
         """`variant`: the bundle's, which picks the runtime (container/models.py). `callers`: the model
         threads that may call the narrowest session at once (default: one per core of the widest width, as the
-        core pool grants them); a wider session gets as many as fit the same cores. `throughput`: a bulk job's
-        backend, whose calls no answer waits on: padded to the runtime's length_multiple, at most `max_length`
-        tokens (the bundle's)."""
+        core pool grants them); a wider session gets as many as fit the same cores. `max_length`: the bundle's;
+        a call is padded to the runtime's length_multiple, never past it."""
         self.graphs = _graphs(path, output, arena, graph_shapes, pad_id) if target == "gpu" and graph_shapes else None
         self.sessions: dict[int, Model]
         if self.graphs is not None:
@@ -76,8 +74,9 @@ class Backend:
         self.providers = first.providers
         self._unk_id = unk_id
         self._pad_id = pad_id
-        # A bulk job's calls are padded to the length its runtime runs fastest per token (Model.length_multiple).
-        self._multiple = first.length_multiple if throughput else 1
+        # Calls are padded to the length their runtime runs best (Model.length_multiple): fewer shapes to compile
+        # and keep kernels for.
+        self._multiple = first.length_multiple
         self._max_length = max_length
         self._on_unknown = on_unknown
         self._grown = False  # a batch since the last trim left the arena above a small request's needs

@@ -135,6 +135,7 @@ async def load(settings: Settings) -> Resources:
             manifest.pad_id,
             opened.graph_shapes,
             manifest.variant,
+            max_length=manifest.max_length,
         )
     model = opened.model
     on_gpu = "CUDAExecutionProvider" in backend.providers
