@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from admin_ui.benchprogress import Plan, Progress, progress_from_lines
+from bench.inputs import MIXES
 from bench.progress import model_only_streams_cap
 
 BASELINES = ("vanilla", "comet")
@@ -34,7 +35,7 @@ class BenchConfig:
     target: an appliance URL to load as is, or a bundle folder (the bench starts `hare serve` on it).
     task: the URL's task (the page reads it from /info). bundle: the bundle a URL serves (exact token counts,
     the model-only figure). model: the Hugging Face folder the baselines load (default: the bundle's source).
-    seq_lens ("comet" for Comet's sentences), batches, concurrency: the grid. duration_s/warmup_s: seconds
+    seq_lens (or a mix of lengths by name: "comet", "mix"), batches, concurrency: the grid. duration_s/warmup_s: seconds
     recorded per point and of unrecorded load before it. baselines: vanilla/comet in the same run.
     model_only: also measure the bundle's model alone, in process (the bench adds those points after the
     HTTP ones: 1 stream and as many side by side as the concurrency asks, at most one per core).
@@ -90,11 +91,11 @@ class BenchConfig:
 
 
 def parse_seq_lens(text: str) -> tuple[int | str, ...]:
-    """Token counts, or `comet` for Comet's 45-55-word sentences (as `hare bench run --seq` takes them)."""
+    """Token counts, or mixes of lengths by name (bench.inputs.MIXES), as `hare bench run --seq` takes them."""
     words = [w for w in text.replace(" ", ",").split(",") if w]
     lengths: list[int | str] = []
     for w in words:
-        lengths.append("comet" if w.lower() == "comet" else parse_ints(w, "sequence lengths", 1, 8192)[0])
+        lengths.append(w.lower() if w.lower() in MIXES else parse_ints(w, "sequence lengths", 1, 8192)[0])
     if not lengths:
         raise ValueError("sequence lengths: give at least one value")
     return tuple(dict.fromkeys(lengths))

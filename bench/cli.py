@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bench import measure, readout
 from bench.geometries import GEOMETRIES
+from bench.inputs import MIXES
 from bench.store import default_db_path
 from container.machine import physical_cores
 
@@ -44,16 +45,17 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
-def _seqs(text: str) -> list[int | None]:
-    """`8,128,comet`: token counts, `comet` for Comet's 45-55-word sentences."""
-    out: list[int | None] = []
+def _seqs(text: str) -> list[int | str]:
+    """`8,128,comet,mix`: token counts, or a mix of lengths by name (bench.inputs.MIXES)."""
+    out: list[int | str] = []
     for item in text.split(","):
-        if item == "comet":
-            out.append(None)
+        if item in MIXES:
+            out.append(item)
         elif item.isdigit() and int(item) > 0:
             out.append(int(item))
         elif item:
-            raise argparse.ArgumentTypeError(f"sequence lengths are positive integers or `comet`, got {item!r}")
+            names = " or ".join(f"`{name}`" for name in MIXES)
+            raise argparse.ArgumentTypeError(f"sequence lengths are positive integers, {names}; got {item!r}")
     return out
 
 
@@ -95,7 +97,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--model", type=Path, help="Hugging Face folder for the baselines (default: the bundle's source)")
     run.add_argument("--tokenizer", type=Path, help="tokenizer.json for exact token counts (default: the bundle's)")
     grid = run.add_argument_group("grid")
-    grid.add_argument("--seq", type=_seqs, default=[8, 128], help="token counts, or `comet` (default 8,128)")
+    grid.add_argument(
+        "--seq",
+        type=_seqs,
+        default=[8, 128],
+        help="token counts, `comet` (45-55 words) or `mix` (3-140 words, most short) (default 8,128)",
+    )
     grid.add_argument("--batch", type=_ints, default=[1], help="texts (or ranked documents) per request")
     grid.add_argument("--concurrency", type=_ints, default=[physical_cores()], help="closed-loop users")
     grid.add_argument("--load", choices=["closed", "open"], default="closed", help="closed loop or Poisson arrivals")

@@ -1,5 +1,6 @@
-"""Request inputs: texts with an exact token count for the served tokenizer, varied per request, plus Comet's
-45-55-word sentences, packed into `/predict` bodies for each task and batch size.
+"""Request inputs: texts with an exact token count for the served tokenizer, varied per request, or a mix of
+lengths by name (MIXES: Comet's 45-55-word sentences, a lognormal spread of 3-140 words), packed into `/predict`
+bodies for each task and batch size.
 
 Exact counts include the special tokens ([CLS] ... [SEP]), the way a model's maximum length counts them. The
 texts are built from words that the tokenizer keeps as one token wherever they stand, then checked by
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,10 @@ from tasks.errors import InputError
 from tasks.registry import TASKS
 
 COMET_WORDS = (45, 55)
+# The mix's words a text: lognormal (median 22, mean 26; 3-140): most texts short, a long tail, as live
+# traffic sends them.
+MIX_WORDS = (3, 140)
+MIX_LOGNORMAL = (3.1, 0.6)
 MAX_TEXTS = 8192  # texts per point at most (bodies x batch): enough variety, bounded memory and set-up time
 _WORD = re.compile(r"^[a-z]{2,}$")
 
@@ -114,28 +119,41 @@ def comet_texts(count: int, seed: int = 0) -> list[str]:
     return out
 
 
+def mixed_texts(count: int, seed: int = 0) -> list[str]:
+    """Texts of MIX_WORDS words, lognormal (MIX_LOGNORMAL), of words from the built-in sentences. A runtime
+    that compiles kernels per input shape (OpenVINO) shows under such a mix what exact lengths hide."""
+    rng = random.Random(seed)
+    words = [w for s in SENTENCES for w in s.split()]
+    lengths = (int(min(MIX_WORDS[1], max(MIX_WORDS[0], rng.lognormvariate(*MIX_LOGNORMAL)))) for _ in range(count))
+    return [" ".join(rng.choice(words) for _ in range(n)) for n in lengths]
+
+
+# The mixes of lengths `--seq` takes by name, each `count` texts from a seed.
+MIXES: dict[str, Callable[[int, int], list[str]]] = {"comet": comet_texts, "mix": mixed_texts}
+
+
 @dataclass(frozen=True)
 class Bodies:
     """Prepared request bodies for one point and what they hold."""
 
     bodies: list[bytes]
     batch: int
-    tokens_per_sequence: float  # exact for exact-length inputs, the mean for Comet's sentences
+    tokens_per_sequence: float  # exact for exact-length inputs, the mean for a mix
 
 
 def make_bodies(
     task: str,
     batch: int,
-    seq_len: int | None,
+    seq_len: int | str,
     maker: TextMaker | None,
     count: int = 512,
     seed: int = 0,
 ) -> Bodies:
-    """`count` bodies (fewer for big batches) for `task`; `seq_len` None means Comet's 45-55-word inputs."""
+    """`count` bodies (fewer for big batches) for `task`: of `seq_len` tokens each, or a mix's texts (MIXES)."""
     n = max(8, min(count, MAX_TEXTS // max(1, batch)))
     if TASKS[task].pairs:
-        if seq_len is None:
-            texts = comet_texts(n * batch + n, seed)
+        if isinstance(seq_len, str):
+            texts = MIXES[seq_len](n * batch + n, seed)
             pairs = [(texts[i][:60], d) for i, d in enumerate(texts[n:])]
         else:
             if maker is None:
@@ -144,11 +162,11 @@ def make_bodies(
         bodies = [
             _ranking_body(pairs[i * batch][0], [d for _, d in pairs[i * batch : (i + 1) * batch]]) for i in range(n)
         ]
-        lengths = [seq_len] if seq_len is not None else [_pair_len(maker, p) for p in pairs[:64]]
+        lengths = [seq_len] if isinstance(seq_len, int) else [_pair_len(maker, p) for p in pairs]
         return Bodies(bodies, batch, _avg(lengths))
-    if seq_len is None:
-        texts = comet_texts(n * batch, seed)
-        lengths = [maker.count(t) for t in texts[:64]] if maker is not None else [float("nan")]
+    if isinstance(seq_len, str):
+        texts = MIXES[seq_len](n * batch, seed)
+        lengths = [maker.count(t) for t in texts] if maker is not None else [float("nan")]
     else:
         if maker is None:
             raise InputError("exact-length inputs need the bundle's tokenizer")

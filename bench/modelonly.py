@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from bench.inputs import TextMaker, comet_texts
+from bench.inputs import MIXES, TextMaker
 from bench.stats import Summary, mean, summarize
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
 from container.models import open_model
@@ -35,7 +35,7 @@ class ModelOnly:
 def measure(
     bundle: Path,
     maker: TextMaker,
-    seq_len: int | None,
+    seq_len: int | str,
     batch: int,
     threads: int,
     warmup_s: float,
@@ -43,28 +43,36 @@ def measure(
     stop: threading.Event | None = None,
     streams: int = 1,
 ) -> ModelOnly:
-    """Time `session.run` on batches of `batch` inputs of `seq_len` tokens (None: Comet's sentences), from
-    `streams` threads at once."""
+    """Time `session.run` on batches of `batch` inputs of `seq_len` tokens (or a mix's texts, bench.inputs.MIXES:
+    the first of those the served bodies hold), padded as the server pads them, from `streams` threads at once."""
     manifest = read_manifest(bundle)
     model = open_model(
         bundle / MODEL_FILE, manifest.variant, manifest.target, threads, manifest.output, callers=streams
     )
-    n = 16
+    n = 16 if isinstance(seq_len, int) else 128  # a mix's lengths need more batches to be a fair sample
     # The served tokenizer as the server loads it: truncating at max_length, as the server does by default.
     tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
     tok.no_padding()
     if TASKS[manifest.task].pairs:
-        pairs = maker.pairs(seq_len, n * batch) if seq_len else [(t[:60], t) for t in comet_texts(n * batch)]
+        if isinstance(seq_len, int):
+            pairs = maker.pairs(seq_len, n * batch)
+        else:
+            texts = MIXES[seq_len](n * batch + n, 0)
+            pairs = [(texts[i][:60], d) for i, d in enumerate(texts[n:])]  # as bench.inputs.make_bodies pairs them
         groups: list[list[str] | list[tuple[str, str]]] = [pairs[i * batch : (i + 1) * batch] for i in range(n)]
     else:
-        texts = maker.texts(seq_len, n * batch) if seq_len else comet_texts(n * batch)
+        texts = maker.texts(seq_len, n * batch) if isinstance(seq_len, int) else MIXES[seq_len](n * batch, 0)
         groups = [texts[i * batch : (i + 1) * batch] for i in range(n)]
     tokenize: list[float] = []
     feeds = []
     for group in groups:
         t0 = time.perf_counter()
         encodings = tok.encode_batch(group)
-        feeds.append(pad_batch(encodings, model.input_names))
+        # Padded as the server's backend pads (api/engine/backend.py): to the runtime's multiple, never past the
+        # bundle's maximum.
+        feeds.append(
+            pad_batch(encodings, model.input_names, manifest.pad_id, model.length_multiple, manifest.max_length)
+        )
         tokenize.append((time.perf_counter() - t0) * 1000.0)
     start = time.perf_counter() + warmup_s
     deadline = start + duration_s

@@ -16,7 +16,7 @@ class Planned:
     target: str
     workers: int | None
     threads: int | None
-    seq_len: int | None
+    seq_len: int | str  # tokens, or a mix's name (bench.inputs.MIXES)
     batch: int
     concurrency: int
     rate: float
@@ -78,7 +78,7 @@ def make_point(
     )
 
 
-def _seq_len(asked: int | None, tokens: float) -> int:
-    if asked is not None:
+def _seq_len(asked: int | str, tokens: float) -> int:
+    if isinstance(asked, int):
         return asked
     return 0 if math.isnan(tokens) else round(tokens)

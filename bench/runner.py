@@ -31,11 +31,11 @@ Load = Literal["closed", "open"]
 
 @dataclass(frozen=True)
 class Grid:
-    """The points of a run. seq_lens: exact token counts, or None for Comet's 45-55-word sentences.
+    """The points of a run. seq_lens: exact token counts, or mixes of lengths by name (bench.inputs.MIXES).
     workers, threads: hare worker counts and ORT threads per worker to start the server with (None: its
     default); every combination is a server start. Ignored for a URL."""
 
-    seq_lens: list[int | None] = field(default_factory=lambda: [8, 128])
+    seq_lens: list[int | str] = field(default_factory=lambda: [8, 128])
     batches: list[int] = field(default_factory=lambda: [1])
     concurrencies: list[int] = field(default_factory=lambda: [physical_cores()])
     rates: list[float] = field(default_factory=list)
@@ -96,7 +96,7 @@ class Runner:
         self.stop = stop
         self.subject = options.subject
         self.maker = TextMaker(load_tokenizer(self.subject.tokenizer)) if self.subject.tokenizer else None
-        self._bodies: dict[tuple[int | None, int], Bodies] = {}
+        self._bodies: dict[tuple[int | str, int], Bodies] = {}
         self.k = 0
         self.failures: list[str] = []
         self.hare_threads = 1
@@ -111,7 +111,7 @@ class Runner:
             raise InputError("the baselines need the model folder the bundle was built from; pass --model MODEL_DIR")
         if subject.bundle is not None:
             limit = self.max_length = read_manifest(subject.bundle).max_length
-            too_long = [n for n in options.grid.seq_lens if n is not None and n > limit]
+            too_long = [n for n in options.grid.seq_lens if isinstance(n, int) and n > limit]
             if too_long:
                 raise InputError(f"sequence lengths {too_long} exceed the bundle's max_length {limit}")
         planned = plan(options)
@@ -206,7 +206,7 @@ class Runner:
                 server.stop()
                 self.reporter.server(target, "stopped", server.url)
 
-    def bodies(self, seq_len: int | None, batch: int) -> Bodies:
+    def bodies(self, seq_len: int | str, batch: int) -> Bodies:
         key = (seq_len, batch)
         if key not in self._bodies:
             made = make_bodies(self.subject.task, batch, seq_len, self.maker, self.options.grid.bodies)
@@ -222,7 +222,7 @@ class Runner:
             "load": "in-process" if p.target == "model-only" else g.load,
             "workers": workers,
             "threads": threads,
-            "seq_len": p.seq_len if p.seq_len is not None else "comet",
+            "seq_len": p.seq_len,
             "batch": p.batch,
             "concurrency": p.concurrency,
             "rate": p.rate,
@@ -289,7 +289,7 @@ class Runner:
             server_cpu=sum(by_process) if by_process is not None else None,
             answered=samples.answered,
             extra={
-                "inputs": "exact" if p.seq_len is not None else "comet",
+                "inputs": inputs(p.seq_len),
                 "url": url,
                 "streams": info.get("streams"),  # model streams per worker (hare servers only)
                 "server_cpu_by_process": by_process,
@@ -340,7 +340,7 @@ class Runner:
             lat,
             server={"tokenize_avg": result.tokenize_ms},
             client_cpu=result.cpu_s / window,
-            extra={"inputs": "exact" if p.seq_len is not None else "comet"},
+            extra={"inputs": inputs(p.seq_len)},
         )
         self.store.add_point(point)
         self.reporter.point(k, n, point)
@@ -356,3 +356,8 @@ def _groups(planned: list[Planned]) -> list[list[Planned]]:
         else:
             out.append([p])
     return out
+
+
+def inputs(seq_len: int | str) -> str:
+    """What a point's texts were, as stored with it: "exact" token counts, or the mix's name."""
+    return "exact" if isinstance(seq_len, int) else seq_len

@@ -1,7 +1,8 @@
-"""`hare serve` under a mix of text lengths, as real traffic sends them: wrk posts one of 2,000 texts of 3-140
-words (lognormal, fixed seed) chosen at random, at each connection count; printed per point: req/s, the server's
-CPU per answer (every server process's scheduler time), wrk's p50 / p99, and each server process's RSS after it.
-Where a runtime compiles kernels per input shape (OpenVINO), this shows what fixed-length benchmarks cannot.
+"""`hare serve` under a mix of text lengths, as real traffic sends them, from wrk (an independent load generator;
+`hare bench run BUNDLE --seq mix` measures the same mix from its own): wrk posts one of 2,000 texts of 3-140 words
+(bench.inputs.mixed_texts) chosen at random, at each connection count; printed per point: req/s, the server's CPU
+per answer (every server process's scheduler time), wrk's p50 / p99, and each server process's RSS after it. Where
+a runtime compiles kernels per input shape (OpenVINO), this shows what fixed-length benchmarks cannot.
 
     python scripts/mixed-lengths.py BUNDLE [2,16]     # LABEL, DUR (s a point), PORT from the environment
 
@@ -15,7 +16,6 @@ import contextlib
 import glob
 import json
 import os
-import random
 import re
 import signal
 import subprocess
@@ -25,19 +25,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.inputs import SENTENCES
-
-WORDS = [w for s in SENTENCES for w in s.split()]  # the benchmark's English sentences, as words
-
-
-def texts(count: int = 2000, seed: int = 1) -> list[str]:
-    rng = random.Random(seed)
-    lengths = (int(min(140, max(3, rng.lognormvariate(3.1, 0.6)))) for _ in range(count))
-    return [" ".join(rng.choice(WORDS) for _ in range(n)) for n in lengths]
+from bench.inputs import mixed_texts
 
 
 def wrk_script(path: Path) -> None:
-    bodies = ",\n".join("[==[" + json.dumps({"inputs": t}) + "]==]" for t in texts())
+    bodies = ",\n".join("[==[" + json.dumps({"inputs": t}) + "]==]" for t in mixed_texts(2000, seed=1))
     path.write_text(
         f"bodies = {{\n{bodies}}}\nmath.randomseed(1)\n"
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.inputs import TextMaker, comet_texts, load_tokenizer, make_bodies
+from bench.inputs import MIX_WORDS, TextMaker, comet_texts, load_tokenizer, make_bodies, mixed_texts
 from tests.conftest import ModelFactory
 
 
@@ -29,6 +29,14 @@ def test_comet_sentences_have_45_to_55_words() -> None:
     assert len(set(texts)) > 40
 
 
+def test_the_mix_is_mostly_short_texts_with_a_long_tail() -> None:
+    words = [len(t.split()) for t in mixed_texts(2000, seed=1)]
+    assert MIX_WORDS[0] <= min(words) and max(words) <= MIX_WORDS[1]
+    assert 15 <= sorted(words)[len(words) // 2] <= 30  # most are short
+    assert sum(w > 60 for w in words) > 40 and len(set(words)) > 60  # and many lengths, some long
+    assert mixed_texts(50, seed=1) == mixed_texts(2000, seed=1)[:50]  # a point's first texts are any other's
+
+
 def test_bodies_per_task(tiny_model: ModelFactory) -> None:
     maker = TextMaker(load_tokenizer(tiny_model("text-classification")))
     single = make_bodies("text-classification", 1, 8, maker, count=10)
@@ -40,5 +48,8 @@ def test_bodies_per_task(tiny_model: ModelFactory) -> None:
     body = json.loads(ranking.bodies[0])["inputs"]
     assert set(body) == {"query", "documents"} and len(body["documents"]) == 3
     assert all(len(maker.tok.encode(body["query"], d).ids) == 20 for d in body["documents"])
-    comet = make_bodies("text-classification", 1, None, maker, count=10)
+    comet = make_bodies("text-classification", 1, "comet", maker, count=10)
     assert comet.tokens_per_sequence > 45
+    mix = make_bodies("feature-extraction", 2, "mix", maker, count=100)
+    lengths = [len(maker.tok.encode(t).ids) for b in mix.bodies for t in json.loads(b)["inputs"]]
+    assert mix.tokens_per_sequence == pytest.approx(sum(lengths) / len(lengths))

@@ -104,6 +104,22 @@ def test_quick_starts_hare_serve_itself(tiny_bundle: ModelFactory, tmp_path: Pat
     assert all(p.workers >= 1 and p.extra["streams"] >= 1 and p.server_cpu is not None for p in hare_points)
 
 
+def test_a_mix_of_lengths_is_measured_and_stored_under_its_name(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    """`--seq mix`: texts of 3-140 words, most short, for the server and the model alone; each point stores the
+    mix's name and its mean length, its tokens a second counted from it."""
+    db = tmp_path / "bench.db"
+    code, events = bench("run", str(tiny_bundle("feature-extraction")), "--seq", "mix", "--concurrency", "1",
+                         "--warmup", "0.2", "--duration", "1", "--db", str(db))  # fmt: skip
+    assert code == 0
+    run_id = check_events(events, 2)
+    points = Store(db).points(run_id)
+    assert sorted(p.target for p in points) == ["hare", "model-only"]
+    for p in points:
+        assert p.extra["inputs"] == "mix" and p.ok > 0
+        assert 20 < p.seq_len < 60  # the mean of texts of 26 words on average, with their special tokens
+        assert p.tokens_s == pytest.approx(p.seq_s * p.seq_len, rel=0.05)
+
+
 def test_sigterm_cancels_the_run_and_stops_the_server(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
     """What the console does to a run it no longer wants: SIGTERM, then it reads the last line."""
     db = tmp_path / "bench.db"

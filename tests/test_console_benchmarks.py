@@ -215,6 +215,7 @@ def test_bench_config_command_and_parsing(tmp_path: Path) -> None:
     assert config.plan() == benchprogress.Plan(http_points=2 * 1 * 2 * 3, max_concurrency=4, cores=physical_cores())
     assert parse_ints("16, 64 64", "x") == (16, 64)
     assert parse_seq_lens("8, Comet,8") == (8, "comet")
+    assert parse_seq_lens("mix,16") == ("mix", 16)
     with pytest.raises(ValueError, match="sequence lengths: 'a'"):
         parse_seq_lens("16,a")
     with pytest.raises(ValueError, match=r"outside 1\.\.10"):

@@ -102,7 +102,14 @@ def form(db: Path, slot: dict[str, Any], start: Callable[[BenchConfig, Path], No
         )
         name = _field(draft, "name", st.text_input, "Run name (optional)", width=260)
     with st.container(horizontal=True, vertical_alignment="bottom"):
-        seq = _field(draft, "seq", st.text_input, "Sequence lengths (tokens)", width=200)
+        seq = _field(
+            draft,
+            "seq",
+            st.text_input,
+            "Sequence lengths (tokens)",
+            width=200,
+            help="token counts, or a mix of lengths: `comet` (45-55 words), `mix` (3-140 words, most short)",
+        )
         batches = _field(draft, "batches", st.text_input, "Batch sizes", width=130)
         conc = _field(draft, "conc", st.text_input, "Concurrency", width=130)
         duration = _field(draft, "duration", st.number_input, "Seconds per point", 0.5, 600.0, step=1.0, width=170)
