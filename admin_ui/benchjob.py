@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from admin_ui.benchprogress import Plan, Progress, progress_from_lines
-from bench.inputs import MIXES
+from bench.points import MIX_NAMES
 from bench.progress import model_only_streams_cap
 
 BASELINES = ("vanilla", "comet")
@@ -91,11 +91,11 @@ class BenchConfig:
 
 
 def parse_seq_lens(text: str) -> tuple[int | str, ...]:
-    """Token counts, or mixes of lengths by name (bench.inputs.MIXES), as `hare bench run --seq` takes them."""
+    """Token counts, or mixes of lengths by name (MIX_NAMES), as `hare bench run --seq` takes them."""
     words = [w for w in text.replace(" ", ",").split(",") if w]
     lengths: list[int | str] = []
     for w in words:
-        lengths.append(w.lower() if w.lower() in MIXES else parse_ints(w, "sequence lengths", 1, 8192)[0])
+        lengths.append(w.lower() if w.lower() in MIX_NAMES else parse_ints(w, "sequence lengths", 1, 8192)[0])
     if not lengths:
         raise ValueError("sequence lengths: give at least one value")
     return tuple(dict.fromkeys(lengths))

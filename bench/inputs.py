@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from bench.points import MIX_NAMES
 from container.optimize.textset import SENTENCES
 from tasks.errors import InputError
 from tasks.registry import TASKS
@@ -129,7 +130,7 @@ def mixed_texts(count: int, seed: int = 0) -> list[str]:
 
 
 # The mixes of lengths `--seq` takes by name, each `count` texts from a seed.
-MIXES: dict[str, Callable[[int, int], list[str]]] = {"comet": comet_texts, "mix": mixed_texts}
+MIXES: dict[str, Callable[[int, int], list[str]]] = dict(zip(MIX_NAMES, (comet_texts, mixed_texts), strict=True))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ from typing import Any
 from bench.stats import Summary
 from bench.store import Point
 
+# The mixes of lengths a point may send instead of exact token counts, by name (bench.inputs.MIXES makes their
+# texts). Here, apart from the tokenizer bench.inputs needs, so that the console can check a form without it.
+MIX_NAMES = ("comet", "mix")
+
 
 @dataclass(frozen=True)
 class Planned:
