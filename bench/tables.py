@@ -51,7 +51,7 @@ def _load(load: str, rate: float, concurrency: int) -> str:
 def point_row(p: Point) -> list[str]:
     """One measured point, in POINT_COLUMNS' order."""
     return [
-        *(p.target, p.load, str(p.workers), str(p.threads), str(p.seq_len), str(p.batch)),
+        *(p.target, p.load, str(p.workers), str(p.threads), seq_label(p), str(p.batch)),
         _load(p.load, p.rate, p.concurrency),
         *(fmt(p.req_s), fmt(p.seq_s), fmt(p.tokens_s, 0)),
         *(fmt(getattr(p, f"lat_{k}"), 2) for k in LATENCIES),
@@ -59,6 +59,12 @@ def point_row(p: Point) -> list[str]:
         *(fmt(p.server.get("compute_p50"), 2), fmt(p.client_cpu, 2), fmt(p.server_cpu, 2)),
         fmt(server_ms_per_request(p), 3),
     ]
+
+
+def seq_label(p: Point) -> str:
+    """A point's length: its token count, or the mix it sent and the mix's mean length ("mix ~33")."""
+    inputs = p.extra.get("inputs", "exact")
+    return str(p.seq_len) if inputs == "exact" else f"{inputs} ~{p.seq_len}"
 
 
 def server_ms_per_request(p: Point) -> float | None:

@@ -15,6 +15,7 @@ import pytest
 
 from bench.servers import trivial_server, wait_ready_once
 from bench.store import Store
+from bench.tables import POINT_COLUMNS, point_row
 from hare.cli import main as hare
 from tests.conftest import ModelFactory
 
@@ -118,6 +119,7 @@ def test_a_mix_of_lengths_is_measured_and_stored_under_its_name(tiny_bundle: Mod
         assert p.extra["inputs"] == "mix" and p.ok > 0
         assert 20 < p.seq_len < 60  # the mean of texts of 26 words on average, with their special tokens
         assert p.tokens_s == pytest.approx(p.seq_s * p.seq_len, rel=0.05)
+        assert dict(zip(POINT_COLUMNS, point_row(p), strict=True))["seq"] == f"mix ~{p.seq_len}"
 
 
 def test_sigterm_cancels_the_run_and_stops_the_server(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
