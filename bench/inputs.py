@@ -133,6 +133,13 @@ def mixed_texts(count: int, seed: int = 0) -> list[str]:
 MIXES: dict[str, Callable[[int, int], list[str]]] = dict(zip(MIX_NAMES, (comet_texts, mixed_texts), strict=True))
 
 
+def mix_pairs(name: str, groups: int, batch: int, seed: int = 0) -> list[tuple[str, str]]:
+    """`groups` x `batch` (query, document) pairs from the mix `name`: documents of its lengths, each query the
+    first 60 characters of another of its texts."""
+    texts = MIXES[name](groups * batch + groups, seed)
+    return [(texts[i][:60], d) for i, d in enumerate(texts[groups:])]
+
+
 @dataclass(frozen=True)
 class Bodies:
     """Prepared request bodies for one point and what they hold."""
@@ -154,8 +161,7 @@ def make_bodies(
     n = max(8, min(count, MAX_TEXTS // max(1, batch)))
     if TASKS[task].pairs:
         if isinstance(seq_len, str):
-            texts = MIXES[seq_len](n * batch + n, seed)
-            pairs = [(texts[i][:60], d) for i, d in enumerate(texts[n:])]
+            pairs = mix_pairs(seq_len, n, batch, seed)
         else:
             if maker is None:
                 raise InputError("exact-length inputs need the bundle's tokenizer")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from bench.inputs import MIXES, TextMaker
+from bench.inputs import MIXES, TextMaker, mix_pairs
 from bench.stats import Summary, mean, summarize
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
 from container.models import open_model
@@ -54,11 +54,7 @@ def measure(
     tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
     tok.no_padding()
     if TASKS[manifest.task].pairs:
-        if isinstance(seq_len, int):
-            pairs = maker.pairs(seq_len, n * batch)
-        else:
-            texts = MIXES[seq_len](n * batch + n, 0)
-            pairs = [(texts[i][:60], d) for i, d in enumerate(texts[n:])]  # as bench.inputs.make_bodies pairs them
+        pairs = maker.pairs(seq_len, n * batch) if isinstance(seq_len, int) else mix_pairs(seq_len, n, batch)
         groups: list[list[str] | list[tuple[str, str]]] = [pairs[i * batch : (i + 1) * batch] for i in range(n)]
     else:
         texts = maker.texts(seq_len, n * batch) if isinstance(seq_len, int) else MIXES[seq_len](n * batch, 0)

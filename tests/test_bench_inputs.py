@@ -53,3 +53,6 @@ def test_bodies_per_task(tiny_model: ModelFactory) -> None:
     mix = make_bodies("feature-extraction", 2, "mix", maker, count=100)
     lengths = [len(maker.tok.encode(t).ids) for b in mix.bodies for t in json.loads(b)["inputs"]]
     assert mix.tokens_per_sequence == pytest.approx(sum(lengths) / len(lengths))
+    ranked = [json.loads(b)["inputs"] for b in make_bodies("text-ranking", 3, "mix", maker, count=40).bodies]
+    assert all(len(r["documents"]) == 3 and 0 < len(r["query"]) <= 60 for r in ranked)
+    assert len({len(d.split()) for r in ranked for d in r["documents"]}) > 20  # documents of the mix's lengths

@@ -35,3 +35,9 @@ def test_model_only_is_planned_alone_and_with_as_many_streams_as_users_keep_busy
     options = RunOptions(subject=subject, grid=Grid(seq_lens=[8], concurrencies=[1, 16]))
     streams = sorted(p.concurrency for p in plan(options) if p.target == "model-only")
     assert streams == sorted({1, min(16, physical_cores())})
+
+
+def test_a_mix_of_lengths_runs_in_process_for_ranking_too(tiny_bundle: ModelFactory) -> None:
+    bundle = tiny_bundle("text-ranking")
+    result = modelonly.measure(bundle, TextMaker(load_tokenizer(bundle)), "mix", 2, 1, warmup_s=0.05, duration_s=0.2)
+    assert result.latencies_ms and result.window_s >= 0.2
