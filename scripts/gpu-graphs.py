@@ -37,9 +37,9 @@ def check(bundle: Path) -> None:
     shapes = graph_shapes(64, 16384, manifest.max_length)
     args = (bundle / MODEL_FILE, "gpu", (1,), manifest.output)
     start = time.perf_counter()
-    graphed = Backend(*args, pad_id=manifest.pad_id, graph_shapes=shapes)
+    graphed = Backend(*args, pad_id=manifest.pad_id, graph_shapes=shapes, max_length=manifest.max_length)
     made = time.perf_counter() - start
-    plain = Backend(*args, pad_id=manifest.pad_id)
+    plain = Backend(*args, pad_id=manifest.pad_id, max_length=manifest.max_length)
     print(
         f"\n## {bundle.name}: {manifest.variant}; {len(shapes)} shapes captured: {graphed.graphs is not None}"
         f" (backend made in {made:.1f} s)"

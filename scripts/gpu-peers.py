@@ -31,7 +31,15 @@ def hare_encoder(bundle: Path, target: str) -> Callable[[list[str]], Vectors]:
     manifest = read_manifest(bundle)
     tokenizer = load_tokenizer(bundle)
     shapes = graph_shapes(64, 16384, manifest.max_length)
-    backend = Backend(bundle / MODEL_FILE, target, (1,), manifest.output, pad_id=manifest.pad_id, graph_shapes=shapes)
+    backend = Backend(
+        bundle / MODEL_FILE,
+        target,
+        (1,),
+        manifest.output,
+        pad_id=manifest.pad_id,
+        graph_shapes=shapes,
+        max_length=manifest.max_length,
+    )
     pooling = manifest.pooling or "mean"
 
     def encode(texts: list[str]) -> Vectors:

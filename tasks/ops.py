@@ -99,6 +99,12 @@ def normalize_vector(vector: Array) -> Array:
     return vector / np.float32(max(float(np.sqrt(vector @ vector)), 1e-12))
 
 
+def padded_length(longest: int, multiple: int = 1, max_length: int = 0) -> int:
+    """The length a batch whose longest sequence has `longest` tokens is padded to: the next multiple of
+    `multiple`, but never past `max_length` (the model's positions end there) nor below `longest`."""
+    return max(longest, min(-(-longest // multiple) * multiple, max_length or longest))
+
+
 def pad_batch(
     encodings: Sequence[Encoding],
     input_names: Sequence[str],
@@ -113,8 +119,7 @@ def pad_batch(
     Padding ids are the model's pad token: a decoder's classification head finds each row's last token by
     comparing ids with it, as transformers does.
     """
-    longest = max(len(e.ids) for e in encodings)
-    length = max(longest, min(-(-longest // multiple) * multiple, max_length or longest))
+    length = padded_length(max(len(e.ids) for e in encodings), multiple, max_length)
     n = len(encodings)
     ids = np.full((n, length), pad_id, dtype=np.int64)
     mask = np.zeros((n, length), dtype=np.int64)

@@ -21,7 +21,9 @@ def test_rows_come_back_per_sequence_trimmed_and_the_same_at_every_width(tiny_bu
     tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
     unknown: list[int] = []
     unk_id = tokenizer.token_to_id("[UNK]")
-    backend = Backend(bundle / MODEL_FILE, "cpu", (1, 2), manifest.output, unk_id, unknown.append)
+    backend = Backend(
+        bundle / MODEL_FILE, "cpu", (1, 2), manifest.output, unk_id, unknown.append, max_length=manifest.max_length
+    )
     batch = tokenizer.encode_batch(["a short one", "a somewhat longer sentence than the first", "\u2603"])
     narrow, wide = backend.run(batch, 1), backend.run(batch, 2)
     assert backend.widths == (1, 2)
@@ -38,7 +40,8 @@ def test_a_pooled_batch_comes_back_as_one_vector_per_sequence_as_post_processing
 ) -> None:
     bundle = tiny_bundle("feature-extraction")
     tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
-    backend = Backend(bundle / MODEL_FILE, "cpu", (1,), read_manifest(bundle).output)
+    manifest = read_manifest(bundle)
+    backend = Backend(bundle / MODEL_FILE, "cpu", (1,), manifest.output, max_length=manifest.max_length)
     batch = tokenizer.encode_batch(["a short one", "a somewhat longer sentence than the first"])
     states = backend.run(batch)
     for pooling in ("mean", "cls", "max", "lasttoken"):

@@ -90,8 +90,9 @@ def test_captured_graphs_answer_as_plain_gpu_runs(fp32_bundle: ModelFactory) -> 
     manifest = read_manifest(bundle)
     tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
     shapes = graph_shapes(8, 4096, manifest.max_length)
-    graphed = Backend(bundle / MODEL_FILE, "gpu", (1,), manifest.output, pad_id=manifest.pad_id, graph_shapes=shapes)
-    plain = Backend(bundle / MODEL_FILE, "gpu", (1,), manifest.output, pad_id=manifest.pad_id)
+    args = (bundle / MODEL_FILE, "gpu", (1,), manifest.output)
+    graphed = Backend(*args, pad_id=manifest.pad_id, graph_shapes=shapes, max_length=manifest.max_length)
+    plain = Backend(*args, pad_id=manifest.pad_id, max_length=manifest.max_length)
     assert graphed.graphs is not None and plain.graphs is None
     for size in (1, 3, 5, 2, 5, 1):
         batch = tokenizer.encode_batch(TEXTS[-size:])

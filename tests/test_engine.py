@@ -26,7 +26,7 @@ from api.engine.backend import Backend
 from api.engine.remote import RemoteBackend
 from api.process.engine import Call, Engine, merge, take
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
-from container.runtime import InferenceFailed
+from container.runtime import InferenceFailed, OnnxModel
 from tasks.ops import POOLINGS, pool_tokens
 from tests.conftest import ModelFactory
 from tests.live_server import hare_serve
@@ -55,13 +55,47 @@ def test_pending_calls_merge_within_the_budget_padded_to_the_longest() -> None:
     assert take(pending, call(16, 16, 5), max_size=8, max_tokens=40)[0][0].shape == (16, 16)
 
 
+def test_a_merged_batch_is_padded_to_the_runtimes_length_multiple(
+    fp32_bundle: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine pads a batch as a worker's own Backend does: to the runtime's length multiple (OpenVINO's 8,
+    where each new shape is kernels to compile and keep), never past the bundle's maximum, and each call gets
+    the rows it gets alone."""
+    monkeypatch.setattr(OnnxModel, "length_multiple", 8)
+    bundle = fp32_bundle("feature-extraction")
+    manifest = read_manifest(bundle)
+    backend = Backend(bundle / MODEL_FILE, "cpu", (1,), manifest.output, max_length=manifest.max_length)
+    lengths: list[int] = []
+    run_padded = backend.run_padded
+
+    def recorded(feeds: dict[str, np.ndarray], width: int = 1, pooling: str | None = None) -> np.ndarray:
+        lengths.append(feeds["input_ids"].shape[1])
+        return run_padded(feeds, width, pooling)
+
+    monkeypatch.setattr(backend, "run_padded", recorded)
+    engine = Engine(backend, manifest.pad_id, max_size=32, max_tokens=4096, registry=CollectorRegistry())
+    shapes = [(1, 3), (2, 5), (1, manifest.max_length - 1)]
+    calls = [call(n, length, 5 + i) for i, (n, length) in enumerate(shapes)]
+    for c in calls:  # the graph's other inputs (BERT's token types)
+        c.feeds = {name: c.feeds.get(name, np.zeros_like(c.feeds["input_ids"])) for name in backend.input_names}
+    alone = [run_padded(c.feeds) for c in calls]
+    engine.run(calls[:2])
+    engine.run(calls[2:])
+    assert lengths == [8, manifest.max_length]  # 5 rounded up to 8; max_length - 1 only up to the maximum
+    for c, want in zip(calls, alone, strict=True):
+        assert c.error is None and c.rows is not None
+        np.testing.assert_allclose(c.rows, want, atol=1e-5)  # the padding masked, trimmed off the call's rows
+
+
 @pytest.fixture
 def engine(fp32_bundle: ModelFactory, tmp_path: Path) -> Iterator[tuple[Path, Engine, Path]]:
     """An engine on a tiny fp32 bundle's CPU session (int8's batch-wide scales would make merged batches
     differ a little), listening on a socket in tmp_path as the process does."""
     bundle = fp32_bundle("feature-extraction")
     manifest = read_manifest(bundle)
-    backend = Backend(bundle / MODEL_FILE, "cpu", (1,), manifest.output, pad_id=manifest.pad_id)
+    backend = Backend(
+        bundle / MODEL_FILE, "cpu", (1,), manifest.output, pad_id=manifest.pad_id, max_length=manifest.max_length
+    )
     engine = Engine(backend, manifest.pad_id, max_size=32, max_tokens=4096, registry=CollectorRegistry())
     socket = tmp_path / "engine.sock"
     listener = Listener(str(socket), family="AF_UNIX")

@@ -26,7 +26,7 @@ from tokenizers import Encoding
 from container.cudagraphs import CudaGraphs, Shape
 from container.models import Model, open_models
 from container.runtime import InferenceFailed, OnnxModel
-from tasks.ops import pad_batch, pool_tokens
+from tasks.ops import pad_batch, padded_length, pool_tokens
 
 Array = NDArray[np.float32]
 # Batches above this many padded tokens give ORT's arena back after their run (measured on a 90 MB fp32
@@ -55,12 +55,14 @@ class Backend:
         graph_shapes: Sequence[Shape] = (),
         variant: str = "fp32",
         callers: int | None = None,
-        max_length: int = 0,
+        *,
+        max_length: int,
     ) -> None:
         """`variant`: the bundle's, which picks the runtime (container/models.py). `callers`: the model
         threads that may call the narrowest session at once (default: one per core of the widest width, as the
-        core pool grants them); a wider session gets as many as fit the same cores. `max_length`: the bundle's;
-        a call is padded to the runtime's length_multiple, never past it."""
+        core pool grants them); a wider session gets as many as fit the same cores. `max_length`: the bundle's
+        (required: a call is padded to the runtime's length_multiple, never past it, and without it not at
+        all)."""
         self.graphs = _graphs(path, output, arena, graph_shapes, pad_id) if target == "gpu" and graph_shapes else None
         self.sessions: dict[int, Model]
         if self.graphs is not None:
@@ -89,6 +91,10 @@ class Backend:
     def output_width(self) -> int | None:
         """The size of the output's last axis (a vector's size, for embeddings) when the graph fixes it."""
         return next(iter(self.sessions.values())).output_width
+
+    def padded_length(self, longest: int) -> int:
+        """The length a call whose longest sequence has `longest` tokens is padded to (see __init__)."""
+        return padded_length(longest, self._multiple, self._max_length)
 
     def trim(self) -> None:
         """Give the arena's unused memory back if a batch grew it (for an idle worker: the sessions share one

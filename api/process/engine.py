@@ -3,7 +3,8 @@ worker (api/engine/remote.py) together.
 
     worker calls ──> a thread per connection ──> pending ──> the GPU thread: all pending calls that fit one
                                                               batch (max_batch_size, max_batch_tokens),
-                                                              padded to the longest, one run, each call's
+                                                              padded to the longest (to the runtime's
+                                                              length multiple), one run, each call's
                                                               rows back to its thread, which answers it
                                                               (pooled first, where the call asks)
 
@@ -74,9 +75,10 @@ class Call:
         return int(n), int(length)
 
 
-def merge(calls: list[Call], pad_id: int) -> dict[str, NDArray[np.int64]]:
-    """The calls' feeds stacked into one batch, padded to the longest (pad id for input ids, 0 elsewhere)."""
-    longest = max(c.shape[1] for c in calls)
+def merge(calls: list[Call], pad_id: int, length: int = 0) -> dict[str, NDArray[np.int64]]:
+    """The calls' feeds stacked into one batch, padded to `length` or the longest, whichever is more (pad id
+    for input ids, 0 elsewhere)."""
+    longest = max(length, *(c.shape[1] for c in calls))
     total = sum(c.shape[0] for c in calls)
     merged = {}
     for name in calls[0].feeds:
@@ -161,7 +163,11 @@ class Engine:
         self.merged.observe(len(calls))
         self.sequences.observe(sum(c.shape[0] for c in calls))
         try:
-            out = self.backend.run_padded(merge(calls, self.pad_id), pooling=common_pooling(c.pooling for c in calls))
+            # Padded as a worker's own Backend pads (the runtime's length multiple): a merged batch is a new
+            # shape for OpenVINO to compile kernels for otherwise.
+            length = self.backend.padded_length(max(c.shape[1] for c in calls))
+            feeds = merge(calls, self.pad_id, length)
+            out = self.backend.run_padded(feeds, pooling=common_pooling(c.pooling for c in calls))
         except Exception as exc:  # every call gets an answer, the error's message if nothing else
             log.exception("model call failed")
             for c in calls:
@@ -215,6 +221,7 @@ def main() -> None:
         pad_id=manifest.pad_id,
         graph_shapes=opened.graph_shapes,
         variant=manifest.variant,
+        max_length=manifest.max_length,
     )
     engine = Engine(backend, manifest.pad_id, settings.max_batch_size, settings.max_batch_tokens, REGISTRY)
     threading.Thread(target=engine.run_forever, name="gpu", daemon=True).start()
