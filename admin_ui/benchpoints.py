@@ -12,6 +12,7 @@ from typing import Any
 
 from admin_ui.percentiles import APPROXIMATE, PERCENTILES, latency_text, num
 from admin_ui.tables import cell, figure, numeric_columns
+from bench.records import seq_label
 from bench.report import rows_to_csv
 from bench.store import Point, Ratio, Run
 
@@ -33,7 +34,7 @@ def point_rows(points: Iterable[Point]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {
             "target": p.target,
             "load": p.load,
-            "seq len": p.seq_len,
+            "seq len": seq_label(p.seq_len, p.inputs),
             "batch": p.batch,
             "concurrency": p.concurrency,
         }
@@ -106,7 +107,8 @@ def cut_note(cut: Point, asked_s: float | None) -> str:
 def point_words(p: Point) -> str:
     """ "hare, 8 tokens, batch 1, 4 clients" ("streams" for the model alone)."""
     who = "stream" if p.target == "model-only" else "client"
-    return f"{p.target}, {p.seq_len} tokens, batch {p.batch}, {p.concurrency} {who}{'s' if p.concurrency != 1 else ''}"
+    users = f"{p.concurrency} {who}{'s' if p.concurrency != 1 else ''}"
+    return f"{p.target}, {seq_label(p.seq_len, p.inputs)} tokens, batch {p.batch}, {users}"
 
 
 def point_table(points: Sequence[Point], cut: Point | None = None, asked_s: float | None = None) -> Table:
@@ -116,7 +118,7 @@ def point_table(points: Sequence[Point], cut: Point | None = None, asked_s: floa
     raw: list[dict[str, Any]] = []
     for p in points:
         target = f"{p.target} (cancelled)" if p == cut else p.target
-        row: dict[str, Any] = {"target": target, "seq len": p.seq_len}
+        row: dict[str, Any] = {"target": target, "seq len": seq_label(p.seq_len, p.inputs)}
         row |= {k: getattr(p, k) for k in SETTING_COLUMNS}
         row["concurrency"] = p.concurrency
         if p.load == "open":
@@ -164,7 +166,8 @@ def point_table(points: Sequence[Point], cut: Point | None = None, asked_s: floa
 def approximate_note(points: Sequence[Point]) -> str:
     """Which points have percentiles marked "~", and why."""
     few = ", ".join(
-        f"{p.target} at {p.seq_len} tokens and {p.concurrency} user{'s' if p.concurrency != 1 else ''} ({p.ok:,})"
+        f"{p.target} at {seq_label(p.seq_len, p.inputs)} tokens and {p.concurrency} "
+        f"user{'s' if p.concurrency != 1 else ''} ({p.ok:,})"
         for p in points[:4]
     )
     more = f" and {len(points) - 4} more" if len(points) > 4 else ""
@@ -270,7 +273,7 @@ def ratio_rows(ratios: Iterable[Ratio]) -> list[dict[str, Any]]:
     return [
         {
             "baseline": r.baseline,
-            "seq len": r.key.get("seq_len"),
+            "seq len": seq_label(r.key["seq_len"], r.key.get("inputs", "exact")),
             "batch": r.key.get("batch"),
             "concurrency": r.key.get("concurrency"),
             "hare req/s": num(r.hare_req_s, 1),

@@ -10,6 +10,7 @@ from typing import Any
 
 from admin_ui.percentiles import APPROXIMATE, latency_text, num
 from admin_ui.tables import numeric_columns, text_rows
+from bench.records import seq_label
 from bench.store import Comparison, Point, Run
 
 
@@ -71,7 +72,7 @@ def comparison_rows(comparisons: Iterable[Comparison]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "target": c.target,
-                "seq len": c.key.get("seq_len"),
+                "seq len": seq_label(c.key["seq_len"], c.key.get("inputs", "exact")),
                 "batch": c.key.get("batch"),
                 "concurrency": c.key.get("concurrency"),
                 "A req/s": num(a.req_s, 1) if a else None,

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# Points are matched across runs and targets on these settings.
-MATCH_KEYS = ("load", "workers", "threads", "seq_len", "batch", "concurrency", "rate")
+# Points are matched across runs and targets on these settings. A mix of lengths is stored at its mean length,
+# so its name ("inputs") keeps it apart from an exact length of that many tokens.
+MATCH_KEYS = ("load", "workers", "threads", "seq_len", "inputs", "batch", "concurrency", "rate")
 BASELINES = ("vanilla", "comet")
 
 
@@ -65,9 +66,15 @@ class Point:
     server: dict[str, float]  # compute_p50/avg (x-compute-time) and tokenize/queue/inference/postprocess avg
     client_cpu: float
     server_cpu: float | None = None
-    # inputs ("exact" or "comet"), url, server_cpu_by_process (cores per server process, busiest first)
+    # inputs ("exact", or a mix's name: bench.points.MIX_NAMES), url, server_cpu_by_process (cores per server
+    # process, busiest first)
     extra: dict[str, Any] = field(default_factory=dict)
     id: int | None = None
+
+    @property
+    def inputs(self) -> str:
+        """What the point's texts were: "exact" token counts, or the name of the mix of lengths it sent."""
+        return str(self.extra.get("inputs", "exact"))
 
     def key(self) -> tuple[Any, ...]:
         """The settings two points must share to be compared."""
@@ -75,6 +82,11 @@ class Point:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def seq_label(seq_len: int, inputs: str = "exact") -> int | str:
+    """A point's length as tables show it: its token count, or the mix it sent and the mix's mean ("mix ~33")."""
+    return seq_len if inputs == "exact" else f"{inputs} ~{seq_len}"
 
 
 @dataclass
@@ -106,7 +118,7 @@ def ratios(points: Sequence[Point]) -> list[Ratio]:
     worker and thread settings are not part of the match."""
 
     def loose(p: Point) -> tuple[Any, ...]:
-        return (p.load, p.seq_len, p.batch, p.concurrency, p.rate)
+        return (p.load, p.seq_len, p.inputs, p.batch, p.concurrency, p.rate)
 
     baselines = {(p.target, loose(p)): p for p in points if p.target in BASELINES}
     out = []

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from bench.records import seq_label
 from bench.store import Comparison, Point, Ratio, Run
 
 
@@ -51,7 +52,7 @@ def _load(load: str, rate: float, concurrency: int) -> str:
 def point_row(p: Point) -> list[str]:
     """One measured point, in POINT_COLUMNS' order."""
     return [
-        *(p.target, p.load, str(p.workers), str(p.threads), seq_label(p), str(p.batch)),
+        *(p.target, p.load, str(p.workers), str(p.threads), str(seq_label(p.seq_len, p.inputs)), str(p.batch)),
         _load(p.load, p.rate, p.concurrency),
         *(fmt(p.req_s), fmt(p.seq_s), fmt(p.tokens_s, 0)),
         *(fmt(getattr(p, f"lat_{k}"), 2) for k in LATENCIES),
@@ -59,12 +60,6 @@ def point_row(p: Point) -> list[str]:
         *(fmt(p.server.get("compute_p50"), 2), fmt(p.client_cpu, 2), fmt(p.server_cpu, 2)),
         fmt(server_ms_per_request(p), 3),
     ]
-
-
-def seq_label(p: Point) -> str:
-    """A point's length: its token count, or the mix it sent and the mix's mean length ("mix ~33")."""
-    inputs = p.extra.get("inputs", "exact")
-    return str(p.seq_len) if inputs == "exact" else f"{inputs} ~{p.seq_len}"
 
 
 def server_ms_per_request(p: Point) -> float | None:
@@ -77,7 +72,7 @@ def server_ms_per_request(p: Point) -> float | None:
 def ratio_row(r: Ratio) -> list[str]:
     """hare against one baseline at one point, in RATIO_COLUMNS' order."""
     return [
-        *(r.baseline, str(r.key["seq_len"]), str(r.key["batch"])),
+        *(r.baseline, str(seq_label(r.key["seq_len"], r.key["inputs"])), str(r.key["batch"])),
         _load(r.key["load"], r.key["rate"], r.key["concurrency"]),
         *(fmt(r.hare_req_s), fmt(r.baseline_req_s), fmt(r.req_s_ratio, 2), fmt(r.p50_ratio, 2)),
     ]
@@ -133,7 +128,7 @@ def compare_table(rows: Sequence[Comparison], a: int, b: int) -> Table:
     for c in rows:
         table.add_row(
             c.target,
-            str(c.key["seq_len"]),
+            str(seq_label(c.key["seq_len"], c.key["inputs"])),
             str(c.key["batch"]),
             f"{c.key['rate']:g}/s" if c.key["load"] == "open" else str(c.key["concurrency"]),
             str(c.key["workers"]),

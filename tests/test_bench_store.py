@@ -10,13 +10,15 @@ import pytest
 from bench.store import Point, Store, default_db_path
 
 
-def point(run_id: int, idx: int, target: str, seq: int, req_s: float, p50: float, workers: int = 2) -> Point:
+def point(
+    run_id: int, idx: int, target: str, seq: int, req_s: float, p50: float, workers: int = 2, inputs: str = "exact"
+) -> Point:
     return Point(
         run_id=run_id, idx=idx, target=target, load="closed", workers=workers, threads=1, seq_len=seq, batch=1,
         concurrency=2, rate=0.0, duration_s=5.0, requests=10, ok=9, errors={"429": 1}, req_s=req_s,
         seq_s=req_s, tokens_s=req_s * seq, lat_min=p50 / 2, lat_avg=p50, lat_p50=p50, lat_p90=p50 * 1.1,
         lat_p95=p50 * 1.2, lat_p99=p50 * 1.3, lat_max=p50 * 2, server={"compute_p50": p50 / 2},
-        client_cpu=0.1, server_cpu=None, extra={"inputs": "exact"},
+        client_cpu=0.1, server_cpu=None, extra={"inputs": inputs},
     )  # fmt: skip
 
 
@@ -55,6 +57,35 @@ def test_runs_points_compare_ratios(tmp_path: Path) -> None:
         store.update_run(a, bogus=1)
     store.delete_run(b)
     assert store.points(b) == [] and [r.id for r in store.runs()] == [a]
+
+
+def test_a_mix_of_lengths_is_not_matched_with_an_exact_length_of_its_mean(tmp_path: Path) -> None:
+    """A mix's point is stored at its mean length: hare's mix ~33 is compared with vanilla's mix ~33 and with
+    the other run's mix, never with 33 tokens exactly."""
+    from bench.tables import compare_table, ratios_table
+
+    store = Store(tmp_path / "bench.db")
+    a = store.create_run("run", task="feature-extraction")
+    store.add_point(point(a, 1, "hare", 33, 300.0, 4.0, inputs="mix"))
+    store.add_point(point(a, 2, "vanilla", 33, 30.0, 40.0, workers=1))
+    store.add_point(point(a, 3, "vanilla", 33, 60.0, 20.0, workers=1, inputs="mix"))
+    b = store.create_run("run", task="feature-extraction")
+    store.add_point(point(b, 1, "hare", 33, 200.0, 5.0))
+
+    (ratio,) = store.ratios(a)
+    assert ratio.req_s_ratio == pytest.approx(5.0) and ratio.key["inputs"] == "mix"
+    rows = {(c.target, c.key["inputs"]): c for c in store.compare(a, b)}
+    assert rows["hare", "mix"].b is None and rows["hare", "exact"].a is None  # not paired with each other
+    assert "mix ~33" in _text(ratios_table(store.ratios(a)))
+    assert "mix ~33" in _text(compare_table(store.compare(a, b), a, b))
+
+
+def _text(table: object) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(table)
+    return console.export_text()
 
 
 def test_nan_survives_the_round_trip(tmp_path: Path) -> None:
