@@ -16,7 +16,11 @@ result store as a run of kind "bulk" (its summary: bench/bulk_tables.py).
 
 Each candidate makes one pass over the texts, one after the other: on a machine other work shares, the CPU
 time a row costs is the steadier comparison, and the run keeps it beside the wall clock and the load average.
-The bench reaches `hare run` as a user does, through the command line (bench never imports the server).
+With `rounds` above one, every candidate that ran makes that many passes, a round at a time (every other round
+in the reverse order), so that a slow spell of the machine falls on all of them rather than on one: the figures
+stored are each candidate's median, and the goals the median of the ratios taken round by round
+(bench/bulk_tables.py). The bench reaches `hare run` as a user does, through the command line (bench never
+imports the server).
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ import orjson
 from tokenizers import Tokenizer
 
 from bench.bulk_peers import LABELS, PEERS, encode_corpus, workspace
-from bench.bulk_tables import HARE_JOB, HARE_RUN, MODEL_ONLY
+from bench.bulk_tables import HARE_JOB, HARE_RUN, MODEL_ONLY, OURS
 from bench.inputs import load_tokenizer
 from bench.peers.candidates.base import Skip, reason
+from bench.peers.candidates.workspace import Workspace
 from bench.peers.texts import prose
 from bench.store import Store
 from bench.subjects import manifest_hash
@@ -79,6 +84,7 @@ class BulkOptions:
     work: Path | None = None  # where the peers' exports are kept (default: the bench cache)
     name: str = ""
     temp: Path | None = None  # where the corpus and hare run's outputs are written (default: the system's)
+    rounds: int = 1  # passes of every candidate, interleaved (the module docstring)
 
 
 @dataclass
@@ -88,6 +94,7 @@ class Outcome:
     rows: int
     tokens: int = 0
     streams: int = 0
+    rounds: int = 1
     candidates: list[dict[str, Any]] = field(default_factory=list)
     hare_job_rows_s: float | None = None
     rss_mb: float = 0.0
@@ -103,8 +110,15 @@ class Outcome:
                 "cpu_per_1000": rate.cpu_per_1000 if rate else None,
                 "cosine_p1": cosine_p1,
                 "skipped": skipped,
+                "rounds": [[rate.rows_per_s, rate.cpu_per_1000]] if rate else [],
             }
         )
+
+    def again(self, key: str, rate: Rate) -> None:
+        """Another round's pass of candidate `key`: its figures become the median of its rounds."""
+        candidate = next(c for c in self.candidates if c["key"] == key)
+        candidate["rounds"].append([rate.rows_per_s, rate.cpu_per_1000])
+        candidate["rows_s"], candidate["cpu_per_1000"] = (float(v) for v in np.median(candidate["rounds"], axis=0))
 
 
 def corpus(tok: Tokenizer, n: int, shortest: int = 10, longest: int = 300, seed: int = 0) -> list[str]:
@@ -226,6 +240,7 @@ def run_bulk(
         "streams": streams,
         "batch": 32,
         "peers": list(peers),
+        "rounds": options.rounds,
     }
     run_id = store.create_run(
         "bulk",
@@ -237,7 +252,7 @@ def run_bulk(
         versions=versions(PACKAGES),
         settings=settings,
     )
-    outcome, load_start = Outcome(options.rows, streams=streams), os.getloadavg()
+    outcome, load_start = Outcome(options.rows, streams=streams, rounds=options.rounds), os.getloadavg()
     status, message = "done", ""
     try:
         _measure(options, texts, peers, outcome, stop, say)
@@ -282,33 +297,71 @@ def _measure(
         outcome.add(MODEL_ONLY, "the bundle's model alone", model_rate)
         check()
         say("hare run: the corpus, then its first quarter (memory)")
-        hare, job, outcome.rss_mb = hare_run(options.bundle, whole, Path(folder) / "out.parquet", n, streams, stop)
+        out = Path(folder) / "out.parquet"
+        hare, job, outcome.rss_mb = hare_run(options.bundle, whole, out, n, streams, stop)
         outcome.hare_job_rows_s = job.rows_per_s
         _, _, outcome.rss_quarter_mb = hare_run(
             options.bundle, quarter, Path(folder) / "quarter.parquet", n // 4, streams, stop
         )
-        hare_vectors = _vectors(Path(folder) / "out.parquet")
-    hare_at = len(outcome.candidates)
-    outcome.add(HARE_RUN, "hare run (start and load included)", hare)
-    outcome.add(HARE_JOB, "hare run's job alone (timed as the peers)", job)
-    if options.model_dir is None:
-        return
-    space = workspace(options.model_dir, options.bundle, options.work)
+        outcome.add(HARE_RUN, "hare run (start and load included)", hare)
+        outcome.add(HARE_JOB, "hare run's job alone (timed as the peers)", job)
+        space = workspace(options.model_dir, options.bundle, options.work) if options.model_dir else None
+        if space is not None:
+            _peers(space, peers, texts, _vectors(out), outcome, check, say)
+
+        def model_pass() -> None:
+            outcome.again(MODEL_ONLY, model_only(options.bundle, texts, streams)[0])
+
+        def hare_pass() -> None:
+            hare, job, _ = hare_run(options.bundle, whole, out, n, streams, stop)
+            outcome.again(HARE_RUN, hare)
+            outcome.again(HARE_JOB, job)
+
+        def peer_pass(key: str) -> Callable[[], None]:
+            def run() -> None:
+                assert space is not None  # a peer ran in the first round
+                wall, cpu, _ = encode_corpus(space, key, texts, streams)
+                outcome.again(key, _rate(n, wall, cpu))
+
+            return run
+
+        ran = [c["key"] for c in outcome.candidates if c["key"] not in OURS and not c["skipped"]]
+        passes = [("model-only", model_pass), ("hare run", hare_pass), *((k, peer_pass(k)) for k in ran)]
+        for number in range(2, options.rounds + 1):
+            for name, one_pass in passes[::-1] if number % 2 == 0 else passes:
+                check()
+                say(f"round {number} of {options.rounds}: {name}")
+                one_pass()
+
+
+def _peers(
+    space: Workspace,
+    peers: tuple[str, ...],
+    texts: list[str],
+    hare_vectors: np.ndarray,
+    outcome: Outcome,
+    check: Callable[[], None],
+    say: Callable[[str], None],
+) -> None:
+    """The first round of the peers, torch first: its vectors are the reference every cosine p1 is taken to,
+    hare run's (and its job's) included."""
     reference: np.ndarray | None = None
-    for key in sorted(peers, key=lambda k: k != "torch"):  # torch first: the reference
+    for key in sorted(peers, key=lambda k: k != "torch"):
         check()
-        say(f"{key}: loading, then {n:,} texts")
+        say(f"{key}: loading, then {len(texts):,} texts")
         try:
-            wall, cpu, vectors = encode_corpus(space, key, texts, streams)
+            wall, cpu, vectors = encode_corpus(space, key, texts, outcome.streams)
         except Skip as exc:
             say(f"{key} skipped: {exc}")
             outcome.add(key, LABELS[key], None, skipped=str(exc))
             continue
         if key == "torch":
             reference = vectors
-            for ours in outcome.candidates[hare_at : hare_at + 2]:  # the run and its job: the same vectors
-                ours["cosine_p1"] = _p1(reference, hare_vectors)
-        outcome.add(key, LABELS[key], _rate(n, wall, cpu), _p1(reference, vectors) if reference is not None else None)
+            for ours in outcome.candidates:
+                if ours["key"] in (HARE_RUN, HARE_JOB):  # the run and its job: the same vectors
+                    ours["cosine_p1"] = _p1(reference, hare_vectors)
+        p1 = _p1(reference, vectors) if reference is not None else None
+        outcome.add(key, LABELS[key], _rate(len(texts), wall, cpu), p1)
         outcome.exports = dict(space.notes)
 
 

@@ -196,6 +196,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     bulk.add_argument("--skip", type=_names, default=[], help="peers to leave out: torch,onnx,openvino,fastembed")
     bulk.add_argument("--streams", type=int, default=0, help="cores for every candidate (default: physical cores)")
     bulk.add_argument("--work", type=Path, default=None, help="where the peers' exports are kept (default: cache)")
+    bulk.add_argument(
+        "--rounds", type=int, default=1, help="passes of every candidate, interleaved; figures are medians (default 1)"
+    )
     bulk.add_argument("--name", default="", help="a label for the run")
     _common(bulk)
 

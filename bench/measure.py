@@ -166,6 +166,8 @@ def bulk(args: argparse.Namespace) -> int:
         raise InputError(f"unknown peers {', '.join(unknown)}; choose among {', '.join(PEERS)}")
     if args.rows < 8:
         raise InputError("--rows: at least 8 texts (hare run also runs on a quarter of them)")
+    if args.rounds < 1:
+        raise InputError(f"--rounds: at least 1 (got {args.rounds})")
     read_manifest(args.bundle)  # a folder that is no bundle is refused before the corpus is made
     peers = tuple(p for p in PEERS if p not in args.skip)
     model_dir = args.model_dir or default_model_dir()
@@ -177,6 +179,7 @@ def bulk(args: argparse.Namespace) -> int:
         streams=args.streams,
         work=args.work,
         name=args.name,
+        rounds=args.rounds,
     )
     store = open_store(args)
     with cancellable() as stop:

@@ -203,7 +203,7 @@ def _bulk(run: Any) -> None:
     if not view.candidates:
         st.info("This bulk run measured nothing.")
         return
-    st.markdown("**hare run against the model alone and its peers: one pass over the same texts each**")
+    st.markdown("**hare run against the model alone and its peers: the same texts through each**")
     common.table(view.candidates, view.numeric, key="hare-bulk", widths={"candidate": 240})
     if view.goals:
         st.markdown("**Goals (issue 49)**")
