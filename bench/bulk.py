@@ -114,11 +114,13 @@ class Outcome:
             }
         )
 
-    def again(self, key: str, rate: Rate) -> None:
-        """Another round's pass of candidate `key`: its figures become the median of its rounds."""
+    def again(self, key: str, rate: Rate) -> float:
+        """Another round's pass of candidate `key`: its figures become the median of its rounds (its rows/s
+        returned)."""
         candidate = next(c for c in self.candidates if c["key"] == key)
         candidate["rounds"].append([rate.rows_per_s, rate.cpu_per_1000])
         candidate["rows_s"], candidate["cpu_per_1000"] = (float(v) for v in np.median(candidate["rounds"], axis=0))
+        return float(candidate["rows_s"])
 
 
 def corpus(tok: Tokenizer, n: int, shortest: int = 10, longest: int = 300, seed: int = 0) -> list[str]:
@@ -315,7 +317,7 @@ def _measure(
         def hare_pass() -> None:
             hare, job, _ = hare_run(options.bundle, whole, out, n, streams, stop)
             outcome.again(HARE_RUN, hare)
-            outcome.again(HARE_JOB, job)
+            outcome.hare_job_rows_s = outcome.again(HARE_JOB, job)
 
         def peer_pass(key: str) -> Callable[[], None]:
             def run() -> None:

@@ -98,6 +98,7 @@ def test_a_run_measures_every_candidate_and_skips_an_absent_peer_saying_why(bulk
         assert len(passes) == 2 and passes[0] != passes[1]
         assert by_key[key]["rows_s"] == pytest.approx((passes[0][0] + passes[1][0]) / 2)
         assert by_key[key]["cpu_per_1000"] == pytest.approx((passes[0][1] + passes[1][1]) / 2)
+    assert s["hare_job_rows_s"] == by_key["hare-job"]["rows_s"]  # the note under the tables says the same
     # the second round ran its candidates in the reverse order, each once, after the first round
     later = [line for line in run.settings["said"] if line.startswith("round ")]
     assert later == ["round 2 of 2: torch", "round 2 of 2: hare run", "round 2 of 2: model-only"]
