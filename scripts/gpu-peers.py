@@ -4,7 +4,7 @@ included) and the task's pooling and normalizing, against SentenceTransformer.en
 GPU, at batch 32 and 1, texts of 128 and 16 tokens; texts/s from the median of 50 calls after 10 warm-ups,
 and the cosine of the two vectors (the same weights: the bundle was built from the folder given).
 
-    python scripts/gpu-peers.py BUNDLE MODEL_DIR [--device cpu]   (cpu: a smoke test of the script itself)
+    python scripts/gpu-peers.py BUNDLE MODEL_DIR [--device cpu] [--calls N]   (cpu: a smoke test of the script)
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("bundle", type=Path)
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--calls", type=int, default=50, help="timed calls a median is taken over (default 50)")
     args = parser.parse_args()
     maker = TextMaker(load_tokenizer(args.bundle))
     hare = hare_encoder(args.bundle, "gpu" if args.device == "cuda" else "cpu")
@@ -81,7 +82,7 @@ def main() -> None:
         texts = maker.texts(tokens, batch)
         a, b = hare(texts), st(texts)
         cosine = float(np.min(np.sum(a * b, axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)))
-        h, s = (median_call_seconds(functools.partial(f, texts), 50, 10) for f in (hare, st))
+        h, s = (median_call_seconds(functools.partial(f, texts), args.calls, 10) for f in (hare, st))
         print(
             f"  batch {batch} x {tokens} tokens: hare {batch / h:,.0f} texts/s ({h * 1000:.2f} ms), "
             f"sentence-transformers {batch / s:,.0f} ({s * 1000:.2f} ms), {s / h:.2f}x; min cosine {cosine:.4f}"

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ModelFactory
+from tests.conftest import ModelFactory, quick_bundle
+from tests.tiny_models import make_sentence_transformer
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -32,3 +33,15 @@ def test_the_request_cpu_script_takes_a_request_apart(fp32_bundle: ModelFactory)
     layers = ["model call", "+ batcher", "+ pipeline", "+ app: POST /predict", "the same, model replayed"]
     assert all(layer in rows for layer in layers), out
     assert int(rows["+ app: POST /predict"]) >= int(rows["model call"]) > 0, out
+
+
+def test_the_gpu_peers_script_runs_its_comparison_on_cpu(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    """scripts/gpu-peers.py is run on a lent GPU for minutes that cannot be spent on a broken script: its own CPU
+    mode runs the same code (the served backend, the pooling, sentence-transformers' encode) on a tiny model."""
+    folder = make_sentence_transformer(tmp_path / "model", tiny_model("feature-extraction"), pooling="mean")
+    bundle = quick_bundle(folder, "feature-extraction", tmp_path / "bundle")
+    out = run(str(SCRIPTS / "gpu-peers.py"), str(bundle), str(folder), "--device", "cpu", "--calls", "3")
+    rows = re.findall(r"batch (\d+) x (\d+) tokens: hare ([\d,]+) texts/s .*min cosine ([\d.]+)", out)
+    assert [(b, t) for b, t, _, _ in rows] == [("32", "128"), ("32", "16"), ("1", "128"), ("1", "16")], out
+    # the bundle was built from the same folder: the same vectors, whichever ran them
+    assert all(int(rate.replace(",", "")) > 0 and float(cosine) > 0.999 for _, _, rate, cosine in rows), out
