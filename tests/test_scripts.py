@@ -3,12 +3,17 @@ engine's backend, the batcher's model call) that changes under them fails here, 
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ModelFactory, quick_bundle
+from tests.live_server import free_port
 from tests.tiny_models import make_sentence_transformer
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -45,3 +50,24 @@ def test_the_gpu_peers_script_runs_its_comparison_on_cpu(tiny_model: ModelFactor
     assert [(b, t) for b, t, _, _ in rows] == [("32", "128"), ("32", "16"), ("1", "128"), ("1", "16")], out
     # the bundle was built from the same folder: the same vectors, whichever ran them
     assert all(int(rate.replace(",", "")) > 0 and float(cosine) > 0.999 for _, _, rate, cosine in rows), out
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install wrk)")
+def test_the_users_script_loads_workers_that_feed_the_shared_engine(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    """scripts/users-check is the device run's many-users step (scripts/gpu-check): here on CPU, two workers
+    feeding the shared engine, loaded by wrk through the script's own request bodies; every answer a 2xx, and
+    the engine's metrics show that the calls went through it."""
+    env = os.environ | {
+        "HARE_ENGINE": "shared", "USERS": "8", "SEQ": "16", "DURATION": "1", "WRK_THREADS": "1",
+        "HAREBENCH": "0", "PY": sys.executable, "OUT": str(tmp_path), "PORT": str(free_port()),
+    }  # fmt: skip
+    bundle = str(fp32_bundle("text-classification"))
+    done = subprocess.run(
+        [str(SCRIPTS / "users-check"), bundle, "2"], env=env, capture_output=True, text=True, timeout=180
+    )
+    out = done.stdout
+    assert done.returncode == 0 and "did not get ready" not in out, out + done.stderr[-2000:]
+    assert float(re.search(r"^Requests/sec:\s+([\d.]+)", out, re.MULTILINE)[1]) > 0, out  # type: ignore[index]
+    assert "Non-2xx" not in out and "Socket errors" not in out, out
+    calls = re.search(r"^hare_engine_batch_size_count ([\d.]+)", out, re.MULTILINE)
+    assert calls is not None and float(calls[1]) > 0, out
