@@ -37,6 +37,7 @@ GOAL_OVER_PEER = 1.5  # and 1.5x the fastest peer
 GOAL_P1 = 0.99  # among the peers whose cosine p1 to torch fp32 is at least this
 GOAL_RSS_MB = 1024  # peak RSS of the whole process, model included, under 1 GB
 OVER_ROUNDS = "min-max"  # a goal's lowest and highest ratio over the rounds, in a run of several rounds
+Candidate = dict[str, Any]  # one of a summary's candidates (the module docstring)
 # The places each figure is shown with (a cosine to four: 0.9979 and 0.9981 must not both read 0.998).
 DIGITS = {"rows/s": 1, "tokens/s": 0, "% of model-only": 1, "CPU s per 1,000 rows": 2, "cosine p1 to torch": 4}
 
@@ -96,9 +97,6 @@ def goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-Candidate = dict[str, Any]
-
-
 def _ratios(a: Candidate | None, b: Candidate | None, speed: Callable[[Candidate], float]) -> list[float]:
     """`a`'s speed over `b`'s, round by round (none when either is missing)."""
     if a is None or b is None:
@@ -106,17 +104,17 @@ def _ratios(a: Candidate | None, b: Candidate | None, speed: Callable[[Candidate
     return [speed(x) / speed(y) for x, y in zip(_rounds(a), _rounds(b), strict=False)]
 
 
-def _rounds(candidate: dict[str, Any]) -> list[dict[str, Any]]:
+def _rounds(candidate: Candidate) -> list[Candidate]:
     """A candidate's figures in each round (one round, its own, for a run stored before rounds were kept)."""
     rounds = candidate.get("rounds") or [[candidate["rows_s"], candidate["cpu_per_1000"]]]
     return [{"rows_s": rows_s, "cpu_per_1000": cpu} for rows_s, cpu in rounds]
 
 
-def _rows_s(candidate: dict[str, Any]) -> float:
+def _rows_s(candidate: Candidate) -> float:
     return float(candidate["rows_s"])
 
 
-def _rows_per_cpu_s(candidate: dict[str, Any]) -> float:
+def _rows_per_cpu_s(candidate: Candidate) -> float:
     return 1000 / float(candidate["cpu_per_1000"])
 
 
@@ -138,7 +136,8 @@ def notes(summary: dict[str, Any], settings: dict[str, Any]) -> list[str]:
         f"({summary.get('tokens', 0):,} tokens), every candidate on {summary.get('streams', '?')} cores; peers "
         f"at batch {settings.get('batch', 32)}"
     ]
-    out.append(f"the fastest peer: the fastest of those whose cosine p1 to torch is at least {GOAL_P1}")
+    if settings.get("peers"):
+        out.append(f"the fastest peer: the fastest of those whose cosine p1 to torch is at least {GOAL_P1}")
     if summary.get("rounds", 1) > 1:
         out.append(
             f"{summary['rounds']} rounds, every candidate once a round (every other round in the reverse order): "
