@@ -31,6 +31,10 @@ class Model(Protocol):
 
     def run(self, feeds: Mapping[str, NDArray[np.int64]], shrink: bool = False) -> NDArray[np.float32]: ...
 
+    def trim(self) -> bool:
+        """Give back the memory bigger calls left behind (for an idle caller); False if a call was running."""
+        ...
+
 
 def open_model(
     path: Path,

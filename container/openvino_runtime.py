@@ -153,6 +153,20 @@ class OpenVinoModel:
             raise InferenceFailed(f"inference failed: {exc}") from exc
         return np.array(request.get_tensor(self.output).data, dtype=np.float32)
 
+    def trim(self) -> bool:
+        """Free each copy's intermediate buffers, which the plugin otherwise keeps at the biggest shape it has run
+        (what stays is the kernels compiled per shape). Served MiniLM bf16 on AMX with 4,096-token batches, two
+        workers: 450 / 477 MB RSS after a burst of 32 x 128-token requests, 387 / 414 MB a second later, where they
+        had stayed at the burst's size. The next call allocates again. The plugin refuses while a call runs
+        on the copy: False, and the next idle spell tries again."""
+        released = True
+        for copy in self._copies:
+            try:
+                copy.release_memory()
+            except RuntimeError:  # "a compiled model in a busy state"
+                released = False
+        return released
+
 
 def build(graph: Path, out: Path) -> str:
     """The bf16 variant's graph: the export as it is, compiled and run once here on a short batch, so that a

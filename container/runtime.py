@@ -146,3 +146,10 @@ class OnnxModel:
         except Exception as exc:  # ORT raises its own untyped errors; keep the message for the operator.
             raise InferenceFailed(f"inference failed: {exc}") from exc
         return np.asarray(result, dtype=np.float32)
+
+    def trim(self) -> bool:
+        """Give the CPU arena's unused chunks back: a one-token run with the shrink option (the arena shrinks
+        after a run; a worker's sessions share one arena, so any of them trims it)."""
+        one_token = {name: np.full((1, 1), int(name != "token_type_ids"), np.int64) for name in self.input_names}
+        self.run(one_token, shrink=True)
+        return True

@@ -33,8 +33,8 @@ Array = NDArray[np.float32]
 # MiniLM: a 64 x 128 batch left the process at 370 MB for good, 190 MB with the shrink; re-allocating costs
 # little next to such a batch's compute). Smaller batches keep their buffers: they come back every call.
 SHRINK_ABOVE = 2048
-# A batch above this many padded tokens leaves the arena grown past what small requests need: `trim` gives it
-# back once the worker is idle (the warm-up's longest sequence included).
+# A batch above this many padded tokens leaves the memory grown past what small requests need (ORT's arena,
+# OpenVINO's buffers): `trim` gives it back once the worker is idle (the warm-up's longest sequence included).
 TRIM_ABOVE = 256
 log = logging.getLogger("hare.backend")
 
@@ -97,15 +97,16 @@ class Backend:
         return padded_length(longest, self._multiple, self._max_length)
 
     def trim(self) -> None:
-        """Give the arena's unused memory back if a batch grew it (for an idle worker: the sessions share one
-        CPU arena, container/runtime.py, which a one-token run with the shrink option trims). It holds no core
-        of the pool: a one-token run on the one-thread session is about a millisecond."""
+        """Give back the memory a batch grew past a small request's needs, once the worker is idle: each
+        session trims its own (an ONNX Runtime session its share of the CPU arena the sessions share,
+        container/runtime.py; an OpenVINO model its intermediate buffers, which it otherwise keeps at the
+        biggest shape it has run). It holds no core of the pool: ORT's one-token runs take about a millisecond."""
         if not self._grown or self.graphs is not None:  # a graphed session's plain runs need their graph id
             return
         self._grown = False
-        session = self.sessions[min(self.sessions)]
-        one_token = {name: np.full((1, 1), int(name != "token_type_ids"), np.int64) for name in session.input_names}
-        session.run(one_token, shrink=True)
+        for session in self.sessions.values():
+            if not session.trim():
+                self._grown = True  # busy (a call began meanwhile): the next idle spell tries again
 
     def run(self, batch: Sequence[Encoding], width: int = 1, pooling: str | None = None) -> list[Array]:
         """Each sequence's rows: [labels] per sequence, or [its length, dim] for token-level outputs (padding
@@ -131,7 +132,7 @@ class Backend:
             out = self.graphs.run(feeds, pooling)
         else:
             out = session.run(feeds, shrink=padded > SHRINK_ABOVE)
-        if TRIM_ABOVE < padded <= SHRINK_ABOVE:
+        if padded > TRIM_ABOVE:  # (ORT shrinks after a run above SHRINK_ABOVE; OpenVINO only in a trim)
             self._grown = True
         return out
 
