@@ -24,13 +24,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
 from numpy.typing import NDArray
 
 from container.pooling import path as pooler_file
 from container.runtime import InferenceFailed, OnnxModel
+
+if TYPE_CHECKING:  # imported where a CUDA graph is made: a worker serving OpenVINO never loads ONNX Runtime
+    import onnxruntime as ort
 
 Shape = tuple[int, int]  # (sequences, tokens)
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -92,6 +95,8 @@ class CudaGraphs:
         self._device = device
         self._types = {i.name: _NUMPY[i.type] for i in session.get_inputs()}
         self._bound: dict[Shape, _Bound] = {}
+        import onnxruntime as ort
+
         self._poolers: dict[str, ort.InferenceSession | None] = {}
         self._plain = ort.RunOptions()
         self._plain.add_run_config_entry("gpu_graph_id", "-1")
@@ -151,6 +156,8 @@ class CudaGraphs:
     def _pooler(self, kind: str) -> ort.InferenceSession | None:
         """The session pooling this model's token states by `kind` on its device (None: none can; made once)."""
         if kind not in self._poolers:
+            import onnxruntime as ort
+
             output = next(o for o in self.session.get_outputs() if o.name == self._output)
             found = pooler_file(kind, _FLOATS.get(output.type, ""))
             usable = len(output.shape) == 3 and self._types.get("attention_mask") is np.int64
@@ -174,6 +181,8 @@ class CudaGraphs:
     def _bind(self, shape: Shape) -> _Bound:
         """The buffers of one shape, on the device, bound under their own graph id; the output's shape comes
         from one plain run at that shape."""
+        import onnxruntime as ort
+
         ones = {n: np.ones(shape, dtype=t) for n, t in self._types.items()}
         (probe,) = self.session.run([self._output], ones, self._plain)
         inputs = {n: ort.OrtValue.ortvalue_from_numpy(v, self._device, 0) for n, v in ones.items()}

@@ -6,12 +6,17 @@ import ctypes
 import functools
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
 from numpy.typing import NDArray
 
 from tasks.errors import HareError, InputError
+
+# ONNX Runtime is imported where a session is made: a worker serving an OpenVINO bundle never loads it (its
+# library is 19 MB of the worker's RSS), though it shares this module's errors and helpers.
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 
 class InferenceFailed(HareError):
@@ -43,6 +48,8 @@ def session_options(threads: int, arena: bool = True, target: str = "cpu") -> or
     """Options for one session: `threads` intra-op threads (0 lets ORT use every core), no inter-op pool;
     `arena` False gives freed buffers back instead of keeping ORT's CPU arena (see docs/serving.md, Memory);
     `target` "cpu" leaves out the load-time fusions that are slower on CPU (CPU_DISABLED_OPTIMIZERS)."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -71,13 +78,21 @@ def shared_cpu_arena() -> None:
     growing by what is asked rather than to the next power of two. A worker's narrow and wide sessions
     (api/engine/backend.py) then keep one arena, not one each: measured on the DistilBERT-base int8 bundle
     after a 512-token and a 8 x 128-token run, 269 MB RSS against 344 MB, at the same speed."""
+    import onnxruntime as ort
+
     config = ort.OrtArenaCfg({"arena_extend_strategy": 1})  # 1: kSameAsRequested
     cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
     ort.create_and_register_allocator(cpu, config)
 
 
-_SHRINK = ort.RunOptions()
-_SHRINK.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+@functools.cache
+def _shrink() -> ort.RunOptions:
+    """Run options that give the CPU arena's unused chunks back after the run."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
 
 
 def bound_malloc(threshold: int = 1 << 20) -> None:
@@ -93,6 +108,8 @@ def bound_malloc(threshold: int = 1 << 20) -> None:
 
 
 def available_targets() -> list[str]:
+    import onnxruntime as ort
+
     have = set(ort.get_available_providers())
     return [t for t, providers in PROVIDERS.items() if providers[0] in have]
 
@@ -113,6 +130,8 @@ class OnnxModel:
     ) -> None:
         """`cuda_graph`: a GPU session that can capture CUDA graphs (container/cudagraphs.py); ORT refuses it
         when a node would run on the CPU, so it gets the CUDA provider alone."""
+        import onnxruntime as ort
+
         if target not in available_targets():
             raise InputError(
                 f"target {target!r} needs {PROVIDERS[target][0]}, but this onnxruntime offers "
@@ -138,7 +157,7 @@ class OnnxModel:
     def run(self, feeds: Mapping[str, NDArray[np.int64]], shrink: bool = False) -> NDArray[np.float32]:
         """The output for `feeds`; `shrink` gives the CPU arena's unused chunks back after this run (a big
         batch would otherwise keep its peak allocated for the life of the process)."""
-        options = _SHRINK if shrink else None
+        options = _shrink() if shrink else None
         try:
             (result,) = self.session.run([self.output], {name: feeds[name] for name in self.input_names}, options)
         except KeyError as exc:

@@ -7,6 +7,7 @@ tests force that offer, which checks the plumbing everywhere and the bf16 arithm
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -415,3 +416,26 @@ def test_an_idle_backend_gives_back_the_buffers_of_its_biggest_batch(bf16_bundle
     assert grown - rss_mb() > (grown - start) / 4, (start, grown, rss_mb())
     for width, answer in zip((1, 2), before, strict=True):
         np.testing.assert_array_equal(backend.run_padded(small, width), answer)
+
+
+def test_a_worker_serving_an_openvino_bundle_never_loads_onnx_runtime(bf16_bundle: Path) -> None:
+    """ONNX Runtime's library is about 9 MB of a served worker's RSS (19 MB imported alone): a worker whose
+    bundle runs on OpenVINO has no use for it, and its lifespan (model, warm-up, answers) leaves it unloaded."""
+    script = """
+import asyncio, sys
+from api.config import Settings
+from api.web.app import create_app
+
+async def main() -> None:
+    app = create_app(Settings.from_env({"HARE_BUNDLE": sys.argv[1]}))
+    async with app.router.lifespan_context(app):
+        assert app.state.hare.backend.providers == [sys.argv[2]]
+    print(sorted(m for m in sys.modules if m.split(".")[0] == "onnxruntime"))
+
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(bf16_bundle), PROVIDER], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
