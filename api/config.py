@@ -132,8 +132,8 @@ class Settings:
     lone_threads: int = _setting(
         "HARE_LONE_THREADS",
         _int(0),
-        "ORT threads of a lone request on a quiet machine (0: every core; 1: off, which saves one session's "
-        "copy of the weights per worker)",
+        "model threads of a lone request on a quiet machine (0: every core; 1: off, which saves a copy of the "
+        "model per worker: an ONNX Runtime session's repacked weights, an OpenVINO compiled copy)",
         0,
     )
     idle_priority: bool = _setting(
