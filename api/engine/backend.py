@@ -97,10 +97,10 @@ class Backend:
         return padded_length(longest, self._multiple, self._max_length)
 
     def trim(self) -> None:
-        """Give back the memory a batch grew past a small request's needs, once the worker is idle: each
-        session trims its own (an ONNX Runtime session its share of the CPU arena the sessions share,
-        container/runtime.py; an OpenVINO model its intermediate buffers, which it otherwise keeps at the
-        biggest shape it has run). It holds no core of the pool: ORT's one-token runs take about a millisecond."""
+        """Give back the memory a batch grew past a small request's needs, once the worker is idle: every
+        session trims (ONNX Runtime: a one-token run that shrinks the CPU arena the sessions share, so the
+        second is redundant but costs about a millisecond; OpenVINO: each compiled copy's intermediate
+        buffers, kept otherwise at the biggest shape it has run). It holds no core of the pool."""
         if not self._grown or self.graphs is not None:  # a graphed session's plain runs need their graph id
             return
         self._grown = False
