@@ -395,6 +395,11 @@ def test_an_idle_backend_gives_back_the_buffers_of_its_biggest_batch(bf16_bundle
     batches left a worker that much bigger for good. The backend's idle trim (api/engine/backend.py, a second
     after the last batch) frees them, and the next calls answer as before."""
     from api.engine.backend import Backend
+    from container.runtime import bound_malloc
+
+    # As a worker does (api/engine/opened.py): big buffers in mappings of their own, handed back when freed.
+    # Otherwise glibc may have raised its threshold on earlier tests' frees and keep them in its heap.
+    bound_malloc()
 
     def rss_mb() -> float:
         status = Path("/proc/self/status").read_text()
