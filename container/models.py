@@ -25,6 +25,8 @@ class Model(Protocol):
     providers: list[str]
     # The multiple of tokens a call's padded length is rounded up to (api/engine/backend.py).
     length_multiple: int
+    # A call above this many padded tokens leaves memory that the worker's idle trim gives back (`trim`).
+    trim_above: int
 
     @property
     def output_width(self) -> int | None: ...

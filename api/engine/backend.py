@@ -33,9 +33,6 @@ Array = NDArray[np.float32]
 # MiniLM: a 64 x 128 batch left the process at 370 MB for good, 190 MB with the shrink; re-allocating costs
 # little next to such a batch's compute). Smaller batches keep their buffers: they come back every call.
 SHRINK_ABOVE = 2048
-# A batch above this many padded tokens leaves the memory grown past what small requests need (ORT's arena,
-# OpenVINO's buffers): `trim` gives it back once the worker is idle (the warm-up's longest sequence included).
-TRIM_ABOVE = 256
 log = logging.getLogger("hare.backend")
 
 
@@ -81,7 +78,7 @@ class Backend:
         self._multiple = first.length_multiple
         self._max_length = max_length
         self._on_unknown = on_unknown
-        self._grown = False  # a batch since the last trim left the arena above a small request's needs
+        self._grown = False  # a call since the last trim left memory above a small request's needs (trim_above)
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -132,7 +129,7 @@ class Backend:
             out = self.graphs.run(feeds, pooling)
         else:
             out = session.run(feeds, shrink=padded > SHRINK_ABOVE)
-        if padded > TRIM_ABOVE:  # (ORT shrinks after a run above SHRINK_ABOVE; OpenVINO only in a trim)
+        if padded > session.trim_above:  # the runtime's own threshold (Model.trim_above)
             self._grown = True
         return out
 
