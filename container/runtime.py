@@ -119,7 +119,7 @@ class OnnxModel:
 
     length_multiple = 1  # ONNX Runtime's kernels run any length alike (an int8-mixed bulk job: level at 8)
     # A call above this many padded tokens leaves the arena grown past what small requests need: the idle trim
-    # gives it back (the warm-up's longest sequence included); growing it again costs the next call little.
+    # gives it back (the warm-up's longest sequence included).
     trim_above = 256
 
     def __init__(
