@@ -78,7 +78,9 @@ class Backend:
         self._multiple = first.length_multiple
         self._max_length = max_length
         self._on_unknown = on_unknown
-        self._grown = False  # a call since the last trim left memory above a small request's needs (trim_above)
+        # The sessions (by width) a call left with memory above a small request's needs since their last trim
+        # (trim_above): only those trim, so a burst on the narrow session costs the wide one no run.
+        self._grown: set[int] = set()
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -94,16 +96,15 @@ class Backend:
         return padded_length(longest, self._multiple, self._max_length)
 
     def trim(self) -> None:
-        """Give back the memory a batch grew past a small request's needs, once the worker is idle: every
-        session trims (ONNX Runtime: a one-token run that shrinks the CPU arena the sessions share, so the
-        second is redundant but costs about a millisecond; OpenVINO: each compiled copy's intermediate
-        buffers, kept otherwise at the biggest shape it has run). It holds no core of the pool."""
-        if not self._grown or self.graphs is not None:  # a graphed session's plain runs need their graph id
+        """Give back the memory a batch grew past a small request's needs, once the worker is idle: each session
+        that ran such a batch trims (ONNX Runtime: a one-token run that shrinks the CPU arena the sessions
+        share; OpenVINO: each compiled copy's intermediate buffers, kept otherwise at the biggest shape it has
+        run). It holds no core of the pool."""
+        if self.graphs is not None:  # a graphed session's plain runs need their graph id
             return
-        self._grown = False
-        for session in self.sessions.values():
-            if not session.trim():
-                self._grown = True  # busy (a call began meanwhile): the next idle spell tries again
+        for width in sorted(self._grown):
+            if self.sessions[width].trim():
+                self._grown.discard(width)  # else busy (a call began meanwhile): the next idle spell tries again
 
     def run(self, batch: Sequence[Encoding], width: int = 1, pooling: str | None = None) -> list[Array]:
         """Each sequence's rows: [labels] per sequence, or [its length, dim] for token-level outputs (padding
@@ -123,14 +124,15 @@ class Backend:
     def run_padded(self, feeds: dict[str, NDArray[np.int64]], width: int = 1, pooling: str | None = None) -> Array:
         """The model's output for padded `feeds` (sequences x tokens), padding rows and columns included; with
         `pooling`, [sequences, dim] where the device pooled it (see run)."""
-        session = self.sessions[max((w for w in self.sessions if w <= width), default=min(self.sessions))]
+        width = max((w for w in self.sessions if w <= width), default=min(self.sessions))
+        session = self.sessions[width]
         padded = next(iter(feeds.values())).size
         if self.graphs is not None:
             out = self.graphs.run(feeds, pooling)
         else:
             out = session.run(feeds, shrink=padded > SHRINK_ABOVE)
         if padded > session.trim_above:  # the runtime's own threshold (Model.trim_above)
-            self._grown = True
+            self._grown.add(width)
         return out
 
 
