@@ -32,7 +32,7 @@ from bench import modelonly
 from bench.inputs import Bodies, TextMaker, load_tokenizer, make_bodies
 from bench.loadgen import CONNECT, TIMEOUT, LoadSpec, Samples, latency_summary, run_load
 from bench.points import Planned, make_point
-from bench.servers import ServerProcess, group_rss_mb, hare_server, split_url
+from bench.servers import ServerProcess, group_pss_mb, group_rss_mb, hare_server, split_url
 from bench.store import Point, Run, Store
 from bench.subjects import VERSIONED, manifest_hash
 from bench.tables import wide_console
@@ -151,6 +151,7 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
         settings={k: str(v) for k, v in options.__dict__.items()},
     )
     rss: dict[str, float] = {}
+    pss: dict[str, float] = {}  # the whole server's memory, shared pages counted once (group_pss_mb)
     server = hare_server(options.bundle, extra=list(options.serve_args))
     with server.start():
         server.wait_ready(stop=stop)
@@ -158,6 +159,7 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
         pgid = server.proc.pid
         time.sleep(1.0)
         rss["warm"] = max(group_rss_mb(pgid).values())
+        pss["warm"] = sum(group_pss_mb(pgid).values())
         users = 2 * sc.cores
         one = sc.point("one-user", sc.load(server, "closed", 1), "closed", 1, 0.0)
         # The reference right after the phase it divides, the server idle meanwhile: this VM's speed drifts
@@ -173,6 +175,7 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
         sc.point(f"open-{options.factor:g}x", sc.load(server, "open", rate=rate, warmup=1.0), "open", 0, rate)
         flood = sc.load(server, "closed", options.flood, warmup=options.flood * 0.006 + 2)
         rss["flood"] = max(group_rss_mb(pgid).values())
+        pss["flood"] = sum(group_pss_mb(pgid).values())
         sc.point("flood", flood, "closed", options.flood, 0.0, rss_mb=rss["flood"])
         sc.point("recovery", sc.load(server, "closed", users, warmup=0.0), "closed", users, 0.0)
         if options.soak_s > 0:
@@ -180,7 +183,13 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
     model_p50_end = _model_p50(options, sc, stop)
     file_mb = model_bytes(options.bundle) / 2**20
     # What the goals need beyond the points, so that a stored run's goals can be judged again (stored_goals).
-    summary = {"model_p50_ms": model_p50, "model_p50_end_ms": model_p50_end, "rss_mb": rss, "file_mb": file_mb}
+    summary = {
+        "model_p50_ms": model_p50,
+        "model_p50_end_ms": model_p50_end,
+        "rss_mb": rss,
+        "pss_mb": pss,
+        "file_mb": file_mb,
+    }
     store.update_run(sc.run_id, summary=summary)
     store.finish_run(sc.run_id, "cancelled" if stop.is_set() else "done", "")
     here = describe()
@@ -196,6 +205,11 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
     for name, p in sc.points.items():
         console.print(phase_line(name, p, cap.req_s, per_answer))
     console.print(f"  largest process RSS (MB): {', '.join(f'{k} {v:.0f}' for k, v in rss.items())}")
+    if pss:
+        console.print(
+            f"  the whole server, every process's PSS (MB, shared pages counted once): "
+            f"{', '.join(f'{k} {v:.0f}' for k, v in pss.items())}"
+        )
     for goal in evaluate(sc.points, one.lat_p50, model_p50, cap.req_s, rss, file_mb, sc.cores):
         console.print(goal)
     return sc.run_id

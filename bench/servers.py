@@ -12,7 +12,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -63,19 +63,39 @@ def group_cpu_seconds(pgid: int) -> dict[int, float] | None:
 
 def group_rss_mb(pgid: int) -> dict[int, float]:
     """Resident memory (MB) of each live process in a process group, by pid (empty where /proc is missing)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return {pid: int(statm.split()[1]) * page / 2**20 for pid, statm in _group_read(pgid, "statm")}
+
+
+def group_pss_mb(pgid: int) -> dict[int, float]:
+    """Proportional set size (MB) of each live process in a process group, by pid: its own pages plus its share
+    of those it shares with other processes (libraries' code, mapped weights, what the workers inherited from
+    the master), so the sum is what the group holds of the machine's memory; each process's RSS counts every
+    shared page in full (a served OpenVINO worker's is about half libraries). Empty where /proc is missing."""
     out: dict[int, float] = {}
+    for pid, rollup in _group_read(pgid, "smaps_rollup"):
+        for line in rollup.splitlines():
+            if line.startswith("Pss:"):
+                out[pid] = int(line.split()[1]) / 1024  # kB
+                break
+    return out
+
+
+def _group_read(pgid: int, name: str) -> Iterator[tuple[int, str]]:
+    """(pid, the text of /proc/PID/`name`) of each live process in a process group; one that exits meanwhile, or
+    whose file cannot be read, is left out."""
     proc = Path("/proc")
     for entry in proc.iterdir() if proc.is_dir() else ():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
-            statm = (entry / "statm").read_text().split()
+            if int(stat[stat.rfind(")") + 2 :].split()[2]) != pgid:
+                continue
+            text = (entry / name).read_text()
         except OSError:
             continue
-        if int(stat[stat.rfind(")") + 2 :].split()[2]) == pgid:
-            out[int(entry.name)] = int(statm[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    return out
+        yield int(entry.name), text
 
 
 class ServerProcess:

@@ -3,12 +3,18 @@ and every goal is printed with its figure."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from bench.overload import OverloadOptions, evaluate, run_overload, stored_goals
+from bench.servers import group_pss_mb, group_rss_mb
 from bench.store import Store
 from container.machine import physical_cores
 from tests.conftest import ModelFactory
@@ -36,10 +42,41 @@ def test_every_phase_is_stored_and_every_goal_printed(
     )
     assert all(p.extra["server_cores"] > 0 for p in points.values()), seen
     assert "µs CPU each" in printed and "unanswered" in printed
+    # The whole server's memory beside the largest process's: every process's PSS summed, stored with the run.
+    pss = store.run(run_id).summary["pss_mb"]
+    assert set(pss) == {"warm", "flood"} and all(v > 0 for v in pss.values()), pss
+    assert "every process's PSS" in printed
     # The results page judges the stored run again (bench/page.py): the same lines, every goal included.
     stored = stored_goals(store.run(run_id), store.points(run_id))
     assert len(stored) == len([line for line in printed.splitlines() if line.startswith(("met ", "MISS"))])
     assert all(line in printed for line in stored)
+
+
+def test_a_process_groups_pss_counts_its_shared_pages_once() -> None:
+    """Two processes that share a big mapping each show it whole in their RSS; their PSS sums to it once."""
+    size = 64 * 2**20
+    script = (
+        "import mmap, os, sys, time\n"
+        f"m = mmap.mmap(-1, {size}, flags=mmap.MAP_SHARED)\n"
+        f"m.write(b'x' * {size})\n"
+        "pid = os.fork()\n"
+        f"s = sum(m[i] for i in range(0, {size}, 4096))\n"  # the child touches every page too
+        "sys.stdout.write('ready\\n') if pid else None\n"
+        "sys.stdout.flush()\n"
+        "time.sleep(30)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+            time.sleep(0.5)  # the child's pass over the pages (it prints nothing) ends well within this
+            rss, pss = group_rss_mb(proc.pid), group_pss_mb(proc.pid)
+            assert len(rss) == 2 and set(pss) == set(rss), (rss, pss)
+            assert all(v > 64 for v in rss.values()), rss  # each holds the whole mapping
+            assert 64 < sum(pss.values()) < 64 + min(rss.values()), (rss, pss)  # the mapping once, not twice
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_the_soak_is_held_to_the_memory_goal_and_figures_read_without_exponents() -> None:
