@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from container.bundle import TOKENIZER_FILE, model_bytes, read_manifest
 from container.machine import describe, physical_cores, versions
 
 TAIL_USERS = 16  # the tail's second phase: many users per core
+PSS_NOTE = "the whole server, every process's PSS (MB, shared pages counted once)"
 
 
 @dataclass(frozen=True)
@@ -204,12 +205,8 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
     per_answer = cap.extra.get("server_cores", math.nan) / max(cap.req_s, 1e-9)  # CPU seconds per answer
     for name, p in sc.points.items():
         console.print(phase_line(name, p, cap.req_s, per_answer))
-    console.print(f"  largest process RSS (MB): {', '.join(f'{k} {v:.0f}' for k, v in rss.items())}")
-    if pss:
-        console.print(
-            f"  the whole server, every process's PSS (MB, shared pages counted once): "
-            f"{', '.join(f'{k} {v:.0f}' for k, v in pss.items())}"
-        )
+    for note in memory_notes(summary):
+        console.print(f"  {note}")
     for goal in evaluate(sc.points, one.lat_p50, model_p50, cap.req_s, rss, file_mb, sc.cores):
         console.print(goal)
     return sc.run_id
@@ -323,6 +320,16 @@ def evaluate(
             out.append(line(f"largest process RSS after {when} - model file", rss[key] - file_mb, 200, False, " MB"))
     if "soak_start" in rss:
         out.append(line("RSS growth over the soak", rss["soak_end"] / rss["soak_start"] - 1, 0.05, False))
+    return out
+
+
+def memory_notes(summary: Mapping[str, Any]) -> list[str]:
+    """The server's memory at each moment measured: the largest process's RSS, and the whole server's PSS (a run
+    stored before it was measured has none)."""
+    out = []
+    for what, key in (("largest process RSS (MB)", "rss_mb"), (PSS_NOTE, "pss_mb")):
+        if figures := summary.get(key):
+            out.append(f"{what}: {', '.join(f'{k} {v:.0f}' for k, v in figures.items())}")
     return out
 
 

@@ -181,12 +181,16 @@ def overload_goals(store: Store, run: Run) -> list[str]:
 
 
 def notes(run: Run) -> list[str]:
-    """The lines `hare bench show` prints under a peers or bulk run's tables (load average, how exports were
-    made, a bulk run's corpus and memory)."""
+    """The lines `hare bench show` prints under a peers, bulk or overload run's tables (load average, how exports
+    were made, a bulk run's corpus and memory, an overload run's memory)."""
     if run.kind == "bulk":
         from bench.bulk_tables import notes as bulk_notes
 
         return bulk_notes(run.summary, run.settings)
+    if run.kind == "overload":
+        from bench.overload import memory_notes
+
+        return memory_notes(run.summary)
     if run.kind != "peers":
         return []
     from bench.peers.tables import peers_notes

@@ -51,7 +51,8 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     for i, (name, users, req_s, p50) in enumerate(phases, 1):
         p = replace(point(over, i, "hare", 16, req_s, p50), concurrency=users, errors={}, extra={"scenario": name})
         store.add_point(p)
-    store.update_run(over, summary={"model_p50_ms": 20.0, "rss_mb": {"warm": 150.0}, "file_mb": 100.0})
+    memory = {"rss_mb": {"warm": 150.0}, "pss_mb": {"warm": 240.4}, "file_mb": 100.0}
+    store.update_run(over, summary={"model_p50_ms": 20.0, **memory})
     store.finish_run(over, "done")
 
     failed = run("run", name="broken")
@@ -115,6 +116,7 @@ def test_the_page_names_every_run_its_machine_and_figures_newest_first(
     assert "- met   one user p50 / one-thread model-only p50: 0.5 (goal ≤ 0.7)" in text
     assert "- MISS  flood goodput / capacity: 0.3 (goal ≥ 0.8)" in text
     assert "- met   largest process RSS after warm - model file: 50 MB (goal ≤ 200 MB)" in text
+    assert "- the whole server, every process's PSS (MB, shared pages counted once): warm 240" in text
     # Peers: the candidates' table from the run's summary, and its goal.
     assert "**hare against its peers: 16-token texts, in process (hare-http: over loopback)**" in text
     assert (
