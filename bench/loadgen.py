@@ -72,6 +72,7 @@ class Samples:
     cpu_s: float = 0.0
     probe_delta: dict[int, float] | None = None  # the probe's values at close minus at open (server CPU seconds)
     probe_s: float = 0.0  # the wall time between the two probes: what probe_delta is spread over
+    own_s: float | None = None  # the own probe's value at close minus at open (the server's own CPU seconds)
     ok: int = 0  # 200 answers among the recorded requests (one latency each)
     answered: int = 0  # 200 answers read while the window was open, whenever sent: the rate's count
     drain_s: float = 0.0  # open loop: seconds after the window until the last of its requests was answered
@@ -118,19 +119,27 @@ def parse_server_timing(header: bytes | str) -> list[tuple[str, float]]:
 TickFn = Callable[[dict[str, float]], None]
 # Called when the window opens and when it closes, e.g. to read the server's CPU clocks (seconds by process).
 ProbeFn = Callable[[], dict[int, float] | None]
+OwnProbeFn = Callable[[], float | None]
 
 
 class _Window:
     """The recording window shared by the users: when it opens and closes, and what it holds."""
 
     def __init__(
-        self, spec: LoadSpec, stop: threading.Event | None, on_tick: TickFn | None, probe: ProbeFn | None
+        self,
+        spec: LoadSpec,
+        stop: threading.Event | None,
+        on_tick: TickFn | None,
+        probe: ProbeFn | None,
+        own_probe: OwnProbeFn | None = None,
     ) -> None:
         self.spec = spec
         self.stop = stop
         self.on_tick = on_tick
         self.probe = probe
         self.probe0: dict[int, float] | None = None
+        self.own_probe = own_probe
+        self.own0: float | None = None
         self.samples = Samples()
         now = time.perf_counter()
         self.start = now + spec.warmup_s
@@ -186,6 +195,7 @@ class _Window:
             if not opened and now >= self.start:
                 self.cpu0, opened = time.process_time(), True
                 self.probe0 = self.probe() if self.probe is not None else None
+                self.own0 = self.own_probe() if self.own_probe is not None else None
                 probed_at = time.perf_counter()
             if self.stop is not None and self.stop.is_set():
                 self.close(now)
@@ -204,6 +214,8 @@ class _Window:
                 # The span the probes saw, not the window's nominal length: a busy event loop can open the
                 # window late (the first probe with it) or close it late.
                 self.samples.probe_s = time.perf_counter() - probed_at
+        if self.own_probe is not None and self.own0 is not None and (own1 := self.own_probe()) is not None:
+            self.samples.own_s = own1 - self.own0
         self.samples.window_s = max(end - self.start, 1e-9) if opened else 0.0
 
     def snapshot(self, now: float) -> dict[str, float]:
@@ -355,8 +367,11 @@ def run_load(
     stop: threading.Event | None = None,
     on_tick: TickFn | None = None,
     probe: ProbeFn | None = None,
+    own_probe: OwnProbeFn | None = None,
 ) -> Samples:
-    """Run one measurement on a fresh uvloop event loop and return what the window recorded."""
+    """Run one measurement on a fresh uvloop event loop and return what the window recorded. `probe` (the
+    server's CPU seconds by process) and `own_probe` (its own CPU seconds, model calls left out) are read as
+    the window opens and closes."""
     if spec.load == "open" and spec.rate <= 0:
         raise ValueError("open loop needs a positive rate")
     if spec.concurrency < 1 and spec.load == "closed":
@@ -365,7 +380,7 @@ def run_load(
         raise ValueError("no request bodies")
 
     async def main() -> Samples:
-        window = _Window(spec, stop, on_tick, probe)
+        window = _Window(spec, stop, on_tick, probe, own_probe)
         await (_closed(spec, window) if spec.load == "closed" else _open(spec, window))
         return window.samples
 

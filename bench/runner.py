@@ -12,6 +12,7 @@ import dataclasses
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from bench import modelonly
@@ -19,7 +20,7 @@ from bench.inputs import Bodies, TextMaker, load_tokenizer, make_bodies
 from bench.loadgen import LoadSpec, latency_summary, run_load
 from bench.points import Planned, make_point
 from bench.progress import Reporter, model_only_streams_cap
-from bench.servers import ServerProcess, baseline_server, get_json, hare_server, split_url
+from bench.servers import ServerProcess, baseline_server, get_json, hare_server, loop_cpu_seconds, split_url
 from bench.store import BASELINES, Store
 from bench.subjects import VERSIONED, Subject, info_json, manifest_hash
 from container.bundle import read_manifest
@@ -259,6 +260,7 @@ class Runner:
             stop=self.stop,
             on_tick=lambda figures: self.reporter.tick(k, n, figures),
             probe=server.cpu_seconds if server is not None else None,
+            own_probe=partial(loop_cpu_seconds, url) if p.target == "hare" else None,
         )
         window = max(samples.window_s, 1e-9)
         tokens = bodies.tokens_per_sequence
@@ -293,6 +295,8 @@ class Runner:
                 "url": url,
                 "streams": info.get("streams"),  # model streams per worker (hare servers only)
                 "server_cpu_by_process": by_process,
+                # Cores the event loops spent on their own work (the model calls left out): the server's own cost.
+                "own_cores": samples.own_s / (samples.probe_s or window) if samples.own_s is not None else None,
             },
         )
         self.store.add_point(point)

@@ -4,6 +4,7 @@ CPU time can be read from /proc for the whole group."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
@@ -205,6 +206,32 @@ def get_json(url: str, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return answer.status, answer.body
 
     return uvloop.run(go())
+
+
+LOOP_CPU = b"hare_loop_cpu_seconds_total "  # api/web/metrics.py: the event loops' own CPU seconds
+
+
+def loop_cpu_seconds(url: str) -> float | None:
+    """The CPU seconds a hare server's event loops have spent on their own work so far (the model calls they
+    ran left out), from its /metrics: None from a server without that counter, such as a baseline, or one
+    that does not answer. Blocking, for a load generator's window edges: it runs inside their event loop,
+    where get_json's own loop cannot."""
+    host, port = split_url(url)
+    conn = http.client.HTTPConnection(host, port, timeout=5.0)
+    try:
+        conn.request("GET", "/metrics")
+        answer = conn.getresponse()
+        body = answer.read()
+    except OSError:
+        return None
+    finally:
+        conn.close()
+    if answer.status != 200:
+        return None
+    for line in body.splitlines():
+        if line.startswith(LOOP_CPU):
+            return float(line[len(LOOP_CPU) :])
+    return None
 
 
 def wait_ready_once(url: str) -> bool:

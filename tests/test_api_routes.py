@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -167,6 +168,12 @@ async def test_metrics_count_requests_batches_tokens_and_labels(ner: AppClient) 
         "hare_predictions_total{label=",
     ):
         assert name in text, name
+
+    def value(name: str) -> float:  # an unlabelled series
+        return float(next(line.split()[1] for line in text.splitlines() if line.startswith(f"{name} ")))
+
+    # The event loop's own CPU, model calls left out (the bench's own-CPU figure): some, less than the process's.
+    assert 0 < value("hare_loop_cpu_seconds_total") < time.process_time()
 
 
 async def test_openapi_and_docs(ner: AppClient) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.geometries import build
-from bench.tables import POINT_COLUMNS, point_row, server_ms_per_request
+from bench.tables import POINT_COLUMNS, point_row, server_ms_per_request, server_own_ms_per_request
 from tests.test_bench_store import point
 
 
@@ -19,6 +19,10 @@ def test_every_point_row_shows_the_servers_cpu_per_answer() -> None:
     row = dict(zip(POINT_COLUMNS, point_row(measured), strict=True))
     assert server_ms_per_request(measured) == pytest.approx(0.4)
     assert row["server ms/req"] == "0.400" and row["server cpu"] == "0.80"
+    # With the cores hare's event loops spent on their own work (its /metrics), its own CPU per answer in brackets.
+    own = dataclasses.replace(measured, extra={**measured.extra, "own_cores": 0.6})
+    assert server_own_ms_per_request(own) == pytest.approx(0.3)
+    assert dict(zip(POINT_COLUMNS, point_row(own), strict=True))["server ms/req"] == "0.400 (0.300)"
     unmeasured = point(1, 2, "vanilla", 8, 40.0, 25.0)  # a baseline the bench does not probe
     assert dict(zip(POINT_COLUMNS, point_row(unmeasured), strict=True))["server ms/req"] == "-"
 

@@ -103,6 +103,10 @@ def test_quick_starts_hare_serve_itself(tiny_bundle: ModelFactory, tmp_path: Pat
     check_points(store, run_id, {"hare": 2, "model-only": 2})
     hare_points = [p for p in store.points(run_id) if p.target == "hare"]
     assert all(p.workers >= 1 and p.extra["streams"] >= 1 and p.server_cpu is not None for p in hare_points)
+    # The cores the event loops spent on their own work over each window (the server's /metrics, the model
+    # calls left out): some, and less than all the server used.
+    for p in hare_points:
+        assert p.server_cpu is not None and 0 < p.extra["own_cores"] < p.server_cpu, (p.extra, p.server_cpu)
 
 
 def test_a_mix_of_lengths_is_measured_and_stored_under_its_name(tiny_bundle: ModelFactory, tmp_path: Path) -> None:

@@ -184,6 +184,11 @@ class Batcher(Generic[T]):
         return self._broken
 
     @property
+    def loop_model_cpu(self) -> float:
+        """CPU seconds the event loop's thread has spent in model calls it ran itself (the fast lane, quick calls)."""
+        return self._model.loop_model_cpu
+
+    @property
     def backlog(self) -> int:
         """Sequences queued for the model (a request that finds more than max_items ahead will wait)."""
         return self._queue.pending

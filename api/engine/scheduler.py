@@ -52,6 +52,9 @@ class ModelThreads(Generic[T]):
             threading.Thread(target=self._serve, args=(i,), name=f"hare-model-{i}", daemon=True) for i in range(count)
         ]
         self._loop_seat: Seat | None = None  # the event loop thread's seat, made at its first run_here
+        # CPU seconds the event loop's thread spent inside the model calls it ran (run_here), so that its own
+        # work can be told from them (api/web/metrics.py).
+        self.loop_model_cpu = 0.0
         for thread in self._threads:
             thread.start()
 
@@ -80,12 +83,13 @@ class ModelThreads(Generic[T]):
         width = seat.acquire(want, wait=False) if seat is not None else want
         if not width:
             return None
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.thread_time()
         try:
             return self._run(items, width, pooling), None, width, time.perf_counter() - began
         except Exception as exc:  # handed to the caller's done, as a model thread's error would be
             return None, exc, width, time.perf_counter() - began
         finally:
+            self.loop_model_cpu += time.thread_time() - cpu
             if seat is not None:
                 seat.release()
 

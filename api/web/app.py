@@ -151,6 +151,7 @@ async def load(settings: Settings) -> Resources:
         on_idle=backend.trim,  # a burst's memory back after a second without batches
     )
     batcher.start()
+    metrics.track_loop(lambda: batcher.loop_model_cpu)  # load() runs on the event loop: its thread is tracked
     res = Resources(
         settings=settings,
         manifest=manifest,

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -113,6 +115,14 @@ class Metrics:
         self.inference_seconds = Histogram(
             "hare_inference_duration_seconds", "model time per batch", buckets=SECONDS, registry=r
         )
+        # The server's own work per request, whatever the model's size: `hare bench` reports it per answer.
+        self.loop_cpu = Counter(
+            "hare_loop_cpu_seconds_total",
+            "CPU seconds of the event loops' own work (reading, parsing, tokenizing, batching, answering), the "
+            "model calls they ran themselves left out",
+            registry=r,
+        )
+        self._loop: tuple[int, Callable[[], float], float, float] | None = None  # see track_loop
         self.queue_depth = Gauge(
             "hare_queue_depth", "sequences waiting for the model", multiprocess_mode="livesum", registry=r
         )
@@ -136,11 +146,21 @@ class Metrics:
             return generate_latest(merged)
         return generate_latest(self.registry)
 
+    def track_loop(self, model_cpu: Callable[[], float]) -> None:
+        """Count this thread's CPU (call it on the event loop's) less `model_cpu`, the CPU seconds of the model
+        calls it ran, into hare_loop_cpu_seconds_total at each flush."""
+        self._loop = (threading.get_ident(), model_cpu, time.thread_time(), model_cpu())
+
     def flush(self) -> None:
         """Write the tallied samples into the registry's values (multiprocess mode: the shared files)."""
         if self._flush_pending is not None:
             self._flush_pending.cancel()
             self._flush_pending = None
+        if self._loop is not None and self._loop[0] == threading.get_ident():  # thread_time is the caller's
+            thread, model_cpu, seen, seen_model = self._loop
+            now, model = time.thread_time(), model_cpu()
+            self.tally.inc(self.loop_cpu, (), max(0.0, (now - seen) - (model - seen_model)))
+            self._loop = (thread, model_cpu, now, model)
         self.tally.flush()
 
     def _soon(self) -> None:
