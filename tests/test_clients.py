@@ -45,14 +45,17 @@ Server = Callable[[str], str]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_bundle: ModelFactory) -> Iterator[Server]:
-    """server(task) -> the URL of a `hare serve` on that task's tiny bundle (started once per module)."""
+def server(fp32_bundle: ModelFactory) -> Iterator[Server]:
+    """server(task) -> the URL of a `hare serve` on that task's tiny fp32 bundle (started once per module). fp32:
+    the tests compare a protocol's numbers with /predict's at 1e-6, and an int8 bundle's depend on the batch at
+    about 5e-5 (activations quantized per call): a request's three texts run as one call alone on a worker's
+    connection, as two calls side by side when the worker serves others too."""
     started: dict[str, str] = {}
     with_stack = []
 
     def get(task: str) -> str:
         if task not in started:
-            manager = serve_tiny(tiny_bundle(task))
+            manager = serve_tiny(fp32_bundle(task))
             started[task] = manager.__enter__()
             with_stack.append(manager)
         return started[task]
