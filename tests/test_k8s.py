@@ -36,6 +36,7 @@ DASHBOARD_METRICS = {
     "hare_truncated_total",
     "hare_unknown_tokens_total",
     "hare_predictions_total",
+    "hare_loop_cpu_seconds_total",  # the server's own CPU per request
 }
 
 
