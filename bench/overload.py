@@ -85,8 +85,9 @@ class _Scenario:
             extra["read_p50"], extra["read_p99"] = read.p50, read.p99
         if load == "open":  # how far behind the window its last answer came: the server's queue
             extra["drain_s"] = samples.drain_s
-        if samples.probe_delta is not None:  # over the span between the probes
-            extra["server_cores"] = sum(samples.probe_delta.values()) / max(samples.probe_s, 1e-9)
+        server_cpu = None  # the server's CPU in cores, over the span between the probes
+        if samples.probe_delta is not None:
+            server_cpu = sum(samples.probe_delta.values()) / max(samples.probe_s, 1e-9)
         planned = Planned("hare", None, None, seq or self.options.seq_len, 1, users, rate)
         point = make_point(
             self.run_id,
@@ -104,6 +105,7 @@ class _Scenario:
             latency_summary(samples),
             server=samples.server_figures(),
             client_cpu=samples.cpu_s / max(samples.window_s, 1e-9),
+            server_cpu=server_cpu,
             answered=samples.answered,
             extra={"scenario": name, "retry_after": samples.retry_after, **extra},
         )
@@ -202,7 +204,7 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
         f"  model-only, one thread, in process: p50 {model_p50:.1f} ms right after the one-user phase "
         f"({model_p50_end:.1f} ms at the end)"
     )
-    per_answer = cap.extra.get("server_cores", math.nan) / max(cap.req_s, 1e-9)  # CPU seconds per answer
+    per_answer = server_cores(cap) / max(cap.req_s, 1e-9)  # CPU seconds per answer
     for name, p in sc.points.items():
         console.print(phase_line(name, p, cap.req_s, per_answer))
     for note in memory_notes(summary):
@@ -243,12 +245,20 @@ def unanswered(p: Point) -> int:
     return p.errors.get(CONNECT, 0) + p.errors.get(TIMEOUT, 0)
 
 
+def server_cores(p: Point) -> float:
+    """The server's CPU over the phase, in cores (NaN when not measured). Runs stored before 2026-11-30 kept it
+    in `extra["server_cores"]`, where the tables and the results page did not show it."""
+    if p.server_cpu is not None:
+        return p.server_cpu
+    return float(p.extra.get("server_cores", math.nan))
+
+
 def refusal_cost_us(p: Point, per_answer: float) -> float:
     """Server CPU per refusal in µs: the phase's CPU less its answers' (at the capacity phase's cost each)."""
     refused = p.errors.get("429", 0) / max(p.duration_s, 1e-9)
-    if refused <= 0 or "server_cores" not in p.extra:
+    if refused <= 0 or math.isnan(server_cores(p)):
         return math.nan
-    return max(0.0, p.extra["server_cores"] - p.req_s * per_answer) / refused * 1e6
+    return max(0.0, server_cores(p) - p.req_s * per_answer) / refused * 1e6
 
 
 def phase_line(name: str, p: Point, capacity: float, per_answer: float) -> str:
@@ -260,7 +270,7 @@ def phase_line(name: str, p: Point, capacity: float, per_answer: float) -> str:
         f"p50 {p.lat_p50:8.1f} ms  p99 {p.lat_p99:8.1f} ms  server p99 {server_p99:7.1f} ms  "
         f"refused {refused} ({refused / max(p.duration_s, 1e-9):.0f}/s, "
         f"{refusal_cost_us(p, per_answer):.0f} µs CPU each)  unanswered {unanswered(p)}  other errors {other}  "
-        f"server CPU {p.extra.get('server_cores', math.nan):.2f} cores"
+        f"server CPU {server_cores(p):.2f} cores"
     )
 
 

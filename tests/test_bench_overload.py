@@ -15,6 +15,7 @@ import pytest
 from bench.overload import OverloadOptions, evaluate, run_overload, stored_goals
 from bench.servers import group_pss_mb, group_rss_mb
 from bench.store import Store
+from bench.tables import point_row
 from container.machine import physical_cores
 from tests.conftest import ModelFactory
 
@@ -36,10 +37,11 @@ def test_every_phase_is_stored_and_every_goal_printed(
     points = {p.extra["scenario"]: p for p in store.points(run_id)}
     # The server's CPU over each phase's window, from its processes' clocks: every phase had it answer (or
     # refuse) requests, so none is zero (a probe that read nothing, or the same process twice, would be).
-    seen = "; ".join(
-        f"{k}: {p.extra.get('server_cores')} cores, {p.requests} answers, {p.duration_s} s" for k, p in points.items()
-    )
-    assert all(p.extra["server_cores"] > 0 for p in points.values()), seen
+    seen = "; ".join(f"{k}: {p.server_cpu} cores, {p.requests} answers, {p.duration_s} s" for k, p in points.items())
+    assert all(p.server_cpu is not None and p.server_cpu > 0 for p in points.values()), seen
+    # ... and the stored rows show it, with the CPU per answer (`hare bench show`, the results page).
+    rows = {p.extra["scenario"]: point_row(p) for p in points.values()}
+    assert all(row[-2] != "-" and row[-1] != "-" for row in rows.values()), rows
     assert "µs CPU each" in printed and "unanswered" in printed
     # The whole server's memory beside the largest process's: every process's PSS summed, stored with the run.
     pss = store.run(run_id).summary["pss_mb"]
