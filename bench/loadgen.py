@@ -85,6 +85,12 @@ class Samples:
     def errors(self) -> dict[str, int]:
         return {k: v for k, v in sorted(self.statuses.items()) if k != "200"}
 
+    def server_cores(self) -> dict[int, float] | None:
+        """The server's CPU over the span between the probes, in cores by process (None without a probe)."""
+        if self.probe_delta is None:
+            return None
+        return {pid: seconds / max(self.probe_s, 1e-9) for pid, seconds in self.probe_delta.items()}
+
     def server_figures(self) -> dict[str, float]:
         """The server's own account, in ms: x-compute-time p50/avg and each server-timing phase's average."""
         out: dict[str, float] = {}

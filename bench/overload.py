@@ -85,9 +85,7 @@ class _Scenario:
             extra["read_p50"], extra["read_p99"] = read.p50, read.p99
         if load == "open":  # how far behind the window its last answer came: the server's queue
             extra["drain_s"] = samples.drain_s
-        server_cpu = None  # the server's CPU in cores, over the span between the probes
-        if samples.probe_delta is not None:
-            server_cpu = sum(samples.probe_delta.values()) / max(samples.probe_s, 1e-9)
+        cores = samples.server_cores()
         planned = Planned("hare", None, None, seq or self.options.seq_len, 1, users, rate)
         point = make_point(
             self.run_id,
@@ -105,7 +103,7 @@ class _Scenario:
             latency_summary(samples),
             server=samples.server_figures(),
             client_cpu=samples.cpu_s / max(samples.window_s, 1e-9),
-            server_cpu=server_cpu,
+            server_cpu=sum(cores.values()) if cores is not None else None,
             answered=samples.answered,
             extra={"scenario": name, "retry_after": samples.retry_after, **extra},
         )

@@ -267,11 +267,8 @@ class Runner:
         lat = latency_summary(samples)
         # Cores per server process, busiest first: a worker near 0 while another is near 1 means the
         # connections (keep-alive) all landed on one worker.
-        by_process = (
-            sorted((round(v / max(samples.probe_s, 1e-9), 3) for v in samples.probe_delta.values()), reverse=True)
-            if samples.probe_delta is not None
-            else None
-        )
+        cores = samples.server_cores()
+        by_process = sorted((round(c, 3) for c in cores.values()), reverse=True) if cores is not None else None
         point = make_point(
             run_id,
             k,

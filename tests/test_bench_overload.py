@@ -15,7 +15,7 @@ import pytest
 from bench.overload import OverloadOptions, evaluate, run_overload, stored_goals
 from bench.servers import group_pss_mb, group_rss_mb
 from bench.store import Store
-from bench.tables import point_row
+from bench.tables import POINT_COLUMNS, point_row
 from container.machine import physical_cores
 from tests.conftest import ModelFactory
 
@@ -40,8 +40,8 @@ def test_every_phase_is_stored_and_every_goal_printed(
     seen = "; ".join(f"{k}: {p.server_cpu} cores, {p.requests} answers, {p.duration_s} s" for k, p in points.items())
     assert all(p.server_cpu is not None and p.server_cpu > 0 for p in points.values()), seen
     # ... and the stored rows show it, with the CPU per answer (`hare bench show`, the results page).
-    rows = {p.extra["scenario"]: point_row(p) for p in points.values()}
-    assert all(row[-2] != "-" and row[-1] != "-" for row in rows.values()), rows
+    rows = {k: dict(zip(POINT_COLUMNS, point_row(p), strict=True)) for k, p in points.items()}
+    assert all(row["server cpu"] != "-" and row["server ms/req"] != "-" for row in rows.values()), rows
     assert "µs CPU each" in printed and "unanswered" in printed
     # The whole server's memory beside the largest process's: every process's PSS summed, stored with the run.
     pss = store.run(run_id).summary["pss_mb"]
