@@ -107,6 +107,17 @@ def bound_malloc(threshold: int = 1 << 20) -> None:
     libc.mallopt(m_mmap_threshold, threshold)
 
 
+def trim_malloc() -> None:
+    """Hand the free pages inside malloc's heaps back to the system (glibc's `malloc_trim`; a no-op elsewhere).
+    Compiling and warming a model frees much of what it allocated in the middle of the heaps, where glibc's own
+    trimming (the top of a heap only) never reaches it."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.malloc_trim(0)
+
+
 def available_targets() -> list[str]:
     import onnxruntime as ort
 

@@ -4,6 +4,8 @@ each sequence, unknown tokens counted, every width answering the same."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -93,3 +95,29 @@ def test_cpu_sessions_keep_the_residual_add_apart_from_its_layer_norm(tmp_path: 
     assert plain == ["SkipLayerNormalization"]  # what ORT does by itself, so the test can tell the two apart
     assert sorted(ours) == ["Add", "LayerNormalization"]
     assert np.abs(answer - fused).max() < 1e-5
+
+
+def test_trim_malloc_gives_back_the_free_pages_in_the_middle_of_the_heap() -> None:
+    """A worker trims malloc's heaps once its model is compiled and warmed (api/web/app.py): what that freed sits
+    under blocks still in use, where glibc's own trim (the heap's top only) never reaches, and stayed in the
+    worker's RSS for good (10 MB of the default MiniLM's worker). In a fresh process, 50 MB of such pages."""
+    script = """
+import ctypes
+from container.runtime import trim_malloc
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+blocks = [libc.malloc(64 * 1024) for _ in range(800)]  # under glibc's mmap threshold: in the heap
+for block in blocks:
+    ctypes.memset(block, 1, 64 * 1024)
+for block in blocks[:-1]:  # the last one in use keeps the heap's top
+    libc.free(block)
+before = rss()
+trim_malloc()
+print(before - rss())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout) > 30, done.stdout

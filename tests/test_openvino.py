@@ -10,17 +10,22 @@ import asyncio
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
+from api.engine.backend import Backend
 from container.bundle import MODEL_FILE, read_manifest
 from container.models import open_model, open_models
 from container.openvino_runtime import LENGTH_MULTIPLE, PROVIDER, OpenVinoModel
 from container.optimize import pipeline
 from container.optimize.variants import variants_for
 from tasks.errors import InputError
+from tasks.ops import pad_batch
 from tests.api_helpers import serve
 from tests.conftest import ModelFactory, TorchWork, quick_bundle
 
@@ -81,10 +86,6 @@ def test_a_bf16_bundle_passes_its_gates_and_ships_the_export(bf16_bundle: Path) 
 def test_calls_from_many_threads_each_get_their_own_answer(bf16_bundle: Path) -> None:
     """A one-thread model called by several model threads at once (a stream and an infer request each, or
     taking turns past its streams) answers each as it answers alone."""
-    from tokenizers import Tokenizer
-
-    from tasks.ops import pad_batch
-
     tok = Tokenizer.from_file(str(bf16_bundle / "tokenizer.json"))
     model = open_model(bf16_bundle / MODEL_FILE, "bf16", threads=1, callers=3)
     feeds = [pad_batch([tok.encode(t)], model.input_names) for t in TEXTS * 3]
@@ -380,21 +381,50 @@ def test_a_workers_models_of_one_graph_map_its_weights_once(bf16_bundle: Path, t
     once = mappings()
     alone = {threads: open_model(tmp_path / MODEL_FILE, "bf16", threads=threads) for threads in (1, 2)}
     assert once >= 1 and mappings() - once == 2 * once
-    from tokenizers import Tokenizer
-
-    from tasks.ops import pad_batch
-
     tok = Tokenizer.from_file(str(bf16_bundle / "tokenizer.json"))
     feeds = pad_batch(tok.encode_batch(TEXTS), shared[1].input_names)
     for threads, model in shared.items():
         np.testing.assert_array_equal(model.run(feeds), alone[threads].run(feeds))
 
 
+@pytest.mark.parametrize("streams", [1, 2])
+async def test_a_worker_compiles_one_copy_a_model_thread_and_its_event_loop_shares_them(
+    bf16_bundle: Path, streams: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiled copy costs a served worker 30-35 MB once it has run (the default MiniLM, int8-grouped): a
+    worker keeps one a model thread at one thread a call, and one for a lone request's two-thread call; its
+    event loop, which runs a call only while no other runs, shares them. Two threads that do call one copy at
+    once still each get their own answer."""
+    compiled: list[int] = []
+    init = OpenVinoModel.__init__
+
+    def counted(self: OpenVinoModel, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        compiled.append(len(self._copies))
+
+    monkeypatch.setattr(OpenVinoModel, "__init__", counted)
+    async with serve(bf16_bundle, HARE_STREAMS=str(streams), HARE_CORES="2", HARE_LONE_THREADS="2") as client:
+        assert sorted(compiled) == sorted([streams, 1])
+        answered = (await client.post("/predict", json={"inputs": TEXTS})).json()
+        backend = client.resources.backend
+        assert isinstance(backend, Backend)
+        model = backend.sessions[1]
+        assert isinstance(model, OpenVinoModel)
+        # The event loop's thread and a model thread on one copy at once (a worker's rare overlap).
+        tok = Tokenizer.from_file(str(bf16_bundle / "tokenizer.json"))
+        feeds = [pad_batch([tok.encode(t)], model.input_names) for t in TEXTS]
+        alone = [model.run(f) for f in feeds]
+        with ThreadPoolExecutor(4) as pool:
+            for _ in range(5):
+                for got, want in zip(pool.map(model.run, feeds), alone, strict=True):
+                    np.testing.assert_array_equal(got, want)
+    assert len(answered) == len(TEXTS)
+
+
 def test_an_idle_backend_gives_back_the_buffers_of_its_biggest_batch(bf16_bundle: Path) -> None:
     """OpenVINO keeps each compiled copy's intermediate buffers at the biggest shape it has run: a burst of big
     batches left a worker that much bigger for good. The backend's idle trim (api/engine/backend.py, a second
     after the last batch) frees them, and the next calls answer as before."""
-    from api.engine.backend import Backend
     from container.runtime import bound_malloc
 
     # As a worker does (api/engine/opened.py): big buffers in mappings of their own, handed back when freed.
@@ -452,7 +482,6 @@ def test_a_long_text_alone_does_not_cost_the_next_request_an_allocation(
     """Allocating OpenVINO's buffers again after a trim costs the next call 7-21%: a worker trims only after a call
     bigger than any one request (OpenVinoModel.trim_above), so a quiet hour's long texts do not each pay it, and
     only the model that ran it."""
-    from api.engine.backend import Backend
     from container.runtime import OnnxModel
 
     trims: list[int] = []

@@ -35,6 +35,7 @@ from api.web.schemas import COMMON, Limits
 from api.web.state import Resources
 from container.bundle import MODEL_FILE, Manifest, resolve_max_batch_tokens
 from container.machine import int8_check, same_cpu, versions
+from container.runtime import trim_malloc
 
 log = logging.getLogger("hare")
 
@@ -75,6 +76,9 @@ def create_app(settings: Settings) -> Starlette:
             await res.pipeline.warm_up(min(s.streams, s.queue_size), s.max_batch_size)
             # The longest sequences grew the arena past what most requests need: give that back before serving.
             await asyncio.to_thread(res.backend.trim)
+            # What compiling and warming freed inside malloc's heaps: 10 MB a worker of the default MiniLM
+            # (int8-grouped on OpenVINO, AMD EPYC), which serving did not take up again.
+            await asyncio.to_thread(trim_malloc)
             res.ready = True
             log.info(
                 "ready: %s %s (%s, %s) pid %d, %d stream(s) of %s thread(s) on %d shared cores, providers %s",
@@ -135,6 +139,9 @@ async def load(settings: Settings) -> Resources:
             manifest.pad_id,
             opened.graph_shapes,
             manifest.variant,
+            # The worker's model threads; its event loop runs a call only while no other runs (its fast lane,
+            # api/engine/batching.py), so it shares their models rather than keeping a copy of its own.
+            callers=settings.streams,
             max_length=manifest.max_length,
         )
     model = opened.model
