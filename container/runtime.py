@@ -95,27 +95,28 @@ def _shrink() -> ort.RunOptions:
     return options
 
 
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, for the malloc settings below; None off glibc (musl, macOS), where they are no-ops."""
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def bound_malloc(threshold: int = 1 << 20) -> None:
     """Serve allocations from `threshold` bytes up with their own mappings, returned to the system when freed
-    (glibc raises this threshold on its own up to 32 MB, after which a burst's buffers stay in the heap);
-    a no-op off glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
+    (glibc raises this threshold on its own up to 32 MB, after which a burst's buffers stay in the heap)."""
     m_mmap_threshold = -3
-    libc.mallopt(m_mmap_threshold, threshold)
+    if (libc := _glibc()) is not None:
+        libc.mallopt(m_mmap_threshold, threshold)
 
 
 def trim_malloc() -> None:
-    """Hand the free pages inside malloc's heaps back to the system (glibc's `malloc_trim`; a no-op elsewhere).
-    Compiling and warming a model frees much of what it allocated in the middle of the heaps, where glibc's own
-    trimming (the top of a heap only) never reaches it."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.malloc_trim(0)
+    """Hand the free pages inside malloc's heaps back to the system (glibc's `malloc_trim`). Compiling and
+    warming a model frees much of what it allocated in the middle of the heaps, where glibc's own trimming (the
+    top of a heap only) never reaches it."""
+    if (libc := _glibc()) is not None:
+        libc.malloc_trim(0)
 
 
 def available_targets() -> list[str]:
