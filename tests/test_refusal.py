@@ -60,6 +60,12 @@ def busy_server(bundle: Path, logs: Path, env: dict[str, str]) -> Iterator[str]:
         thread = threading.Thread(target=busy)
         thread.start()
         try:
+            # Full before the test's burst: the busy client's first request takes a while to be sent, and a burst
+            # ahead of it found a free server and got 200 each (one run in four, either pace).
+            probe = json.dumps({"inputs": "probe"}).encode()
+            deadline = time.monotonic() + TIMEOUT_S
+            while raw_post(url, probe)[0] != 429:
+                assert time.monotonic() < deadline, "the busy client never filled the server"
             yield url
         finally:
             stop.set()
