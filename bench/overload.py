@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,7 @@ class _Scenario:
         self.points: dict[str, Point] = {}
         self.k = 0
         self.run_id = 0
+        self.watch: Callable[[str], None] | None = None  # told each phase's name as it is stored
 
     def point(
         self,
@@ -108,6 +109,8 @@ class _Scenario:
             extra={"scenario": name, "retry_after": samples.retry_after, **extra},
         )
         self.store.add_point(point)
+        if self.watch is not None:
+            self.watch(name)
         self.points[name] = point
         return point
 
@@ -138,8 +141,11 @@ class _Scenario:
         return run_load(spec, stop=self.stop, probe=server.cpu_seconds if "duration" not in kw else None)
 
 
-def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) -> int:
-    """Run every phase against one fresh `hare serve`; returns the run id."""
+def run_overload(
+    options: OverloadOptions, store: Store, stop: threading.Event, watch: Callable[[str, int], None] | None = None
+) -> int:
+    """Run every phase against one fresh `hare serve`; returns the run id. `watch`: called with "warm" and then
+    each phase's name as it ends, and the server's process group (scripts/overload-memory.py reads its memory)."""
     sc = _Scenario(options, store, stop)
     console = wide_console()
     sc.run_id = store.create_run(
@@ -161,6 +167,10 @@ def run_overload(options: OverloadOptions, store: Store, stop: threading.Event) 
         time.sleep(1.0)
         rss["warm"] = max(group_rss_mb(pgid).values())
         pss["warm"] = sum(group_pss_mb(pgid).values())
+        if watch is not None:
+            told = watch  # narrowed for the closure
+            sc.watch = lambda name: told(name, pgid)
+            told("warm", pgid)
         users = 2 * sc.cores
         one = sc.point("one-user", sc.load(server, "closed", 1), "closed", 1, 0.0)
         # The reference right after the phase it divides, the server idle meanwhile: this VM's speed drifts

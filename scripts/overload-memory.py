@@ -1,9 +1,8 @@
-"""Where a served worker's memory goes under `hare bench overload`'s phases: one fresh `hare serve BUNDLE`, the
-phases run in the bench's order (one user, the tails at 8 and 128 tokens with 2 and 16 users, capacity, 3x open
-loop, the 1000-connection flood, recovery), and after each every worker's RSS with its heap, its anonymous
-mappings and the pages of the model file it holds (from /proc/PID/smaps). `hare bench overload` reads the largest
-RSS only at warm-up and after the flood; this says which phase added what, and whether it is the model file's
-pages (which its goal subtracts) or the process's own.
+"""Where a served worker's memory goes under `hare bench overload`'s phases: the bench itself (bench/overload.py,
+its run kept in a throwaway store, its goals printed), and after warm-up and each phase every worker's RSS with
+its heap, its anonymous mappings and the pages of the model file it holds (from /proc/PID/smaps). The bench
+reads the largest RSS only at warm-up and after the flood; this says which phase added what, and whether it is
+the model file's pages (which its goal subtracts) or the process's own.
 
     python scripts/overload-memory.py BUNDLE [hare serve arguments...]
 
@@ -14,15 +13,14 @@ bench overload`".
 from __future__ import annotations
 
 import collections
+import functools
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
-from bench.inputs import make_bodies
-from bench.overload import OverloadOptions, _Scenario
-from bench.servers import ServerProcess, group_rss_mb, hare_server
+from bench.overload import OverloadOptions, run_overload
+from bench.servers import group_rss_mb
 from bench.store import Store
 from container.bundle import MODEL_FILE
 
@@ -41,46 +39,29 @@ def mappings_mb(pid: int) -> collections.defaultdict[str, float]:
     return found
 
 
-def report(label: str, server: ServerProcess, model_file: str) -> None:
-    assert server.proc is not None
-    rss = group_rss_mb(server.proc.pid)
+def report(label: str, pgid: int, model_file: str) -> None:
+    rss = group_rss_mb(pgid)
     cells = []
     for pid in sorted(rss):
-        if pid == server.proc.pid:
+        if pid == pgid:
             continue  # the gunicorn master holds no model
         m = mappings_mb(pid)
         cells.append(f"{rss[pid]:.1f} (heap {m['[heap]']:.1f}, anon {m['[anon]']:.1f}, model file {m[model_file]:.1f})")
-    print(f"{label:12s} " + " | ".join(cells), flush=True)
+    print(f"{label:14s} " + " | ".join(cells), flush=True)
 
 
 def main() -> None:
     bundle, extra = Path(sys.argv[1]), sys.argv[2:]
-    stop = threading.Event()
+    model_file = next((p.name for p in bundle.glob(f"{MODEL_FILE}.data")), MODEL_FILE)
+    print(f"MB of RSS per worker after each phase: heap, anonymous mappings, the model file's pages ({model_file})")
     with tempfile.TemporaryDirectory() as folder:
-        sc = _Scenario(OverloadOptions(bundle=bundle, serve_args=tuple(extra)), Store(Path(folder) / "b.db"), stop)
-        model_file = next((p.name for p in bundle.glob(f"{MODEL_FILE}.data")), MODEL_FILE)
-        print(f"MB of RSS per worker: heap, anonymous mappings, the model file's pages ({model_file})")
-        server = hare_server(bundle, extra=extra)
-        with server.start():
-            server.wait_ready(stop=stop)
-            time.sleep(1.0)
-            report("warm", server, model_file)
-            users = 2 * sc.cores
-            sc.load(server, "closed", 1)
-            report("one user", server, model_file)
-            for seq in (8, 128):
-                bodies = make_bodies(sc.task, 1, seq, sc.maker)
-                for n in (sc.cores, 16):
-                    sc.load(server, "closed", n, bodies=bodies)
-                    report(f"{seq}t {n}u", server, model_file)
-            capacity = sc.load(server, "closed", users)
-            report("capacity", server, model_file)
-            sc.load(server, "open", rate=3 * capacity.ok / capacity.window_s, warmup=1.0)
-            report("open 3x", server, model_file)
-            sc.load(server, "closed", 1000, warmup=1000 * 0.006 + 2)
-            report("flood", server, model_file)
-            sc.load(server, "closed", users, warmup=0.0)
-            report("recovery", server, model_file)
+        options = OverloadOptions(bundle=bundle, serve_args=tuple(extra))
+        run_overload(
+            options,
+            Store(Path(folder) / "bench.db"),
+            threading.Event(),
+            functools.partial(report, model_file=model_file),
+        )
 
 
 if __name__ == "__main__":

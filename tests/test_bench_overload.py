@@ -25,11 +25,14 @@ def test_every_phase_is_stored_and_every_goal_printed(
 ) -> None:
     store = Store(tmp_path / "bench.db")
     options = OverloadOptions(tiny_bundle("feature-extraction"), seq_len=16, flood=20, duration_s=1.0, tail_seqs=(8,))
-    run_id = run_overload(options, store, threading.Event())
+    watched: list[tuple[str, bool]] = []  # each moment told to a watcher, and whether its server group was alive
+    watch = lambda name, pgid: watched.append((name, bool(group_rss_mb(pgid))))  # noqa: E731
+    run_id = run_overload(options, store, threading.Event(), watch)
     scenarios = [p.extra["scenario"] for p in store.points(run_id)]
     cores = physical_cores()
     tail = [f"tail-8t-{cores}u", "tail-8t-16u"]
     assert scenarios == ["one-user", *tail, "capacity", "open-3x", "flood", "recovery"]
+    assert watched == [(name, True) for name in ["warm", *scenarios]]  # scripts/overload-memory.py reads these
     printed = capsys.readouterr().out
     goals = ("model-only p50", "p99 from the intended send time", "open-3x: goodput", "never answered", "Retry-After")
     for goal in (*goals, "5xx", "flood goodput", "RSS after", f"{tail[0]} (8 tokens, {cores} users): p99 / p50"):
