@@ -81,22 +81,36 @@ class Pipeline:
 
     async def warm_up(self, streams: int, max_batch: int) -> None:
         """Answer a few requests through the real path (tokenize, queue, model, post-process) at a few
-        lengths, alone (the wide session) and `streams` at once (every model thread, the narrow session), so
-        that the first real requests do not pay ONNX Runtime's first-run allocations. Their batches also give
-        admission its first token rate."""
+        lengths, alone and `streams` at once (every model thread), so that the first real requests do not pay
+        the runtime's first-run allocations; then run each length once on the event loop's own thread at
+        every width, as the fast lane does. A lone request asks for every core, but a worker that warms up
+        while another worker holds a core gets one: its wide session would first run on a served request
+        (OpenVINO: 30-40 ms more than the next). Their batches also give admission its first token rate."""
         params = self.task.parse_params({}, self.model)
+        pooling = self.task.pooling(params) if self.task.pooling is not None else None
+
+        def inputs(words: int, batch: int = 1) -> Inputs:
+            text = " ".join(["hello"] * words)
+            return Inputs([text] * batch, single=False, query="hello" if self.task.pairs else None)
+
+        # Each length in tokens, special tokens (and a pair's query) included: a runtime that compiles kernels
+        # per shape (OpenVINO) then has the shortest requests' own (8 tokens) ready.
+        one, two = (self.encoder.encode(inputs(words), TRUNCATE).tokens for words in (1, 2))
+        per_word = max(1, two - one)
+
+        def words(tokens: int) -> int:
+            return max(1, (tokens - one) // per_word + 1)
 
         async def ask(n: int, batch: int) -> None:
-            text = " ".join(["hello"] * n)
-            inputs = Inputs([text] * batch, single=False, query="hello" if self.task.pairs else None)
             with self.batcher.admit(checked=False) as ticket:  # other workers' load must not fail this boot
-                await self.run(ticket, PredictRequest(inputs, TRUNCATE, params))
+                await self.run(ticket, PredictRequest(inputs(words(n), batch), TRUNCATE, params))
 
         for n in sorted({min(n, self.model.max_length) for n in WARM_LENGTHS}):
             await ask(n, 1)
             await asyncio.gather(*(ask(n, 1) for _ in range(streams)))
             if n == WARM_LENGTHS[0]:
                 await ask(n, min(8, max_batch))
+            self.batcher.warm_here(self.encoder.encode(inputs(words(n)), TRUNCATE).sequences, pooling)
 
     async def _wait(self, ticket: Ticket[Encoding], encoded: Encoded, gone: Gone | None, pooling: str | None) -> Result:
         future = ticket.submit(encoded.sequences, pooling)
