@@ -168,10 +168,11 @@ class Batcher(Generic[T]):
         self._fail_pending(NotReady("the server is shutting down; retry on another instance"))
         self._model.stop()
 
-    def warm_here(self, items: Sequence[T], pooling: str | None = None) -> None:
-        """Run `items` at every width on the event loop's own thread, as the fast lane and the quick calls
-        would, outside the core pool (warm-up only: ModelThreads.warm_here)."""
-        self._model.warm_here(list(items), (self._narrow, self._wide), pooling)
+    async def warm_here(self, items: Sequence[T], pooling: str | None = None) -> bool:
+        """Run `items` at every width on the event loop's own thread, as the fast lane and the quick calls do
+        (warm-up only: ModelThreads.warm_here); False if the cores of some width never came free."""
+        ran = [await self._model.warm_here(list(items), width, pooling) for width in sorted({self._narrow, self._wide})]
+        return all(ran)
 
     @property
     def healthy(self) -> bool:

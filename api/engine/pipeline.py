@@ -8,6 +8,7 @@ large requests are tokenized on a thread so one big body cannot stall the event 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from tasks.base import TRUNCATE, Answer, Array, Inputs, LongInput, ModelInfo, Ou
 # Above this many characters a request is tokenized off the event loop (about 1 ms of tokenizer work).
 OFFLOAD_CHARS = 20_000
 WARM_LENGTHS = (8, 64, 512)  # tokens; capped at the model's maximum
+log = logging.getLogger("hare.pipeline")
 # Returns once the client has gone away (the HTTP face watches its connection; api/web/protocols/base.py).
 Gone = Callable[[], Awaitable[object]]
 
@@ -110,7 +112,9 @@ class Pipeline:
             await asyncio.gather(*(ask(n, 1) for _ in range(streams)))
             if n == WARM_LENGTHS[0]:
                 await ask(n, min(8, max_batch))
-            self.batcher.warm_here(self.encoder.encode(inputs(words(n)), TRUNCATE).sequences, pooling)
+            sequences = self.encoder.encode(inputs(words(n)), TRUNCATE).sequences
+            if not await self.batcher.warm_here(sequences, pooling):
+                log.info("warm-up: the %d-token call on every core left to the first lone request (cores busy)", n)
 
     async def _wait(self, ticket: Ticket[Encoding], encoded: Encoded, gone: Gone | None, pooling: str | None) -> Result:
         future = ticket.submit(encoded.sequences, pooling)

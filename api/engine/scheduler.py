@@ -35,6 +35,9 @@ Run = Callable[[list[T], int, str | None], Rows]
 # Called on the event loop with a call's rows or the error it raised, the width it ran with and its seconds
 # on those cores (not counting the wait for them: what the model costs, for the token rate).
 Done = Callable[[Rows | None, BaseException | None, int, float], None]
+# A warm-up call on the event loop waits this long, looking this often, for its cores to be free together.
+WARM_WAIT_S = 2.0
+WARM_STEP_S = 0.005
 
 
 class ModelThreads(Generic[T]):
@@ -77,9 +80,7 @@ class ModelThreads(Generic[T]):
         time (its seat tries its home core first), so re-pinning costs nothing, where unpinning after each call
         cost two sched_setaffinity calls a request, each a migration: 34% of the event loop's samples at two
         users on a tiny model (py-spy, AMD EPYC, 2 cores)."""
-        if self._loop_seat is None and self._pool is not None:
-            self._loop_seat = self._pool.seat(len(self._threads))
-        seat = self._loop_seat
+        seat = self._here()
         width = seat.acquire(want, wait=False) if seat is not None else want
         if not width:
             return None
@@ -93,14 +94,33 @@ class ModelThreads(Generic[T]):
             if seat is not None:
                 seat.release()
 
-    def warm_here(self, items: list[T], widths: Sequence[int], pooling: str | None = None) -> None:
-        """Run `items` once at each of `widths` on the calling thread (the event loop's, at warm-up), holding no
-        cores: `run_here`'s calls must not be the first of their session on this thread. OpenVINO makes a
-        thread's infer request on a compiled copy at its first call there (12 ms), and a copy's first call
-        costs 30-40 ms more (MiniLM int8-grouped, AMD EPYC). Holding no cores, a call here may share one with
-        another worker's warm-up for its few milliseconds; nothing is served yet."""
-        for width in sorted(set(widths)):
+    async def warm_here(self, items: list[T], width: int, pooling: str | None = None) -> bool:
+        """Run `items` once on the calling thread (the event loop's, at warm-up) on `width` cores, held as
+        `run_here` holds them, so that its served calls are not the first of their session on this thread:
+        OpenVINO makes a thread's infer request on a compiled copy at its first call there (12 ms), and a
+        copy's first call costs 30-40 ms more (MiniLM int8-grouped, AMD EPYC). Waits up to WARM_WAIT_S for that
+        many cores (another worker warming up holds one now and then); False, having run nothing, if they never
+        came free together (the other worker is serving): its calls are not slowed for a warm-up."""
+        seat = self._here()
+        deadline = time.monotonic() + WARM_WAIT_S
+        while seat is not None and (held := seat.acquire(width, wait=False)) < width:
+            if held:
+                seat.release()
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(WARM_STEP_S)
+        try:
             self._run(items, width, pooling)
+        finally:
+            if seat is not None:
+                seat.release()
+        return True
+
+    def _here(self) -> Seat | None:
+        """The event loop thread's seat (None without a pool), made at its first use."""
+        if self._loop_seat is None and self._pool is not None:
+            self._loop_seat = self._pool.seat(len(self._threads))
+        return self._loop_seat
 
     def stop(self) -> None:
         for _ in self._threads:
