@@ -84,10 +84,10 @@ class Pipeline:
     async def warm_up(self, streams: int, max_batch: int) -> None:
         """Answer a few requests through the real path (tokenize, queue, model, post-process) at a few
         lengths, alone and `streams` at once (every model thread), so that the first real requests do not pay
-        the runtime's first-run allocations; then run each length once on the event loop's own thread at
-        every width, as the fast lane does. A lone request asks for every core, but a worker that warms up
-        while another worker holds a core gets one: its wide session would first run on a served request
-        (OpenVINO: 30-40 ms more than the next). Their batches also give admission its first token rate."""
+        the runtime's first-run allocations (their batches also give admission its first token rate); then
+        run each length once on the event loop's own thread at every width, as the fast lane does. A lone
+        request asks for every core, but a worker that warms up while another worker holds a core gets one:
+        its wide session would first run on a served request (OpenVINO: 30-40 ms more than the next)."""
         params = self.task.parse_params({}, self.model)
         pooling = self.task.pooling(params) if self.task.pooling is not None else None
 

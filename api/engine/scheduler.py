@@ -84,6 +84,13 @@ class ModelThreads(Generic[T]):
         width = seat.acquire(want, wait=False) if seat is not None else want
         if not width:
             return None
+        return self._run_held(seat, items, width, pooling)
+
+    def _run_held(
+        self, seat: Seat | None, items: list[T], width: int, pooling: str | None
+    ) -> tuple[Rows | None, BaseException | None, int, float]:
+        """`run_here`'s call on the `width` cores `seat` holds (released after), its CPU counted as the loop's
+        model time."""
         began, cpu = time.perf_counter(), time.thread_time()
         try:
             return self._run(items, width, pooling), None, width, time.perf_counter() - began
@@ -109,11 +116,9 @@ class ModelThreads(Generic[T]):
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(WARM_STEP_S)
-        try:
-            self._run(items, width, pooling)
-        finally:
-            if seat is not None:
-                seat.release()
+        error = self._run_held(seat, items, width, pooling)[1]
+        if error is not None:
+            raise error
         return True
 
     def _here(self) -> Seat | None:
