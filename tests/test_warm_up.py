@@ -66,18 +66,13 @@ async def test_a_worker_warmed_up_beside_a_busy_core_has_run_its_lone_requests_s
     tiny_bundle: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A lone request runs on the worker's event loop with every core (the fast lane). Two workers warm up at
-    once, so one's warm-up requests find a core held by the other's and run on one: its every-core session,
-    and its event loop's own calls, first ran on a served request (OpenVINO: the first lone request after
-    start 37-42 ms against 5 after it, the default MiniLM, AMD EPYC). Warm-up runs them once on the loop,
-    waiting for the cores to be free together (here: once its one-core call on the loop has run)."""
+    once, so one's warm-up requests find a core held by the other's and run on one: its every-core session
+    first ran on a served request, on a thread that had never called it (OpenVINO: the first lone request after
+    start 37-42 ms against 5 after it, the default MiniLM, AMD EPYC). Warm-up runs it once on the loop,
+    waiting for the cores to be free together (here: the other worker's call ends with this one's first)."""
     other = OtherWorker(tmp_path)
     loop = threading.get_ident()
-
-    def on_call(thread: int, width: int) -> None:
-        if thread == loop:  # the loop's one-core call ran: the other worker's call ends now
-            other.leave.set()
-
-    calls = record_calls(monkeypatch, on_call)
+    calls = record_calls(monkeypatch, lambda thread, width: other.leave.set())
     try:
         async with serve(tiny_bundle("feature-extraction"), **ENV, HARE_CORE_POOL=str(tmp_path)) as client:
             warmed = set(calls)

@@ -85,7 +85,7 @@ class Pipeline:
         """Answer a few requests through the real path (tokenize, queue, model, post-process) at a few
         lengths, alone and `streams` at once (every model thread), so that the first real requests do not pay
         the runtime's first-run allocations (their batches also give admission its first token rate); then
-        run each length once on the event loop's own thread at every width, as the fast lane does. A lone
+        run each length once on the event loop's own thread on every core, as the fast lane does. A lone
         request asks for every core, but a worker that warms up while another worker holds a core gets one:
         its wide session would first run on a served request (OpenVINO: 30-40 ms more than the next)."""
         params = self.task.parse_params({}, self.model)
