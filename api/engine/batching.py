@@ -172,8 +172,8 @@ class Batcher(Generic[T]):
         """Run `items` on the event loop's own thread on every core, as the fast lane runs a lone request
         (warm-up only: ModelThreads.warm_here); False if the cores never came free together. The loop's
         one-core calls are left to serving: warmed here as well, 8-token requests at two users answered 7%
-        fewer (542 against 503 req/s over 15 pairs of runs, 12 of them lower; AMD EPYC; cause not found), with
-        the wide call alone 480 against 487 (5 pairs)."""
+        fewer (503 req/s against 542 without any, 15 pairs of runs, 12 of them lower; AMD EPYC; cause not
+        found); with the wide call alone, 487 against 480 (5 pairs)."""
         if self._wide == self._narrow:
             return True
         return await self._model.warm_here(list(items), self._wide, pooling)
