@@ -20,6 +20,7 @@ met or not; `hare bench report --kind overload` judges the stored runs again (st
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -65,7 +66,7 @@ class _Scenario:
         self.points: dict[str, Point] = {}
         self.k = 0
         self.run_id = 0
-        self.watch: Callable[[str], None] | None = None  # told each phase's name as it is stored
+        self.watch: Callable[[str], None] = lambda name: None  # told each phase's name as it is stored
 
     def point(
         self,
@@ -109,8 +110,7 @@ class _Scenario:
             extra={"scenario": name, "retry_after": samples.retry_after, **extra},
         )
         self.store.add_point(point)
-        if self.watch is not None:
-            self.watch(name)
+        self.watch(name)
         self.points[name] = point
         return point
 
@@ -142,10 +142,10 @@ class _Scenario:
 
 
 def run_overload(
-    options: OverloadOptions, store: Store, stop: threading.Event, watch: Callable[[str, int], None] | None = None
+    options: OverloadOptions, store: Store, stop: threading.Event, watch: Callable[[int, str], None] | None = None
 ) -> int:
-    """Run every phase against one fresh `hare serve`; returns the run id. `watch`: called with "warm" and then
-    each phase's name as it ends, and the server's process group (scripts/overload-memory.py reads its memory)."""
+    """Run every phase against one fresh `hare serve`; returns the run id. `watch`: called with the server's
+    process group and "warm", then each phase's name as it ends (scripts/overload-memory.py reads its memory)."""
     sc = _Scenario(options, store, stop)
     console = wide_console()
     sc.run_id = store.create_run(
@@ -168,9 +168,8 @@ def run_overload(
         rss["warm"] = max(group_rss_mb(pgid).values())
         pss["warm"] = sum(group_pss_mb(pgid).values())
         if watch is not None:
-            told = watch  # narrowed for the closure
-            sc.watch = lambda name: told(name, pgid)
-            told("warm", pgid)
+            sc.watch = functools.partial(watch, pgid)
+        sc.watch("warm")
         users = 2 * sc.cores
         one = sc.point("one-user", sc.load(server, "closed", 1), "closed", 1, 0.0)
         # The reference right after the phase it divides, the server idle meanwhile: this VM's speed drifts

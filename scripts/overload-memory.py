@@ -39,7 +39,7 @@ def mappings_mb(pid: int) -> collections.defaultdict[str, float]:
     return found
 
 
-def report(label: str, pgid: int, model_file: str) -> None:
+def report(pgid: int, label: str, *, model_file: str) -> None:
     rss = group_rss_mb(pgid)
     cells = []
     for pid in sorted(rss):

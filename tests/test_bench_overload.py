@@ -26,7 +26,7 @@ def test_every_phase_is_stored_and_every_goal_printed(
     store = Store(tmp_path / "bench.db")
     options = OverloadOptions(tiny_bundle("feature-extraction"), seq_len=16, flood=20, duration_s=1.0, tail_seqs=(8,))
     watched: list[tuple[str, bool]] = []  # each moment told to a watcher, and whether its server group was alive
-    watch = lambda name, pgid: watched.append((name, bool(group_rss_mb(pgid))))  # noqa: E731
+    watch = lambda pgid, name: watched.append((name, bool(group_rss_mb(pgid))))  # noqa: E731
     run_id = run_overload(options, store, threading.Event(), watch)
     scenarios = [p.extra["scenario"] for p in store.points(run_id)]
     cores = physical_cores()
