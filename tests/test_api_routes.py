@@ -113,7 +113,8 @@ async def test_the_start_log_says_when_the_budget_was_measured_on_another_machin
                 assert (await client.get("/info")).json()["batching"]["max_batch_tokens"] == 512
         warnings = [r.getMessage() for r in caplog.records if "measured on another machine" in r.getMessage()]
         assert bool(warnings) == warned, caplog.text
-        assert not warnings or f"Another CPU, {describe()['physical_cores']} cores" in warnings[0]
+        here = describe()
+        assert not warnings or f"Another CPU, {here['physical_cores']} cores; this one: {here['cpu']}" in warnings[0]
         assert not warnings or f"`hare tune {bundle}`" in warnings[0]
 
 

@@ -34,7 +34,7 @@ from api.web.public import RateLimiter
 from api.web.schemas import COMMON, Limits
 from api.web.state import Resources
 from container.bundle import MODEL_FILE, Manifest, resolve_max_batch_tokens
-from container.machine import int8_check, same_cpu, versions
+from container.machine import cpu_record, int8_check, same_cpu, versions
 from container.runtime import trim_malloc
 
 log = logging.getLogger("hare")
@@ -199,13 +199,16 @@ def _check_machine(settings: Settings, manifest: Manifest) -> None:
                 settings.bundle,
             )
         elif resolved.source == "bundle" and not same_cpu(measured_on := manifest.budget_machine or manifest.machine):
+            here = cpu_record()
             log.warning(
-                "%s's max_batch_tokens (%d padded tokens) was measured on another machine (%s, %s cores): "
-                "`hare tune %s` measures this one's, or set HARE_MAX_BATCH_TOKENS",
+                "%s's max_batch_tokens (%d padded tokens) was measured on another machine (%s, %s cores; this "
+                "one: %s, %s cores): `hare tune %s` measures this one's, or set HARE_MAX_BATCH_TOKENS",
                 settings.bundle,
                 manifest.max_batch_tokens,
                 measured_on.get("cpu"),
                 measured_on.get("physical_cores"),
+                here["cpu"],
+                here["physical_cores"],
                 settings.bundle,
             )
     int8 = int8_check(manifest.machine, manifest.int8_levels)
