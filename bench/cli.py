@@ -123,6 +123,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--no-model-only", action="store_true", help="skip the in-process model-only figure")
     run.add_argument("--serve-arg", action="append", default=[], help="extra argument for `hare serve` (repeat)")
     run.add_argument("--quick", action="store_true", help="two short points (seq 8 and 16, 1 user): a smoke test")
+    run.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="passes over every target's points, interleaved; each point keeps its median pass and each ratio is "
+        "the median of the passes' ratios (default 1)",
+    )
     run.add_argument("--name", default="", help="a label for the run")
     _progress(run)
     _common(run)

@@ -77,6 +77,7 @@ def _run_checked(args: argparse.Namespace) -> int:
         kind="quick" if args.quick else "run",
         name=args.name,
         serve_args=args.serve_arg,
+        rounds=args.rounds,
     )
     store = open_store(args)
     rep = reporter(args.progress)

@@ -4,6 +4,8 @@ store: the console reads them too."""
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -11,6 +13,9 @@ from typing import Any
 # Points are matched across runs and targets on these settings. A mix of lengths is stored at its mean length,
 # so its name ("inputs") keeps it apart from an exact length of that many tokens.
 MATCH_KEYS = ("load", "workers", "threads", "seq_len", "inputs", "batch", "concurrency", "rate")
+# A point measured in several rounds (`hare bench run --rounds`) keeps each round's value of these in
+# extra["rounds"] beside its own figures, which are its median round's.
+ROUND_FIGURES = ("req_s", "lat_p50", "lat_p99")
 BASELINES = ("vanilla", "comet")
 
 
@@ -111,11 +116,15 @@ class Ratio:
     baseline_req_s: float
     req_s_ratio: float
     p50_ratio: float  # baseline p50 / hare p50: above 1 means hare answers faster
+    rounds: int = 1
+    low: float | None = None  # with several rounds: the lowest and highest of the rounds' throughput ratios
+    high: float | None = None
 
 
 def ratios(points: Sequence[Point]) -> list[Ratio]:
     """hare against each baseline at the same settings; baselines may run other worker counts, so the
-    worker and thread settings are not part of the match."""
+    worker and thread settings are not part of the match. Points measured in the same rounds are compared
+    round by round: each ratio is then the median of the rounds' ratios (not the ratio of the medians)."""
 
     def loose(p: Point) -> tuple[Any, ...]:
         return (p.load, p.seq_len, p.inputs, p.batch, p.concurrency, p.rate)
@@ -129,14 +138,32 @@ def ratios(points: Sequence[Point]) -> list[Ratio]:
             b = baselines.get((name, loose(h)))
             if b is None or b.req_s <= 0 or h.lat_p50 <= 0:
                 continue
-            out.append(
-                Ratio(
-                    baseline=name,
-                    key=dict(zip(MATCH_KEYS, h.key(), strict=True)),
-                    hare_req_s=h.req_s,
-                    baseline_req_s=b.req_s,
-                    req_s_ratio=h.req_s / b.req_s,
-                    p50_ratio=b.lat_p50 / h.lat_p50,
-                )
+            ratio = Ratio(
+                baseline=name,
+                key=dict(zip(MATCH_KEYS, h.key(), strict=True)),
+                hare_req_s=h.req_s,
+                baseline_req_s=b.req_s,
+                req_s_ratio=h.req_s / b.req_s,
+                p50_ratio=b.lat_p50 / h.lat_p50,
             )
+            out.append(_by_round(ratio, h, b))
     return out
+
+
+def _by_round(ratio: Ratio, h: Point, b: Point) -> Ratio:
+    """`ratio` from the rounds both points ran (the same count, each with answers), where they ran several."""
+    hr, br = h.extra.get("rounds"), b.extra.get("rounds")
+    if not hr or not br or len(hr["req_s"]) != len(br["req_s"]) or len(hr["req_s"]) < 2:
+        return ratio
+    pairs = list(zip(hr["req_s"], br["req_s"], hr["lat_p50"], br["lat_p50"], strict=True))
+    if not all(hq > 0 and bq > 0 and hp > 0 and bp > 0 for hq, bq, hp, bp in pairs):
+        return ratio
+    speed = [hq / bq for hq, bq, _, _ in pairs]
+    return dataclasses.replace(
+        ratio,
+        req_s_ratio=statistics.median(speed),
+        p50_ratio=statistics.median(bp / hp for _, _, hp, bp in pairs),
+        rounds=len(pairs),
+        low=min(speed),
+        high=max(speed),
+    )

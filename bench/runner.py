@@ -3,6 +3,10 @@ the servers, measure each point, and store it as it finishes.
 
 Order: for each hare worker count, start `hare serve` (unless a URL was given) and measure every point;
 then each baseline the same way on the same inputs; then the model-only figures, with no server running.
+With `rounds` above one, that order is run that many times, every other round backwards (a slow spell of a
+shared machine then falls on every target rather than on one), and each point is stored once: its median
+round by req/s, with every round's figures beside it (`extra["rounds"]`), from which `ratios` takes the median
+of the rounds' ratios.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from bench.inputs import Bodies, TextMaker, load_tokenizer, make_bodies
 from bench.loadgen import LoadSpec, latency_summary, run_load
 from bench.points import Planned, make_point
 from bench.progress import Reporter, model_only_streams_cap
+from bench.records import ROUND_FIGURES, Point
 from bench.servers import ServerProcess, baseline_server, get_json, hare_server, loop_cpu_seconds, split_url
 from bench.store import BASELINES, Store
 from bench.subjects import VERSIONED, Subject, info_json, manifest_hash
@@ -68,6 +73,7 @@ class RunOptions:
     kind: str = "run"
     name: str = ""
     serve_args: list[str] = field(default_factory=list)
+    rounds: int = 1  # passes over every target's points (see the module's docstring)
 
 
 def plan(options: RunOptions) -> list[Planned]:
@@ -102,6 +108,7 @@ class Runner:
         self.failures: list[str] = []
         self.hare_threads = 1
         self.max_length: int | None = None  # the bundle's; longer inputs are truncated to it
+        self._rounds: dict[Planned, list[Point]] = {}  # with several rounds: each point's passes, held
 
     def run(self) -> int:
         """Measure every planned point; returns the run id (its status says how it ended)."""
@@ -110,6 +117,8 @@ class Runner:
             raise InputError(f"unknown baseline in {options.baselines}; choose from {', '.join(BASELINES)}")
         if options.baselines and subject.model_dir is None:
             raise InputError("the baselines need the model folder the bundle was built from; pass --model MODEL_DIR")
+        if options.rounds < 1:
+            raise InputError(f"--rounds must be 1 or more, got {options.rounds}")
         if subject.bundle is not None:
             limit = self.max_length = read_manifest(subject.bundle).max_length
             too_long = [n for n in options.grid.seq_lens if isinstance(n, int) and n > limit]
@@ -133,22 +142,28 @@ class Runner:
                 "model_dir": str(subject.model_dir) if subject.model_dir else None,
                 "url": subject.url,
                 "serve_args": options.serve_args,
+                "rounds": options.rounds,
             },
         )
-        self.reporter.start(run_id, len(planned), str(self.store.path))
+        n = len(planned) * options.rounds
+        self.reporter.start(run_id, n, str(self.store.path))
         status, message = "done", ""
+        groups = _groups(planned)
+        order = [group for r in range(options.rounds) for group in (groups if r % 2 == 0 else groups[::-1])]
         try:
-            for group in _groups(planned):
+            for group in order:
                 if self.stop.is_set():
                     break
-                self._measure_group(run_id, group, len(planned))
+                self._measure_group(run_id, group, n)
         except HareError as exc:
             status, message = "failed", exc.message
         except Exception as exc:
             status, message = "failed", f"{type(exc).__name__}: {exc}"
+            self._store_rounds(planned)
             self.store.finish_run(run_id, status, message)
             self.reporter.done(run_id, status, message)
             raise
+        self._store_rounds(planned)
         if self.stop.is_set():
             status, message = "cancelled", "stopped by a signal"
         elif status == "done" and self.failures:
@@ -296,8 +311,7 @@ class Runner:
                 "own_cores": samples.own_s / (samples.probe_s or window) if samples.own_s is not None else None,
             },
         )
-        self.store.add_point(point)
-        self.reporter.point(k, n, point)
+        self._keep(p, point, k, n)
         if by_process and workers > 1 and sum(by_process) > 0.2 and by_process[0] > 0.85 * sum(by_process):
             self.reporter.log(
                 f"{p.target}: one server process used {by_process[0] / sum(by_process):.0%} of the server's CPU "
@@ -343,8 +357,26 @@ class Runner:
             client_cpu=result.cpu_s / window,
             extra={"inputs": inputs(p.seq_len)},
         )
-        self.store.add_point(point)
+        self._keep(p, point, k, n)
+
+    def _keep(self, p: Planned, point: Point, k: int, n: int) -> None:
+        """Store a measured point as it finishes; with several rounds, hold it until the rounds end."""
+        if self.options.rounds == 1:
+            self.store.add_point(point)
+        else:
+            self._rounds.setdefault(p, []).append(point)
         self.reporter.point(k, n, point)
+
+    def _store_rounds(self, planned: list[Planned]) -> None:
+        """Each held point's median round by req/s (the lower of two middle ones), numbered in plan order, with
+        every round's req/s and latencies beside it; a cancelled run keeps the rounds it finished."""
+        for idx, p in enumerate(dict.fromkeys(planned), 1):
+            passes = self._rounds.pop(p, [])
+            if not passes:
+                continue
+            median = sorted(passes, key=lambda q: q.req_s)[(len(passes) - 1) // 2]
+            rounds = {k: [getattr(q, k) for q in passes] for k in ROUND_FIGURES}
+            self.store.add_point(dataclasses.replace(median, idx=idx, extra={**median.extra, "rounds": rounds}))
 
 
 def _groups(planned: list[Planned]) -> list[list[Planned]]:

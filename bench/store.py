@@ -12,7 +12,7 @@ Python API
     for run in store.runs():             # newest first: list[Run]
         print(run.id, run.status, run.kind, run.task, run.created_at)
     run = store.run(run_id)              # Run; KeyError if there is no such run
-    points = store.points(run_id)        # list[Point], in measurement order
+    points = store.points(run_id)        # list[Point], in measurement order (run in rounds: plan order)
     rows = store.compare(a, b)           # list[Comparison]: points of run a and b matched on their settings
     store.ratios(run_id)                 # list[Ratio]: hare vs each baseline within one run
 
@@ -26,7 +26,9 @@ or bundle, the bundle's manifest hash), where (machine: CPU model, cores, instru
 "model-only"): load model, concurrency or arrival rate, sequence length, batch size, workers and threads,
 with its throughput, client latency percentiles (milliseconds), errors by status, the server's own timing
 (from `x-compute-time` and `server-timing`) and the CPU the load generator used. Latencies are in
-milliseconds, CPU in cores (1.0 = one core busy for the whole point).
+milliseconds, CPU in cores (1.0 = one core busy for the whole point). A run in rounds (`--rounds N`) stores
+each point once, its median round, with every round's figures in `extra["rounds"]`; its progress events count
+every round's points (`n` is the plan's points times N).
 
 Progress on stdout: `hare bench run|headline --progress jsonl`
 --------------------------------------------------------------

@@ -43,7 +43,10 @@ POINTS_CAPTION = (
     "time per answer, in brackets its own (its event loops' work, the model calls left out): 1000 / that is the "
     "ceiling per core"
 )
-RATIOS_CAPTION = "p50 x: baseline p50 / hare p50 (above 1: hare answers faster)"
+RATIOS_CAPTION = (
+    "p50 x: baseline p50 / hare p50 (above 1: hare answers faster); run in rounds (--rounds): the median of the "
+    "rounds' ratios, their range in brackets, beside the median rounds' req/s"
+)
 
 
 def _load(load: str, rate: float, concurrency: int) -> str:
@@ -91,8 +94,14 @@ def ratio_row(r: Ratio) -> list[str]:
     return [
         *(r.baseline, str(seq_label(r.key["seq_len"], r.key["inputs"])), str(r.key["batch"])),
         _load(r.key["load"], r.key["rate"], r.key["concurrency"]),
-        *(fmt(r.hare_req_s), fmt(r.baseline_req_s), fmt(r.req_s_ratio, 2), fmt(r.p50_ratio, 2)),
+        *(fmt(r.hare_req_s), fmt(r.baseline_req_s), _throughput_x(r), fmt(r.p50_ratio, 2)),
     ]
+
+
+def _throughput_x(r: Ratio) -> str:
+    """The throughput ratio, and over several rounds the range of the rounds' ratios."""
+    spread = f" ({r.low:.2f}-{r.high:.2f})" if r.low is not None and r.high is not None else ""
+    return fmt(r.req_s_ratio, 2) + spread
 
 
 def runs_table(runs: Sequence[Run]) -> Table:

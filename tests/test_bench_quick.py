@@ -93,6 +93,35 @@ def test_quick_against_a_url_with_the_vanilla_baseline(
     assert hare(["bench", "show", "999", "--db", str(db)]) == 2
 
 
+def test_rounds_interleave_the_targets_and_store_each_point_once_at_its_median_round(
+    tiny_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--rounds 3`: every target's points run three times, every other round backwards (a slow spell falls on
+    both), and each point is stored once, as its median round, with every round's figures beside it."""
+    db, bundle = tmp_path / "bench.db", str(tiny_bundle("text-classification"))
+    short = ("--seq", "8,16", "--concurrency", "1", "--warmup", "0.1", "--duration", "0.3", "--db", str(db))
+    with trivial_server().start() as server:
+        server.wait_ready(timeout=20)
+        code, events = bench("run", server.url, "--bundle", bundle, *short, "--rounds", "3")
+    assert code == 0
+    run_id = check_events(events, 12)  # 2 lengths x (hare, model-only) x 3 rounds
+    measured = [(e["point"]["target"], e["point"]["seq_len"]) for e in events if e["event"] == "point"]
+    forward = [("hare", 8), ("hare", 16), ("model-only", 8), ("model-only", 16)]
+    backward = forward[2:] + forward[:2]
+    assert measured == forward + backward + forward
+    store = Store(db)
+    points = store.points(run_id)
+    assert [(p.idx, p.target, p.seq_len) for p in points] == [(i, *f) for i, f in enumerate(forward, 1)]
+    for p in points:
+        assert p.ok > 0 and p.req_s == pytest.approx(p.ok / p.duration_s, rel=0.02)
+        rounds = p.extra["rounds"]
+        assert len(rounds["req_s"]) == len(rounds["lat_p50"]) == len(rounds["lat_p99"]) == 3
+        assert p.req_s == sorted(rounds["req_s"])[1] and p.lat_p50 in rounds["lat_p50"]
+    assert store.run(run_id).settings["rounds"] == 3
+    assert hare(["bench", "run", server.url, "--bundle", bundle, *short, "--rounds", "0"]) == 2
+    assert "--rounds must be 1 or more" in capsys.readouterr().err
+
+
 def test_quick_starts_hare_serve_itself(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
     db = tmp_path / "bench.db"
     code, events = bench("run", str(tiny_bundle("text-classification")), "--quick", "--db", str(db))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -78,6 +79,35 @@ def test_a_mix_of_lengths_is_not_matched_with_an_exact_length_of_its_mean(tmp_pa
     assert rows["hare", "mix"].b is None and rows["hare", "exact"].a is None  # not paired with each other
     assert "mix ~33" in _text(ratios_table(store.ratios(a)))
     assert "mix ~33" in _text(compare_table(store.compare(a, b), a, b))
+
+
+def test_points_run_in_rounds_are_compared_round_by_round(tmp_path: Path) -> None:
+    """A slow spell in one round slows hare and the baseline of that round alike: the ratio is the median of
+    the rounds' ratios, not the ratio of each side's median round, and the table shows the rounds' range."""
+    from bench.tables import ratios_table
+
+    store = Store(tmp_path / "bench.db")
+    a = store.create_run("run", task="text-classification")
+    hare, base = point(a, 1, "hare", 8, 300.0, 4.0), point(a, 2, "vanilla", 8, 40.0, 25.0, workers=1)
+    # Round 2 was a slow spell for both; each stored point is its median round (300 and 40 req/s).
+    hare.extra["rounds"] = {"req_s": [400.0, 200.0, 300.0], "lat_p50": [3.0, 6.0, 4.0], "lat_p99": [5.0, 9.0, 6.0]}
+    base.extra["rounds"] = {"req_s": [50.0, 25.0, 40.0], "lat_p50": [20.0, 40.0, 25.0], "lat_p99": [30.0] * 3}
+    store.add_point(hare)
+    store.add_point(base)
+
+    (ratio,) = store.ratios(a)
+    assert ratio.rounds == 3 and ratio.req_s_ratio == pytest.approx(8.0)  # 8.0, 8.0, 7.5: the median
+    assert ratio.low == pytest.approx(7.5) and ratio.high == pytest.approx(8.0)
+    assert ratio.p50_ratio == pytest.approx(20 / 3)  # 6.67, 6.67, 6.25: the median (the median rounds': 6.25)
+    assert ratio.hare_req_s == 300.0 and ratio.baseline_req_s == 40.0  # the median rounds, as the points table
+    assert "8.00 (7.50-8.00)" in _text(ratios_table([ratio]))
+    # Rounds that do not pair up (another count, or a round without answers) fall back to the stored points.
+    base.extra["rounds"] = {"req_s": [50.0, 40.0], "lat_p50": [20.0, 25.0], "lat_p99": [30.0, 30.0]}
+    b = store.create_run("run", task="text-classification")
+    store.add_point(dataclasses.replace(hare, run_id=b))
+    store.add_point(dataclasses.replace(base, run_id=b))
+    (ratio,) = store.ratios(b)
+    assert ratio.rounds == 1 and ratio.req_s_ratio == pytest.approx(7.5) and ratio.low is None
 
 
 def _text(table: object) -> str:
