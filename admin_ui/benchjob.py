@@ -39,6 +39,7 @@ class BenchConfig:
     recorded per point and of unrecorded load before it. baselines: vanilla/comet in the same run.
     model_only: also measure the bundle's model alone, in process (the bench adds those points after the
     HTTP ones: 1 stream and as many side by side as the concurrency asks, at most one per core).
+    rounds: passes over every target's points, every other one backwards; each point keeps its median pass.
     """
 
     target: str
@@ -53,6 +54,7 @@ class BenchConfig:
     baselines: tuple[str, ...] = ()
     name: str = ""
     model_only: bool = True
+    rounds: int = 1
 
     def plan(self) -> Plan:
         """How many points go over HTTP (hare and each baseline, every setting), the most clients, and the cores
@@ -62,6 +64,7 @@ class BenchConfig:
             http_points=grid * (1 + len(self.baselines)),
             max_concurrency=max(self.concurrency, default=0),
             cores=model_only_streams_cap(),
+            rounds=self.rounds,
         )
 
     def command(self, db: Path, python: str = sys.executable) -> list[str]:
@@ -85,6 +88,8 @@ class BenchConfig:
             argv += ["--baseline", ",".join(self.baselines)]
         if self.name:
             argv += ["--name", self.name]
+        if self.rounds > 1:
+            argv += ["--rounds", str(self.rounds)]
         if not self.model_only:
             argv.append("--no-model-only")
         return argv

@@ -96,14 +96,25 @@ class Progress:
         return f"{head} {self.status}" + (": " + "; ".join(parts) if parts else "")
 
     def plan_note(self, plan: Plan | None) -> str:
-        """What the planned points are, when the bench adds points of its own (the model alone, in process)."""
-        if plan is None or self.planned <= plan.http_points or plan.http_points <= 0:
+        """What the planned points are, when the bench adds points of its own (the model alone, in process) or
+        runs them in rounds."""
+        if plan is None or plan.http_points <= 0:
             return ""
-        extra = self.planned - plan.http_points
+        rounds = max(plan.rounds, 1)
+        extra = self.planned // rounds - plan.http_points
+        if extra <= 0 and rounds == 1:
+            return ""
+        alone = (
+            f", then {extra} of the model alone (in process, no HTTP): 1 stream, and as many side by side as the "
+            "concurrency asks, at most one per core of this machine"
+            if extra > 0
+            else ""
+        )
+        if rounds == 1:
+            return f"{self.planned} points: the {plan.http_points} asked for, over HTTP{alone}."
         return (
-            f"{self.planned} points: the {plan.http_points} asked for, over HTTP, then {extra} of the model alone "
-            "(in process, no HTTP): 1 stream, and as many side by side as the concurrency asks, at most one "
-            "per core of this machine."
+            f"{self.planned} points: {rounds} rounds of the {plan.http_points} asked for, over HTTP{alone}; every "
+            "other round runs backwards, and each point is kept as its median round."
         )
 
 
@@ -112,9 +123,10 @@ class Plan:
     """What the page asked the bench for: how many points go over HTTP, the most concurrent clients, and the
     physical cores the bench's machine has (the model-only points run at most one stream per core)."""
 
-    http_points: int
+    http_points: int  # in one round
     max_concurrency: int
     cores: int
+    rounds: int = 1
 
 
 def point_setting(target: str, settings: Mapping[str, Any], plan: Plan | None = None) -> str:

@@ -170,6 +170,11 @@ def test_progress_folds_the_jsonl_stream() -> None:
     plan = benchprogress.Plan(http_points=2, max_concurrency=4, cores=2)
     assert p.plan_note(plan).startswith("4 points: the 2 asked for, over HTTP, then 2 of the model alone")
     assert p.plan_note(benchprogress.Plan(http_points=4, max_concurrency=4, cores=2)) == ""
+    # In two rounds the same 4 points are one HTTP point and one of the model alone, twice over.
+    assert p.plan_note(benchprogress.Plan(http_points=1, max_concurrency=4, cores=2, rounds=2)).startswith(
+        "4 points: 2 rounds of the 1 asked for, over HTTP, then 1 of the model alone"
+    )
+    assert p.plan_note(benchprogress.Plan(2, 4, 2, rounds=2)).endswith("each point is kept as its median round.")
     model = {"seq_len": 16, "batch": 1, "concurrency": 2, "load": "in-process"}
     later = [*lines, json.dumps({"event": "point_start", "k": 3, "n": 4, "target": "model-only", "settings": model})]
     assert benchprogress.progress_from_lines(later).describe(plan) == (
@@ -212,6 +217,8 @@ def test_bench_config_command_and_parsing(tmp_path: Path) -> None:
         "--name": "n",
     }
     assert argv[-1] == "--no-model-only" and "--no-model-only" not in BenchConfig("u").command(tmp_path / "b.db")
+    assert "--rounds" not in argv and BenchConfig("u", rounds=3).command(tmp_path / "b.db")[-2:] == ["--rounds", "3"]
+    assert BenchConfig("u", rounds=3).plan().rounds == 3
     assert config.plan() == benchprogress.Plan(http_points=2 * 1 * 2 * 3, max_concurrency=4, cores=physical_cores())
     assert parse_ints("16, 64 64", "x") == (16, 64)
     assert parse_seq_lens("8, Comet,8") == (8, "comet")
@@ -298,10 +305,12 @@ def test_page_runs_a_benchmark_and_shows_percentiles(tmp_path: Path, monkeypatch
         at.text_input(key="hare-bench-seq").input("16, 32")
         at.text_input(key="hare-bench-name").input("mine")
         at.number_input(key="hare-bench-duration").set_value(2.0)
+        at.number_input(key="hare-bench-rounds").set_value(2)
         at.button[0].click().run()  # Start benchmark
         assert asked[0].target == fake.url and asked[0].task == "token-classification"
         assert asked[0].bundle == str(served) and asked[0].model_only
         assert asked[0].seq_lens == (16, 32) and asked[0].concurrency == (1, 4) and asked[0].name == "mine"
+        assert asked[0].rounds == 2
         at = _until_done(at)
     assert not at.exception and not at.error
     assert at.success[0].value == "Run #1 done: 2 of 2 points measured"
@@ -309,6 +318,7 @@ def test_page_runs_a_benchmark_and_shows_percentiles(tmp_path: Path, monkeypatch
     assert at.text_input(key="hare-bench-seq").value == "16, 32"
     assert at.text_input(key="hare-bench-name").value == "mine"
     assert at.number_input(key="hare-bench-duration").value == 2.0
+    assert at.number_input(key="hare-bench-rounds").value == 2
     metrics = {m.label: m.value for m in at.metric}
     assert (metrics["p50"], metrics["p95"], metrics["p99"]) == ("3.00 ms", "4.50 ms", "6.00 ms")
     results = at.dataframe[1].value  # [0] is the run's live table, [1] the Results tab's

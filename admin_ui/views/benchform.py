@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "baselines": [],
     "model": "",
     "model_only": True,
+    "rounds": 1,
 }
 
 
@@ -114,6 +115,18 @@ def form(db: Path, slot: dict[str, Any], start: Callable[[BenchConfig, Path], No
         conc = _field(draft, "conc", st.text_input, "Concurrency", width=130)
         duration = _field(draft, "duration", st.number_input, "Seconds per point", 0.5, 600.0, step=1.0, width=170)
         warmup = _field(draft, "warmup", st.number_input, "Warm-up seconds", 0.0, 60.0, step=0.5, width=170)
+        rounds = _field(
+            draft,
+            "rounds",
+            st.number_input,
+            "Rounds",
+            1,
+            20,
+            step=1,
+            width=110,
+            help="every target's points run this many times, every other round backwards, so that a slow spell of "
+            "a shared machine falls on hare and the baselines alike; each point keeps its median round",
+        )
     with st.container(horizontal=True, vertical_alignment="bottom"):
         draft["baselines"] = [b for b in draft["baselines"] if b in BASELINES]
         baselines = _field(draft, "baselines", st.multiselect, "Baselines in the same run", BASELINES, width=260)
@@ -145,7 +158,7 @@ def form(db: Path, slot: dict[str, Any], start: Callable[[BenchConfig, Path], No
     values = {
         "url": url, "target": target, "name": name, "seq": seq, "batches": batches, "conc": conc,
         "duration": float(duration), "warmup": float(warmup), "baselines": list(baselines), "bundle": bundle,
-        "model": model, "model_only": bool(model_only),
+        "model": model, "model_only": bool(model_only), "rounds": int(rounds),
     }  # fmt: skip
     st.session_state[FORM] = values
     slot["form"] = values
@@ -162,6 +175,7 @@ def form(db: Path, slot: dict[str, Any], start: Callable[[BenchConfig, Path], No
             baselines=tuple(baselines),
             name=name.strip(),
             model_only=bool(model_only),
+            rounds=int(rounds),
         )
         if not config.target:
             raise ValueError("give the appliance URL or bundle folder to measure")
