@@ -120,8 +120,9 @@ class Progress:
 
 @dataclass(frozen=True)
 class Plan:
-    """What the page asked the bench for: how many points go over HTTP, the most concurrent clients, and the
-    physical cores the bench's machine has (the model-only points run at most one stream per core)."""
+    """What the page asked the bench for: how many points go over HTTP in one round, the most concurrent
+    clients, the physical cores the bench's machine has (the model-only points run at most one stream per core)
+    and the rounds (`hare bench run --rounds`)."""
 
     http_points: int  # in one round
     max_concurrency: int
