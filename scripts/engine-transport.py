@@ -86,19 +86,21 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs; {args.procs} workers x 2 threads, calls of {args.batch} x {args.length} tokens")
     for _ in range(args.rounds):
         for label, pool in (("token states", None), ("pooled (mean)", "mean")):
-            socket = os.path.join(tempfile.mkdtemp(prefix="hare-transport-"), "engine.sock")
-            server = mp.Process(target=engine, args=(socket, args.width, args.run_ms / 1000), daemon=True)
-            server.start()
-            while not os.path.exists(socket):
-                time.sleep(0.05)
-            out: mp.Queue = mp.Queue()  # type: ignore[type-arg]
-            workers = [mp.Process(target=worker, args=(socket, args, pool, out)) for _ in range(args.procs)]
-            for w in workers:
-                w.start()
-            calls = sum(out.get() for _ in workers)
-            for w in workers:
-                w.join()
-            server.terminate()
+            with tempfile.TemporaryDirectory(prefix="hare-transport-") as folder:
+                socket = os.path.join(folder, "engine.sock")
+                server = mp.Process(target=engine, args=(socket, args.width, args.run_ms / 1000), daemon=True)
+                server.start()
+                while not os.path.exists(socket):
+                    time.sleep(0.05)
+                out: mp.Queue = mp.Queue()  # type: ignore[type-arg]
+                workers = [mp.Process(target=worker, args=(socket, args, pool, out)) for _ in range(args.procs)]
+                for w in workers:
+                    w.start()
+                calls = sum(out.get() for _ in workers)
+                for w in workers:
+                    w.join()
+                server.terminate()
+                server.join()
             rate = calls / args.seconds
             print(f"  {label:14} {rate:8,.0f} calls/s  {rate * args.batch:9,.0f} sequences/s")
 

@@ -19,17 +19,19 @@ from tests.tiny_models import make_sentence_transformer
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
-def run(*args: str) -> str:
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
+def run(*args: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     return done.stdout
 
 
-def test_the_engine_transport_script_gets_calls_through_both_ways() -> None:
-    out = run(str(SCRIPTS / "engine-transport.py"), "--procs", "1", "--seconds", "0.5", "--rounds", "1")
+def test_the_engine_transport_script_gets_calls_through_both_ways(tmp_path: Path) -> None:
+    script = str(SCRIPTS / "engine-transport.py")
+    out = run(script, "--procs", "1", "--seconds", "0.5", "--rounds", "1", env={**os.environ, "TMPDIR": str(tmp_path)})
     rates = re.findall(r"^\s+(token states|pooled \(mean\))\s+([\d,]+) calls/s", out, re.MULTILINE)
     assert [name for name, _ in rates] == ["token states", "pooled (mean)"], out
     assert all(int(calls.replace(",", "")) > 0 for _, calls in rates), out
+    assert not list(tmp_path.iterdir()), "the engine's socket folders are left behind"
 
 
 def test_the_request_cpu_script_takes_a_request_apart(fp32_bundle: ModelFactory) -> None:
