@@ -9,11 +9,11 @@ import os
 import queue
 import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import Listener
 from pathlib import Path
 
 import httpx
@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry
 from tokenizers import Tokenizer
 
 from api.engine.backend import Backend
-from api.engine.remote import RemoteBackend
-from api.process.engine import Call, Engine, merge, take
+from api.engine.remote import FRAME, RemoteBackend, receive
+from api.process.engine import Call, Engine, listen, merge, take
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
 from container.runtime import InferenceFailed, OnnxModel
 from tasks.ops import POOLINGS, pool_tokens
@@ -98,20 +98,10 @@ def engine(fp32_bundle: ModelFactory, tmp_path: Path) -> Iterator[tuple[Path, En
     )
     engine = Engine(backend, manifest.pad_id, max_size=32, max_tokens=4096, registry=CollectorRegistry())
     socket = tmp_path / "engine.sock"
-    listener = Listener(str(socket), family="AF_UNIX")
+    listener = listen(socket)
     threading.Thread(target=engine.run_forever, daemon=True).start()
-
-    def accept() -> None:
-        while True:
-            try:
-                connection = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=engine.serve, args=(connection,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
+    threading.Thread(target=engine.serve_forever, args=(listener,), daemon=True).start()
     yield socket, engine, bundle
-    listener.close()
 
 
 def test_calls_from_many_threads_get_the_rows_their_own_session_gives(engine: tuple[Path, Engine, Path]) -> None:
@@ -188,9 +178,33 @@ def test_a_gone_engine_is_an_error_not_a_hang(engine: tuple[Path, Engine, Path],
     remote = RemoteBackend(socket)
     batch = tokenizer.encode_batch(TEXTS)
     remote.run(batch)
-    remote._local.held[0].close()  # the connection breaks (the engine died, say)
+    remote._local.line.sock.close()  # the connection breaks (the engine died, say)
     with pytest.raises(InferenceFailed, match="engine is gone"):
         remote.run(batch)
+
+
+def test_a_worker_that_breaks_off_costs_the_engine_only_its_connection(engine: tuple[Path, Engine, Path]) -> None:
+    """A worker that dies mid-call, or writes what is not a call, loses its own connection and nothing else: the
+    engine answers the others (a server stops when its engine dies)."""
+    socket_path, served, bundle = engine
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    batch = tokenizer.encode_batch(TEXTS)
+    want = served.backend.run(batch)
+    for broken in (
+        FRAME.pack(2, 0) + b"{}",  # a header without the call's inputs
+        FRAME.pack(5, 0) + b"{nope",  # not JSON
+        FRAME.pack(40, 10) + b'{"inputs": ["input_ids"], "ar',  # cut off mid-frame: the worker died
+    ):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(socket_path))
+            receive(sock)  # the greeting
+            sock.sendall(broken)
+            if b'"ar' not in broken:  # the engine drops the connection: nothing comes back
+                sock.settimeout(10)
+                assert sock.recv(1) == b""
+        got = RemoteBackend(socket_path).run(batch)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-5)
 
 
 def test_a_shared_engine_server_answers_as_one_without(fp32_bundle: ModelFactory, tmp_path: Path) -> None:

@@ -25,12 +25,12 @@ def run(*args: str, env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
-def test_the_engine_transport_script_gets_calls_through_both_ways(tmp_path: Path) -> None:
+def test_the_engine_transport_script_gets_calls_through_every_way(tmp_path: Path) -> None:
     script = str(SCRIPTS / "engine-transport.py")
     out = run(script, "--procs", "1", "--seconds", "0.5", "--rounds", "1", env={**os.environ, "TMPDIR": str(tmp_path)})
-    rates = re.findall(r"^\s+(token states|pooled \(mean\))\s+([\d,]+) calls/s", out, re.MULTILINE)
-    assert [name for name, _ in rates] == ["token states", "pooled (mean)"], out
-    assert all(int(calls.replace(",", "")) > 0 for _, calls in rates), out
+    rows = re.findall(r"^\s+(token states|pooled by engine|pooled on device)\s+([\d,]+) calls/s.*?(\d+) us", out, re.M)
+    assert [name for name, _, _ in rows] == ["token states", "pooled by engine", "pooled on device"], out
+    assert all(int(calls.replace(",", "")) > 0 and int(us) > 0 for _, calls, us in rows), out
     assert not list(tmp_path.iterdir()), "the engine's socket folders are left behind"
 
 

@@ -4,19 +4,22 @@ the same interface as Backend (api/engine/backend.py), so the batcher and warm-u
     worker model thread ── padded ids (int32) ──> engine ── every worker's pending calls, one GPU batch
                         <── its rows (float32) ──┘
 
-Each model thread keeps its own connection (a Unix socket, multiprocessing.connection's framing: no pickle,
-raw bytes), so a call is one send and one receive with no other thread in between. Several worker processes
-parse, tokenize and answer in parallel, while the GPU sees one context and batches as big as all of them
-together make: separate sessions per worker time-slice the device between contexts instead (measured on
-an H200: 4,394 req/s at best, the GPU 99% busy; docs/gpu.md).
+Each model thread keeps its own connection (a Unix socket), so a call is one send and one receive with no
+other thread in between. A message is one frame each way (`send`, `receive`): its lengths, a JSON header naming
+each array's dtype and shape, then the arrays' bytes, written with one system call and read with two, no
+pickle (multiprocessing's Connection took a message per array: a call was three sends and six reads). Several
+worker processes parse, tokenize and answer in parallel, while the GPU sees one context and batches as big as
+all of them together make: separate sessions per worker time-slice the device between contexts instead
+(measured on an H200: 4,394 req/s at best, the GPU 99% busy; docs/deployment.md).
 """
 
 from __future__ import annotations
 
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
@@ -33,23 +36,66 @@ from container.runtime import InferenceFailed
 CONNECT_SECONDS = 5.0
 
 
-def send(connection: Connection, header: dict[str, Any], arrays: Sequence[NDArray[Any]] = ()) -> None:
-    """One message: a JSON header naming each array's dtype and shape, then each array's bytes."""
-    specs = [[a.dtype.str, list(a.shape)] for a in arrays]
-    connection.send_bytes(orjson.dumps(header | {"arrays": specs}))
-    for a in arrays:
-        connection.send_bytes(np.ascontiguousarray(a).data.cast("B"))
+# A frame's lengths: its JSON header's bytes, then its arrays' bytes together.
+FRAME = struct.Struct("<IQ")
 
 
-def receive(connection: Connection) -> tuple[dict[str, Any], list[NDArray[Any]]]:
-    """A message `send` wrote: its header, and its arrays received straight into their own (writable) memory."""
-    header = orjson.loads(connection.recv_bytes())
-    arrays = []
+def send(sock: socket.socket, header: dict[str, Any], arrays: Sequence[NDArray[Any]] = ()) -> None:
+    """One frame: the lengths, a JSON header naming each array's dtype and shape, then each array's bytes, handed
+    to the kernel together (no copy of the arrays into one buffer)."""
+    head = orjson.dumps(header | {"arrays": [[a.dtype.str, list(a.shape)] for a in arrays]})
+    body = [np.ascontiguousarray(a).data.cast("B") for a in arrays]
+    parts = [memoryview(FRAME.pack(len(head), sum(map(len, body)))), memoryview(head), *body]
+    sent = sock.sendmsg(parts)
+    for part in parts:  # what a big frame's first write left over
+        if sent >= len(part):
+            sent -= len(part)
+            continue
+        sock.sendall(part[sent:])
+        sent = 0
+
+
+def receive(sock: socket.socket) -> tuple[dict[str, Any], list[NDArray[Any]]]:
+    """A frame `send` wrote: its header, and its arrays over the frame's own (writable) memory. EOFError when
+    the other end has closed."""
+    head_n, body_n = FRAME.unpack(_read(sock, bytearray(FRAME.size)))
+    frame = _read(sock, bytearray(head_n + body_n))
+    header = orjson.loads(memoryview(frame)[:head_n])
+    arrays, offset = [], head_n
     for dtype, shape in header.pop("arrays"):
-        array = np.empty(shape, dtype=np.dtype(dtype))
-        connection.recv_bytes_into(array.data.cast("B"))
-        arrays.append(array)
+        kind = np.dtype(dtype)
+        count = int(np.prod(shape))
+        arrays.append(np.frombuffer(frame, kind, count, offset).reshape(shape))
+        offset += count * kind.itemsize
     return header, arrays
+
+
+def _read(sock: socket.socket, buffer: bytearray) -> bytearray:
+    """`buffer` filled from the socket."""
+    view, got = memoryview(buffer), 0
+    while got < len(buffer):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise EOFError("the other end closed the connection")
+        got += n
+    return buffer
+
+
+class Line:
+    """One model thread's connection to the engine and the engine's greeting on it; closed when dropped (the
+    thread ended, or the connection broke), as the thread-local that holds it goes."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.connect(str(path))
+            self.greeting = receive(self.sock)[0]
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def __del__(self) -> None:
+        self.sock.close()
 
 
 class RemoteBackend:
@@ -68,30 +114,28 @@ class RemoteBackend:
         self._unk_id = unk_id
         self._on_unknown = on_unknown
         self._local = threading.local()
-        greeting = self._connection()[1]
+        greeting = self._line().greeting
         self.providers: list[str] = greeting["providers"]
         self.input_names: list[str] = greeting["input_names"]
         self.output_width: int | None = greeting["output_width"]
         self.widths = (1,)
 
-    def _connection(self) -> tuple[Connection, dict[str, Any]]:
-        """This thread's connection and the engine's greeting on it, connecting (with retries while the
-        engine starts) on first use."""
-        held = getattr(self._local, "held", None)
-        if held is not None:
-            return held  # type: ignore[no-any-return]
+    def _line(self) -> Line:
+        """This thread's connection, made (with retries while the engine starts) on first use."""
+        line: Line | None = getattr(self._local, "line", None)
+        if line is not None:
+            return line
         deadline = time.monotonic() + CONNECT_SECONDS
         while True:
             try:
-                connection = Client(str(self._socket), family="AF_UNIX")
+                line = Line(self._socket)
                 break
             except (FileNotFoundError, ConnectionRefusedError):
                 if time.monotonic() > deadline:
                     raise InferenceFailed(f"the model engine at {self._socket} does not answer") from None
                 time.sleep(0.1)
-        held = (connection, receive(connection)[0])
-        self._local.held = held
-        return held
+        self._local.line = line
+        return line
 
     def trim(self) -> None:
         """Nothing to give back here: the engine's process holds the model's memory."""
@@ -116,11 +160,11 @@ class RemoteBackend:
         if pooling is not None:
             header |= {"pooling": pooling, "lengths": [int(n) for n in lengths]}
         try:
-            connection = self._connection()[0]
-            send(connection, header, [feeds[n].astype(np.int32) for n in names])
-            header, arrays = receive(connection)
+            sock = self._line().sock
+            send(sock, header, [feeds[n].astype(np.int32) for n in names])
+            header, arrays = receive(sock)
         except (OSError, EOFError) as exc:
-            self._local.held = None  # the next call connects afresh
+            self._local.line = None  # the next call connects afresh
             raise InferenceFailed(f"the model engine is gone ({type(exc).__name__}: {exc})") from exc
         if "error" in header:
             raise InferenceFailed(header["error"])
