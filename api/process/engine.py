@@ -137,6 +137,8 @@ class Engine:
         self.max_size = max_size
         self.max_tokens = max_tokens
         self.pending: queue.Queue[Call] = queue.Queue()
+        # For the answer thread: each run batch's calls, and the connections to close once their calls are answered.
+        self.answered: queue.SimpleQueue[list[Call] | socket.socket] = queue.SimpleQueue()
         self.busy = threading.Lock()  # held by whichever thread runs the model
         self.sequences = Histogram(
             "hare_engine_batch_size", "sequences per model call of the shared engine", buckets=SIZES, registry=registry
@@ -156,15 +158,14 @@ class Engine:
     def run_forever(self) -> None:
         """The GPU thread: batch after batch of whatever is pending, each batch's calls answered by the answer
         thread (pooled where asked, then sent) while the next batch runs."""
-        answered: queue.SimpleQueue[list[Call]] = queue.SimpleQueue()
-        threading.Thread(target=_answer_forever, args=(answered,), name="answer", daemon=True).start()
+        threading.Thread(target=_answer_forever, args=(self.answered,), name="answer", daemon=True).start()
         lead: Call | None = None
         while True:
             first = lead or self.pending.get()
             with self.busy:
                 calls, lead = take(self.pending, first, self.max_size, self.max_tokens)
                 self.run(calls)
-            answered.put(calls)
+            self.answered.put(calls)
 
     def run(self, calls: list[Call]) -> None:
         self.merged.observe(len(calls))
@@ -197,23 +198,26 @@ class Engine:
         pending and the model free runs at once, here, and is answered from here; any other goes to the GPU
         thread, and this thread back to reading (the worker sends its next call once answered). A connection
         that sends what is not a call is dropped, and only it."""
-        with sock:
-            try:
-                send(sock, self.greeting)
-                while True:
-                    call = self._read(sock)
-                    if self.pending.empty() and self.busy.acquire(blocking=False):
-                        try:
-                            self.run([call])  # alone, at once: nothing to batch it with
-                        finally:
-                            self.busy.release()
-                        reply(call)
-                    else:
-                        self.pending.put(call)
-            except (EOFError, ConnectionError):
-                return  # the worker closed its end (it stopped, or its thread ended)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("dropped a worker's connection: %s", exc)
+        try:
+            send(sock, self.greeting)
+            while True:
+                call = self._read(sock)
+                if self.pending.empty() and self.busy.acquire(blocking=False):
+                    try:
+                        self.run([call])  # alone, at once: nothing to batch it with
+                    finally:
+                        self.busy.release()
+                    reply(call)
+                else:
+                    self.pending.put(call)
+        except (EOFError, ConnectionError):
+            pass  # the worker closed its end (it stopped, or its thread ended)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("dropped a worker's connection: %s", exc)
+        finally:
+            # Closed by the answer thread, after whatever it still had to send there: closed here, its number
+            # could go to the next connection while an answer to this one was on its way.
+            self.answered.put(sock)
 
     @staticmethod
     def _read(sock: socket.socket) -> Call:
@@ -222,10 +226,14 @@ class Engine:
         return Call(feeds, header.get("pooling"), tuple(header.get("lengths", ())), sock)
 
 
-def _answer_forever(answered: queue.SimpleQueue[list[Call]]) -> None:
-    """The answer thread: each run batch's calls answered in turn."""
+def _answer_forever(answered: queue.SimpleQueue[list[Call] | socket.socket]) -> None:
+    """The answer thread: each run batch's calls answered in turn, and each dropped connection closed."""
     while True:
-        for call in answered.get():
+        item = answered.get()
+        if isinstance(item, socket.socket):
+            item.close()
+            continue
+        for call in item:
             reply(call)
 
 
