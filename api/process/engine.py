@@ -254,10 +254,15 @@ def listen(path: Path) -> socket.socket:
     """A Unix socket listening at `path`, which appears only once it listens (bound under another name, then
     renamed): the gunicorn config starts the workers when the path exists."""
     bound = path.with_name(path.name + ".binding")
+    bound.unlink(missing_ok=True)  # left by an engine that died between the two
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(bound))
-    listener.listen(socket.SOMAXCONN)
-    bound.rename(path)
+    try:
+        listener.bind(str(bound))
+        listener.listen(socket.SOMAXCONN)
+        bound.rename(path)
+    except BaseException:
+        listener.close()
+        raise
     return listener
 
 
