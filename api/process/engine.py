@@ -251,15 +251,13 @@ def reply(call: Call) -> None:
 
 
 def listen(path: Path) -> socket.socket:
-    """A Unix socket listening at `path`, which appears only once it listens (bound under another name, then
-    renamed): the gunicorn config starts the workers when the path exists."""
-    bound = path.with_name(path.name + ".binding")
-    bound.unlink(missing_ok=True)  # left by an engine that died between the two
+    """A Unix socket listening at `path`, over a socket file a dead engine left there. (The gunicorn config starts
+    the workers once the path exists; a worker that connects before the listen() is refused and tries again.)"""
+    path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        listener.bind(str(bound))
+        listener.bind(str(path))
         listener.listen(socket.SOMAXCONN)
-        bound.rename(path)
     except BaseException:
         listener.close()
         raise
