@@ -208,13 +208,17 @@ def test_a_worker_that_breaks_off_costs_the_engine_only_its_connection(engine: t
 
 
 def test_an_engine_restarted_on_the_same_path_listens_over_what_the_last_one_left(tmp_path: Path) -> None:
-    """An engine that died leaves its socket file: the next one on that path listens there all the same."""
+    """An engine that died leaves its socket file: the next one on that path listens there all the same; while
+    one lives there, another is refused rather than taking its path."""
     path = tmp_path / "engine.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
         dead.bind(str(path))
     with listen(path) as listener, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         client.connect(str(path))
         listener.accept()[0].close()
+        with pytest.raises(RuntimeError, match="another engine already listens"):
+            listen(path)
+        assert path.is_socket()
 
 
 def test_a_shared_engine_server_answers_as_one_without(fp32_bundle: ModelFactory, tmp_path: Path) -> None:

@@ -251,9 +251,17 @@ def reply(call: Call) -> None:
 
 
 def listen(path: Path) -> socket.socket:
-    """A Unix socket listening at `path`, over a socket file a dead engine left there. (The gunicorn config starts
-    the workers once the path exists; a worker that connects before the listen() is refused and tries again.)"""
-    path.unlink(missing_ok=True)
+    """A Unix socket listening at `path`, over a socket file a dead engine left there; RuntimeError if a live one
+    listens there. (The gunicorn config starts the workers once the path exists; a worker that connects before
+    the listen() is refused and tries again.)"""
+    if path.is_socket():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(path))
+            except ConnectionRefusedError:
+                path.unlink()  # nobody listens: a dead engine's
+            else:
+                raise RuntimeError(f"another engine already listens at {path}")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(str(path))
