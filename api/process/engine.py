@@ -23,8 +23,8 @@ with no hand-off to the GPU thread and back (measured on 2 cores, a tiny model, 
 through the GPU thread, 2,500 without). A queued call wakes its connection's thread once (to read it):
 the answer thread, not the connection's, sends its rows, where the connection's thread waited for them
 before (three wake-ups a call, each taking the GIL; with the one-frame messages of remote.py, 8 callers on 2
-cores: 1.45-1.5x the calls at one 128-token sequence and a 0.2 ms run, the engine's CPU 150-155 us a call
-against 258-270, scripts/engine-transport.py). Every call gets its rows or an error message; a call that
+cores: 1.5-2.3x the calls at one 128-token sequence and a 0.2 ms run, the engine's CPU 83-102 us a call
+against 188-244, scripts/engine-transport.py). Every call gets its rows or an error message; a call that
 cannot be merged (bigger than the budget on its own) runs alone.
 
 `gunicorn_conf` starts it (python -m api.process.engine) before the workers, from the same HARE_*
