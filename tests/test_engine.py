@@ -102,6 +102,7 @@ def engine(fp32_bundle: ModelFactory, tmp_path: Path) -> Iterator[tuple[Path, En
     threading.Thread(target=engine.run_forever, daemon=True).start()
     threading.Thread(target=engine.serve_forever, args=(listener,), daemon=True).start()
     yield socket, engine, bundle
+    listener.close()
 
 
 def test_calls_from_many_threads_get_the_rows_their_own_session_gives(engine: tuple[Path, Engine, Path]) -> None:

@@ -188,9 +188,12 @@ class Engine:
             row += n
 
     def serve_forever(self, listener: socket.socket) -> None:
-        """Accept the workers' connections, each read by a thread of its own."""
+        """Accept the workers' connections, each read by a thread of its own, until the listener is closed."""
         while True:
-            sock = listener.accept()[0]
+            try:
+                sock = listener.accept()[0]
+            except OSError:
+                return
             threading.Thread(target=self.serve, args=(sock,), name="connection", daemon=True).start()
 
     def serve(self, sock: socket.socket) -> None:
