@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from api.engine.remote import RemoteBackend
 from api.process.engine import Engine, listen
+from bench.servers import group_cpu_seconds
 
 
 class StandIn:
@@ -81,9 +82,7 @@ CASES = [("token states", None, False), ("pooled by engine", "mean", False), ("p
 
 def engine_cpu(pid: int) -> float:
     """Seconds of CPU the process has run, its threads that ended included (Linux's /proc)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return (group_cpu_seconds(os.getpgid(pid)) or {}).get(pid, 0.0)
 
 
 def main() -> None:
