@@ -590,8 +590,8 @@ async def test_with_several_connections_a_short_call_runs_on_the_loop_with_the_r
     """A worker with many connections and a model of microseconds (a tiny classifier) runs each call on its event
     loop too, where the two thread hand-offs cost more than the call; the requests read in the same turn of the
     loop join it first. A call expected to take longer than BUSY_SECONDS (a real model's) goes to a model
-    thread, so the loop reads and tokenizes the next requests meanwhile; HARE_INLINE_MS=0, or a GPU (no core
-    pool), keeps every call off the loop."""
+    thread, so the loop reads and tokenizes the next requests meanwhile; HARE_INLINE_MS=0, a GPU (no core pool)
+    or the shared engine keeps every call off the loop."""
     threads: list[int] = []
     calls: Calls = []
     pause = 0.0
@@ -629,9 +629,10 @@ async def test_with_several_connections_a_short_call_runs_on_the_loop_with_the_r
 
     pause = 0.0
     threads.clear()
-    for pooled, inline in ((pool, 0.0), (None, 0.05)):  # HARE_INLINE_MS=0; no core pool (a GPU)
+    # HARE_INLINE_MS=0; no core pool (a GPU); the shared engine's calls (the loop would wait on its socket)
+    for pooled, inline, remote in ((pool, 0.0, False), (None, 0.05, False), (pool, 0.05, True)):
         threads.clear()
-        off: Batcher[str] = Batcher(run, policy(streams=2, inline_seconds=inline), pool=pooled)
+        off: Batcher[str] = Batcher(run, policy(streams=2, inline_seconds=inline), pool=pooled, remote=remote)
         off.start()
         off.solo = lambda: False
         for _ in range(3):

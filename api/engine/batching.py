@@ -24,12 +24,12 @@
   is free, the call goes to a model thread as usual: the loop never waits for another worker's call. A lone
   request that finds nothing queued or running takes the fast lane: its one call runs from `enqueue`, past
   the queue (`_alone`).
-- Many connections, a quick model on CPU: a call expected under BUSY_SECONDS (what is queued, at the measured
-  rate) runs on the event loop too, with every request read in the same turn of the loop (`enqueue` leaves
-  such a dispatch to the loop task, which runs after them). For a model of microseconds the hand-offs to a model
-  thread and back cost more than the call (tiny classifier, 64 connections, 2 cores of an AMX Xeon: 7,200-
-  7,400 req/s through the threads, 11,500 here); a real model's call is longer and keeps the threads, so the
-  loop reads and tokenizes the next requests while it runs.
+- Many connections, a quick model on this process's CPU cores: a call expected under BUSY_SECONDS (what is
+  queued, at the measured rate) runs on the event loop too, with every request read in the same turn of the
+  loop (`enqueue` leaves such a dispatch to the loop task, which runs after them). For a model of microseconds
+  the hand-offs to a model thread and back cost more than the call (tiny classifier, 64 connections, 2 cores
+  of an AMX Xeon: 7,200-7,400 req/s through the threads, 11,500 here); a real model's call is longer and keeps
+  the threads, so the loop reads and tokenizes the next requests while it runs.
 - Shedding by age: a request still waiting for its first batch after the admission bound (`max_queue`) is
   refused (429 with Retry-After) when its turn comes rather than run: admission's estimate was wrong (the
   machine slowed down), and its answer would come later than the bound promised. Waiting costs no core, so
@@ -96,7 +96,8 @@ class Batcher(Generic[T]):
     machine is quiet. pool: the machine's cores shared with other workers (None: no core accounting).
     on_batch, on_depth: told each batch's statistics and the queue's depth (metrics).
     on_idle: called in a thread once no batch has run for `policy.idle_after` seconds (the backend trims its
-    memory)."""
+    memory). remote: `run` sends the call to another process (the shared engine, api/engine/remote.py) and waits
+    for its answer: a worker with several connections then keeps its calls off the event loop, as on a GPU."""
 
     def __init__(
         self,
@@ -108,8 +109,10 @@ class Batcher(Generic[T]):
         on_batch: Callable[[BatchStats], None] | None = None,
         on_depth: Callable[[int], None] | None = None,
         on_idle: Callable[[], None] | None = None,
+        remote: bool = False,
     ) -> None:
         self.policy = policy
+        self._remote = remote
         # The knobs read on every request, as attributes of their own.
         self._max_items = policy.max_items
         self._max_batch_tokens = policy.max_batch_tokens
@@ -393,7 +396,12 @@ class Batcher(Generic[T]):
         rate = self.admission.rate * self._narrow
         return (
             self.solo is not None
-            and self._pool is not None  # CPU cores: a GPU's (or the shared engine's) calls keep the threads
+            # This process's CPU cores. A GPU's calls keep the threads, and so do the shared engine's: on the loop
+            # a call blocks it for the engine's round trip, while other connections' requests wait unread (tiny
+            # classifier, 64 connections, engine on the same 2 cores of an AMD EPYC: 2,749-4,007 req/s with its
+            # calls on the loop, 6,600-8,782 through the threads).
+            and self._pool is not None
+            and not self._remote
             and self._inline_seconds > 0
             and rate > 0
             and self._queue.tokens / rate <= BUSY_SECONDS

@@ -156,6 +156,7 @@ async def load(settings: Settings) -> Resources:
         on_batch=metrics.observe_batch,
         on_depth=metrics.queue_depth.set,
         on_idle=backend.trim,  # a burst's memory back after a second without batches
+        remote=settings.engine_socket is not None,
     )
     batcher.start()
     metrics.track_loop(lambda: batcher.loop_model_cpu)  # load() runs on the event loop: its thread is tracked
