@@ -398,8 +398,8 @@ class Batcher(Generic[T]):
             self.solo is not None
             # This process's CPU cores. A GPU's calls keep the threads, and so do the shared engine's: on the loop
             # a call blocks it for the engine's round trip, while other connections' requests wait unread (tiny
-            # classifier, 64 connections, engine on the same 2 cores of an AMD EPYC: 2,749-4,007 req/s with its
-            # calls on the loop, 6,600-8,782 through the threads).
+            # classifier, 64 connections, engine on the same 2 cores of an AMD EPYC: 4,463-5,341 req/s with its
+            # calls on the loop, 7,487-9,764 through the threads).
             and self._pool is not None
             and not self._remote
             and self._inline_seconds > 0
