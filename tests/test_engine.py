@@ -222,6 +222,19 @@ def test_an_engine_restarted_on_the_same_path_listens_over_what_the_last_one_lef
         assert path.is_socket()
 
 
+def test_the_accept_loop_ends_with_its_listener_and_fails_loudly_on_any_other_error(
+    engine: tuple[Path, Engine, Path], tmp_path: Path
+) -> None:
+    """A closed listener is the engine's way out of its accept loop; any other accept error stops the engine
+    with that error (its workers then say it is gone) rather than ending it as if asked to."""
+    served = engine[1]
+    listener = listen(tmp_path / "second.sock")
+    listener.close()
+    served.serve_forever(listener)  # returns
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as not_listening, pytest.raises(OSError):
+        served.serve_forever(not_listening)
+
+
 def test_a_shared_engine_server_answers_as_one_without(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
     bundle = fp32_bundle("feature-extraction")
     answers = []

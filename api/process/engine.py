@@ -193,7 +193,9 @@ class Engine:
             try:
                 sock = listener.accept()[0]
             except OSError:
-                return
+                if listener.fileno() == -1:  # closed: the way out
+                    return
+                raise  # anything else stops the engine loudly; the workers then say it is gone
             threading.Thread(target=self.serve, args=(sock,), name="connection", daemon=True).start()
 
     def serve(self, sock: socket.socket) -> None:
