@@ -11,7 +11,9 @@ BERT's normalizer (cleaning, CJK spacing, accents, lowercasing) took half of the
 (or nothing, for a cased model): such texts go to a third copy without the normalizer, lowered in Python
 first, with the same ids and offsets (tests/test_encoder.py compares them on random ASCII). A text that could
 hold one of the tokenizer's added tokens ([CLS], [MASK] ...: matched on the text as sent, before
-lowercasing) keeps the full path.
+lowercasing) keeps the full path. On such text BERT's pre-tokenizer (split at whitespace, each punctuation
+mark a word) is one regex over ASCII classes, which that copy runs instead: the 128-token text's encoding
+took 61-69 us against 88-92 with BERT's (AMD EPYC, tokenizers 0.23).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding, Regex, Tokenizer, pre_tokenizers
 
 from tasks.base import TRUNCATE, Inputs, LongInput, Vocab
 from tasks.errors import InputTooLong
@@ -28,6 +30,9 @@ from tasks.errors import InputTooLong
 # ASCII that BERT's clean_text changes beyond spacing: control characters, which it drops (\t, \n and \r it
 # turns into spaces, which the pre-tokenizer splits on either way).
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# BERT's pre-tokenizer on the rest: runs of letters and digits are words, every other character but whitespace
+# (ASCII punctuation, all of it BERT's) is a word of its own, whitespace is dropped.
+_BERT_ASCII_WORDS = r"[A-Za-z0-9]+|[^A-Za-z0-9 \t\n\r]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +155,17 @@ def _cases(content: str) -> tuple[str, ...]:
 
 
 def _without_bert_normalizer(tokenizer: Tokenizer) -> tuple[Tokenizer | None, bool]:
-    """A copy of `tokenizer` without its normalizer, and whether that lowercased, where the normalizer is
-    BERT's (on clean ASCII it only lowercases, or does nothing); (None, False) for any other."""
-    normalizer = json.loads(tokenizer.to_str()).get("normalizer") or {}
+    """A copy of `tokenizer` without its normalizer (and with BERT's pre-tokenizer as one regex, where it has
+    that one), and whether the normalizer lowercased, where the normalizer is BERT's (on clean ASCII it only
+    lowercases, or does nothing); (None, False) for any other."""
+    config = json.loads(tokenizer.to_str())
+    normalizer = config.get("normalizer") or {}
     if normalizer.get("type") != "BertNormalizer":
         return None, False
     plain = Tokenizer.from_str(tokenizer.to_str())
     plain.normalizer = None
+    if (config.get("pre_tokenizer") or {}).get("type") == "BertPreTokenizer":
+        plain.pre_tokenizer = pre_tokenizers.Split(Regex(_BERT_ASCII_WORDS), behavior="removed", invert=True)
     return plain, bool(normalizer.get("lowercase", True))
 
 
