@@ -26,18 +26,21 @@ def free_port() -> int:
 
 @contextmanager
 def hare_serve(
-    bundle: Path, log: Path, workers: int = 1, env: Mapping[str, str] | None = None
+    bundle: Path, log: Path, workers: int = 1, env: Mapping[str, str] | None = None, own_group: bool = False
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`hare serve BUNDLE` with `workers` workers and the HARE_* variables in `env` (the caller's own HARE_*
     left out), ready; yields its URL and process, and stops it afterwards. The log goes to `log`: a pipe that
-    nobody reads would stall a chatty server."""
+    nobody reads would stall a chatty server. `own_group`: the server's processes in a process group of their
+    own (its id the server's pid), for a signal to all of them at once."""
     port = free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("HARE_", "PROMETHEUS_"))}
     environ.update(env or {})
     argv = [sys.executable, "-m", "hare.cli", "serve", str(bundle), "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--workers", str(workers)]
     with log.open("wb") as out:
-        process = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            argv, cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT, start_new_session=own_group
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, process, log)

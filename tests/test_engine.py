@@ -5,6 +5,7 @@ answers over HTTP as one without, and leaves no engine behind when it stops."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -287,3 +288,74 @@ def test_a_server_whose_engine_dies_stops_saying_why(fp32_bundle: ModelFactory, 
         os.kill(int(started.group(1)), signal.SIGKILL)
         assert process.wait(timeout=60) == 1  # the workers drain; the status says it failed
     assert f"the shared engine (pid {started.group(1)}) is gone: stopping the server" in log.read_text()
+
+
+@pytest.mark.serial  # seconds of work, timed against the drain: alone, after the rest
+@pytest.mark.parametrize("everyone", [False, True], ids=["the master (Docker, Kubernetes)", "every process (systemd)"])
+def test_sigterm_drains_what_the_engine_is_running_then_stops_it(
+    fp32_bundle: ModelFactory, tmp_path: Path, everyone: bool
+) -> None:
+    """The GPU profile's shutdown: requests in flight through the engine when the server is told to stop are
+    all answered, then the workers and the engine exit, whether the signal reached the master alone or every
+    process of the server at once (systemd's default; a terminal's Ctrl-C is the same with SIGINT)."""
+    log = tmp_path / "serve.log"
+    big = {"inputs": ["word " * 100] * 1500}  # many of the engine's batches each
+    env = {"HARE_ENGINE": "shared", "HARE_MAX_QUEUE_MS": "0"}  # no time bound at admission: all of it is answered
+    with hare_serve(fp32_bundle("feature-extraction"), log, 2, env, own_group=True) as (url, process):
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(httpx.post, f"{url}/predict", json=big, timeout=120) for _ in range(4)]
+            deadline = time.monotonic() + 30
+            while not re.search(r"^hare_queue_depth(?:{[^}]*})? [1-9]", httpx.get(f"{url}/metrics").text, re.M):
+                assert time.monotonic() < deadline, "no request reached the model"
+                time.sleep(0.02)
+            (os.killpg if everyone else os.kill)(process.pid, signal.SIGTERM)
+            in_flight = sum(not f.done() for f in futures)
+            answers = [f.result() for f in futures]
+        assert in_flight > 0
+        assert [a.status_code for a in answers] == [200] * 4, [a.text[:200] for a in answers]
+        assert all(len(a.json()) == 1500 for a in answers)
+        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+    started = re.search(r"\[(\d+)\] \[ENGINE\] engine ready", log.read_text())
+    assert started, "the server started no engine"
+    with pytest.raises(ProcessLookupError):  # stopped after the workers
+        os.kill(int(started.group(1)), 0)
+
+
+def test_an_engine_ends_once_its_server_is_gone(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    """A master killed outright (the OOM killer, kill -9) runs no stop hook: its engine must not live on, holding
+    the GPU, once the last of its processes is gone."""
+    log = tmp_path / "serve.log"
+    with hare_serve(fp32_bundle("feature-extraction"), log, 1, {"HARE_ENGINE": "shared"}, own_group=True) as (
+        url,
+        process,
+    ):
+        assert httpx.post(f"{url}/predict", json={"inputs": TEXTS[:1]}).status_code == 200
+        started = re.search(r"\[(\d+)\] \[ENGINE\] engine ready", log.read_text())
+        assert started
+        engine = int(started.group(1))
+        for pid in _group(process.pid) - {engine}:  # the master and its workers, at once
+            os.kill(pid, signal.SIGKILL)
+        process.wait()
+    deadline = time.monotonic() + 30
+    while _alive(engine):
+        assert time.monotonic() < deadline, "the engine outlived its server"
+        time.sleep(0.05)
+
+
+def _group(pgid: int) -> set[int]:
+    """The processes of process group `pgid`."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry)) == pgid:
+                    pids.add(int(entry))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"  # a zombie is gone

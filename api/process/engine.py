@@ -28,7 +28,11 @@ against 188-244, scripts/engine-transport.py). Every call gets its rows or an er
 cannot be merged (bigger than the budget on its own) runs alone.
 
 `gunicorn_conf` starts it (python -m api.process.engine) before the workers, from the same HARE_*
-environment, and stops it after them; it listens on HARE_ENGINE_SOCKET. Its model calls are counted in the
+environment, and stops it after them by closing its stdin, which the engine reads to its end: it also ends
+when the master and its workers are gone (killed, say), never outliving them with the GPU. SIGTERM and SIGINT
+are the server's: systemd (KillMode=control-group) and a terminal's Ctrl-C send them to every process of the
+server at once, and an engine that stopped then failed the requests its workers were draining; it lets the
+master stop it after them. It listens on HARE_ENGINE_SOCKET. Its model calls are counted in the
 workers' metrics folder (PROMETHEUS_MULTIPROC_DIR, inherited), so any worker's /metrics shows how well the
 workers' calls batch: hare_engine_batch_size (sequences per model call) and hare_engine_batch_calls (worker
 calls merged into one).
@@ -41,6 +45,7 @@ import os
 import queue
 import signal
 import socket
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,7 +282,17 @@ def listen(path: Path) -> socket.socket:
     return listener
 
 
+def _exit_when_stdin_closes() -> None:
+    """End the process once every holder of the pipe's other end (the master, its workers) closed it or died."""
+    while sys.stdin.buffer.read(65536):
+        pass
+    os._exit(0)
+
+
 def main() -> None:
+    for server_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(server_signal, signal.SIG_IGN)  # the server's to handle; its master stops this (see above)
+    threading.Thread(target=_exit_when_stdin_closes, name="stdin", daemon=True).start()
     settings = Settings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="[%(asctime)s] [%(process)d] [ENGINE] %(message)s")
     path = Path(os.environ["HARE_ENGINE_SOCKET"])
@@ -296,7 +311,6 @@ def main() -> None:
     )
     engine = Engine(backend, manifest.pad_id, settings.max_batch_size, settings.max_batch_tokens, REGISTRY)
     threading.Thread(target=engine.run_forever, name="gpu", daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the workers are gone when gunicorn stops it
     listener = listen(path)
     log.info("engine ready on %s (%s)", path, ", ".join(backend.providers))
     engine.serve_forever(listener)

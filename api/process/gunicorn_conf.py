@@ -17,8 +17,8 @@ behave the same.
   api/process/refuser.py), so refusals keep up with arrivals and a greedy flood waits in the listen backlog.
 - A shared engine where the settings ask for one (HARE_ENGINE; a GPU bundle with several workers by default):
   started here before the workers (api/process/engine.py), which reach it by HARE_ENGINE_SOCKET, and stopped
-  after them; the server does not start if the engine does not, and stops (its workers draining) if the
-  engine dies, so that whatever runs it (Docker, Kubernetes) restarts the whole.
+  after them (its stdin closed); the server does not start if the engine does not, and stops (its workers
+  draining) if the engine dies, so that whatever runs it (Docker, Kubernetes) restarts the whole.
 - Prometheus multiprocess mode: every worker writes its samples under PROMETHEUS_MULTIPROC_DIR, a fresh
   folder made here (before prometheus_client is imported anywhere, since it reads the variable on import)
   and removed when gunicorn exits; a dead worker's live gauges are dropped.
@@ -105,7 +105,9 @@ def start_engine(server: Any) -> None:
     _engine_dir = tempfile.mkdtemp(prefix="hare-engine-")
     socket = Path(_engine_dir) / "engine.sock"
     os.environ["HARE_ENGINE_SOCKET"] = str(socket)  # the workers, forked after this, read it
-    _engine = subprocess.Popen([sys.executable, "-m", "api.process.engine"])
+    # Its stdin: the engine runs until this pipe's write end is closed everywhere (on_exit, or the master and the
+    # workers, who inherit it, dying).
+    _engine = subprocess.Popen([sys.executable, "-m", "api.process.engine"], stdin=subprocess.PIPE)
     deadline = time.monotonic() + ENGINE_START_SECONDS
     while not socket.exists():
         if _engine.poll() is not None:
@@ -137,8 +139,8 @@ def on_exit(server: Any) -> None:
     """After the workers: stop the engine, remove what this config made."""
     global _stopping
     _stopping = True
-    if _engine is not None:
-        _engine.terminate()
+    if _engine is not None and _engine.stdin is not None:
+        _engine.stdin.close()  # the workers are gone: the engine's end of file (api/process/engine.py)
         try:
             _engine.wait(10)
         except subprocess.TimeoutExpired:
