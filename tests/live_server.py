@@ -3,6 +3,7 @@ process tree: signals, killed workers, real clients over HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -26,13 +27,19 @@ def free_port() -> int:
 
 @contextmanager
 def hare_serve(
-    bundle: Path, log: Path, workers: int = 1, env: Mapping[str, str] | None = None, own_group: bool = False
+    bundle: Path,
+    log: Path,
+    workers: int = 1,
+    env: Mapping[str, str] | None = None,
+    own_group: bool = False,
+    port: int | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`hare serve BUNDLE` with `workers` workers and the HARE_* variables in `env` (the caller's own HARE_*
     left out), ready; yields its URL and process, and stops it afterwards. The log goes to `log`: a pipe that
     nobody reads would stall a chatty server. `own_group`: the server's processes in a process group of their
-    own (its id the server's pid), for a signal to all of them at once."""
-    port = free_port()
+    own (its id the server's pid), for a signal to all of them at once. `port`: the port to serve on (default: a
+    free one)."""
+    port = port or free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("HARE_", "PROMETHEUS_"))}
     environ.update(env or {})
     argv = [sys.executable, "-m", "hare.cli", "serve", str(bundle), "--host", "127.0.0.1"]
@@ -66,3 +73,22 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: 
         assert process.poll() is None, f"hare serve exited:\n{log.read_text(errors='replace')}"
         assert time.monotonic() < deadline, f"hare serve was not ready in {timeout:.0f} s:\n{log.read_text()}"
         time.sleep(0.2)
+
+
+def group(pgid: int) -> set[int]:
+    """The processes of process group `pgid` (a server started with `own_group`: its pid)."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry)) == pgid:
+                    pids.add(int(entry))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -32,7 +32,7 @@ from api.web.app import create_app
 from api.web.metrics import FLUSH_SECONDS
 from container.optimize.textset import SENTENCES
 from tests.conftest import ModelFactory
-from tests.live_server import ROOT, hare_serve
+from tests.live_server import ROOT, alive, group, hare_serve
 
 # Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
 pytestmark = pytest.mark.serial
@@ -221,6 +221,23 @@ def test_sigterm_drains_in_flight_requests_and_exits(server: tuple[str, subproce
     assert all(len(a.json()) == 1500 for a in answers)
     assert process.wait(timeout=60) == 0, log.read_text()
     assert "Shutting down: Master" in log.read_text()
+
+
+def test_a_master_killed_outright_leaves_the_port_to_the_next_server(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    """kill -9 of gunicorn's master runs no stop: its workers see it gone within a second or two and drain, so
+    the server started again can bind its port (they served on it unsupervised for good, and it could not)."""
+    bundle = tiny_bundle("text-classification")
+    with hare_serve(bundle, tmp_path / "first.log", 2, own_group=True) as (url, process):
+        workers = group(process.pid) - {process.pid}
+        assert len(workers) == 2
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in workers):
+            assert time.monotonic() < deadline, "the workers outlived their master"
+            time.sleep(0.05)
+    with hare_serve(bundle, tmp_path / "again.log", 1, port=int(url.rsplit(":", 1)[1])) as (again, _):
+        assert httpx.post(f"{again}/predict", json={"inputs": "I like you"}).status_code == 200
 
 
 def test_serve_refuses_a_missing_bundle_with_its_reason(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ answers over HTTP as one without, and leaves no engine behind when it stops."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import re
@@ -30,7 +29,7 @@ from container.bundle import MODEL_FILE, TOKENIZER_FILE, read_manifest
 from container.runtime import InferenceFailed, OnnxModel
 from tasks.ops import POOLINGS, pool_tokens
 from tests.conftest import ModelFactory
-from tests.live_server import hare_serve
+from tests.live_server import alive, group, hare_serve
 
 TEXTS = ["one", "a second, longer text than the first", "three words here", "and a fourth one, the longest of them all"]
 
@@ -322,40 +321,21 @@ def test_sigterm_drains_what_the_engine_is_running_then_stops_it(
 
 
 def test_an_engine_ends_once_its_server_is_gone(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
-    """A master killed outright (the OOM killer, kill -9) runs no stop hook: its engine must not live on, holding
-    the GPU, once the last of its processes is gone."""
+    """A master killed outright (kill -9) runs no stop hook: its workers stop on their own (api/process/worker.py)
+    and the engine after them, rather than holding the GPU for good."""
     log = tmp_path / "serve.log"
-    with hare_serve(fp32_bundle("feature-extraction"), log, 1, {"HARE_ENGINE": "shared"}, own_group=True) as (
+    with hare_serve(fp32_bundle("feature-extraction"), log, 2, {"HARE_ENGINE": "shared"}, own_group=True) as (
         url,
         process,
     ):
         assert httpx.post(f"{url}/predict", json={"inputs": TEXTS[:1]}).status_code == 200
-        started = re.search(r"\[(\d+)\] \[ENGINE\] engine ready", log.read_text())
-        assert started
-        engine = int(started.group(1))
-        for pid in _group(process.pid) - {engine}:  # the master and its workers, at once
-            os.kill(pid, signal.SIGKILL)
+        assert re.search(r"\[(\d+)\] \[ENGINE\] engine ready", log.read_text())
+        rest = group(process.pid) - {process.pid}  # the engine and the workers
+        assert len(rest) == 3
+        process.kill()
         process.wait()
     deadline = time.monotonic() + 30
-    while _alive(engine):
-        assert time.monotonic() < deadline, "the engine outlived its server"
+    while left := [pid for pid in rest if alive(pid)]:
+        assert time.monotonic() < deadline, f"{len(left)} of the server's processes outlived its master"
         time.sleep(0.05)
-
-
-def _group(pgid: int) -> set[int]:
-    """The processes of process group `pgid`."""
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if os.getpgid(int(entry)) == pgid:
-                    pids.add(int(entry))
-    return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"  # a zombie is gone
+    assert log.read_text().count("is gone: this worker stops") == 2

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import select
 import socket
 import sys
@@ -79,9 +80,11 @@ REBALANCE_S = 0.1  # a worker looks whether to ask (and asks) at most once in th
 class PacedServer(Server):
     """uvicorn's Server, accepting through `_accept` instead of the event loop's own server."""
 
-    def __init__(self, config: Any, app: Any) -> None:
+    def __init__(self, config: Any, app: Any, master: int | None = None) -> None:
+        """`master`: the gunicorn master's pid; the worker stops (draining) once it is no longer its parent."""
         super().__init__(config=config)
         self._app = app
+        self._master = master
         self._accepting: list[asyncio.Task[None]] = []
         self._connecting: set[asyncio.Task[None]] = set()  # connections being handed to uvicorn's protocol
         self._looked = 0.0  # when this worker last looked whether to ask a client to reconnect
@@ -128,6 +131,16 @@ class PacedServer(Server):
             # connection that has no request under way.
             await asyncio.sleep(0)
         await super().shutdown(sockets=sockets)
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's tick (every 0.1 s), and once a second whether the master is still this worker's parent. A
+        master killed outright (kill -9) left its workers serving on its port, unsupervised, for good (uvicorn's
+        workers never look), and a server started again could not bind it; such a worker now drains and exits."""
+        if counter % 10 == 0 and self._master is not None and os.getppid() != self._master:
+            log.warning("the master (pid %d) is gone: this worker stops", self._master)
+            return True
+        stop: bool = await super().on_tick(counter)
+        return stop
 
     def _accept_stopped(self, task: asyncio.Task[None]) -> None:
         """An accept loop that died of a bug leaves a worker that never answers again: exit, gunicorn replaces it."""
@@ -349,7 +362,7 @@ class HareWorker(UvicornWorker):  # type: ignore[misc]  # uvicorn_worker ships n
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi
-        server = PacedServer(self.config, self.wsgi)
+        server = PacedServer(self.config, self.wsgi, self.ppid)
         self._install_sigquit_handler()
         await server.serve(sockets=[s.sock for s in self.sockets])
         if not server.started:
