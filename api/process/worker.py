@@ -134,8 +134,9 @@ class PacedServer(Server):
 
     async def on_tick(self, counter: int) -> bool:
         """uvicorn's tick (every 0.1 s), and once a second whether the master is still this worker's parent. A
-        master killed outright (kill -9) left its workers serving on its port, unsupervised, for good (uvicorn's
-        workers never look), and a server started again could not bind it; such a worker now drains and exits."""
+        master killed outright (kill -9) left its workers serving on its port with nobody to stop them
+        (uvicorn's workers never look), and a server started again could not bind it; such a worker now drains
+        and exits."""
         if counter % 10 == 0 and self._master is not None and os.getppid() != self._master:
             log.warning("the master (pid %d) is gone: this worker stops", self._master)
             return True
