@@ -300,6 +300,13 @@ class Settings:
     graceful_timeout: int = _setting(
         "HARE_GRACEFUL_TIMEOUT", _int(1), "seconds in-flight requests get to finish after SIGTERM", 30
     )
+    header_timeout: float = _setting(
+        "HARE_HEADER_TIMEOUT",
+        _float(0),
+        "seconds a connection gets to send a request's head, from its start or its last answer, before it is "
+        "closed (0: no limit); connections that never finish one would otherwise be held for good",
+        30.0,
+    )
 
     @classmethod
     def from_env(cls, mapping: Mapping[str, str] | None = None) -> Settings:

@@ -26,7 +26,9 @@ behave the same.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -62,6 +64,13 @@ os.environ.setdefault("OMP_NUM_THREADS", str(_settings.threads))
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 if _settings.threads == 1:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Every connection is a descriptor: the soft limit, 1,024 by default under systemd, is raised to the hard one
+# (as Go's runtime does) in the master, whose workers inherit it. Idle connections cost only memory then.
+_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if 0 <= _soft < _hard or (_soft >= 0 and _hard == resource.RLIM_INFINITY):
+    with contextlib.suppress(ValueError, OSError):  # the kernel caps it (fs.nr_open): serve at the soft one then
+        resource.setrlimit(resource.RLIMIT_NOFILE, (_hard, _hard))
 
 _host = f"[{_settings.host}]" if ":" in _settings.host else _settings.host
 bind = [f"{_host}:{_settings.port}"]

@@ -75,6 +75,7 @@ BALANCE_S = 0.003
 BALANCE_IDLE_S = 0.05
 REBALANCE_AT = 2  # connections more than the least busy worker at which a client is asked to reconnect
 REBALANCE_S = 0.1  # a worker looks whether to ask (and asks) at most once in this time
+LOOK_TICKS = 10  # uvicorn ticks every 0.1 s: the master and the request heads are looked at once a second
 
 
 class PacedServer(Server):
@@ -89,6 +90,9 @@ class PacedServer(Server):
         self._connecting: set[asyncio.Task[None]] = set()  # connections being handed to uvicorn's protocol
         self._looked = 0.0  # when this worker last looked whether to ask a client to reconnect
         self._http: type[asyncio.Protocol] | None = None  # uvicorn's protocol class, coalescing its writes
+        # The connections waiting for a request's head at the last look: the last request (uvicorn's cycle, None
+        # before the first) and since when, by the monotonic clock (see _close_slow_heads).
+        self._waiting: dict[Any, tuple[Any, float]] = {}
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=[])  # lifespan, and no loop server: the sockets are ours
@@ -137,11 +141,37 @@ class PacedServer(Server):
         master killed outright (kill -9) left its workers serving on its port with nobody to stop them
         (uvicorn's workers never look), and a server started again could not bind it; such a worker now drains
         and exits."""
-        if counter % 10 == 0 and self._master is not None and os.getppid() != self._master:
-            log.warning("the master (pid %d) is gone: this worker stops", self._master)
-            return True
+        if counter % LOOK_TICKS == 0:
+            if self._master is not None and os.getppid() != self._master:
+                log.warning("the master (pid %d) is gone: this worker stops", self._master)
+                return True
+            self._close_slow_heads(time.monotonic())
         stop: bool = await super().on_tick(counter)
         return stop
+
+    def _close_slow_heads(self, now: float) -> None:
+        """Close the connections that have waited HARE_HEADER_TIMEOUT (to within a look) for a request's head
+        since they opened or their last answer. uvicorn has no such bound: its keep-alive timer stops at a
+        connection's first byte, and one that never completes a head is held for good, with its descriptor;
+        at the 1,024 descriptors a process gets by default under systemd, 2,243 such connections from one
+        client left no one else able to connect (tiny classifier, 2 workers)."""
+        res = self._resources()
+        limit = res.settings.header_timeout if res is not None else 0.0
+        if not limit:
+            return
+        waiting = {}
+        connections: set[Any] = self.server_state.connections  # uvicorn's HTTP protocols (httptools')
+        for protocol in connections:
+            cycle = protocol.cycle  # uvicorn's request-response cycle: the last request's, None before one
+            if getattr(protocol, "pipeline", None) or (cycle is not None and not cycle.response_complete):
+                continue  # a request is under way (or parsed and queued behind one): its head came
+            seen = self._waiting.get(protocol)
+            since = seen[1] if seen is not None and seen[0] is cycle else now
+            if now - since >= limit:
+                protocol.transport.close()
+            else:
+                waiting[protocol] = (cycle, since)
+        self._waiting = waiting
 
     def _accept_stopped(self, task: asyncio.Task[None]) -> None:
         """An accept loop that died of a bug leaves a worker that never answers again: exit, gunicorn replaces it."""
