@@ -300,11 +300,12 @@ class Settings:
     graceful_timeout: int = _setting(
         "HARE_GRACEFUL_TIMEOUT", _int(1), "seconds in-flight requests get to finish after SIGTERM", 30
     )
-    header_timeout: float = _setting(
-        "HARE_HEADER_TIMEOUT",
+    read_timeout: float = _setting(
+        "HARE_READ_TIMEOUT",
         _float(0),
-        "seconds a connection gets to send a request's head, from its start or its last answer, before it is "
-        "closed (0: no limit); connections that never finish one would otherwise be held for good",
+        "seconds a connection gets to send a request's head (from its start or its last answer), and then its "
+        "body, before it is closed (0: no limit); a connection that never finishes a request is otherwise held "
+        "for good, with its admission place once its head came",
         30.0,
     )
 

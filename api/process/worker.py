@@ -75,7 +75,7 @@ BALANCE_S = 0.003
 BALANCE_IDLE_S = 0.05
 REBALANCE_AT = 2  # connections more than the least busy worker at which a client is asked to reconnect
 REBALANCE_S = 0.1  # a worker looks whether to ask (and asks) at most once in this time
-LOOK_TICKS = 10  # uvicorn ticks every 0.1 s: the master and the request heads are looked at once a second
+LOOK_TICKS = 10  # uvicorn ticks every 0.1 s: the master and slow requests are looked at once a second
 
 
 class PacedServer(Server):
@@ -90,8 +90,8 @@ class PacedServer(Server):
         self._connecting: set[asyncio.Task[None]] = set()  # connections being handed to uvicorn's protocol
         self._looked = 0.0  # when this worker last looked whether to ask a client to reconnect
         self._http: type[asyncio.Protocol] | None = None  # uvicorn's protocol class, coalescing its writes
-        # The connections waiting for a request's head at the last look: the last request (uvicorn's cycle, None
-        # before the first) and since when, by the monotonic clock (see _close_slow_heads).
+        # The connections waiting for their client at the last look: its request (uvicorn's cycle: the last one
+        # answered, or the one being read; None before the first) and since when, monotonic (_close_slow_reads).
         self._waiting: dict[Any, tuple[Any, float]] = {}
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -145,26 +145,30 @@ class PacedServer(Server):
             if self._master is not None and os.getppid() != self._master:
                 log.warning("the master (pid %d) is gone: this worker stops", self._master)
                 return True
-            self._close_slow_heads(time.monotonic())
+            self._close_slow_reads(time.monotonic())
         stop: bool = await super().on_tick(counter)
         return stop
 
-    def _close_slow_heads(self, now: float) -> None:
-        """Close the connections that have waited HARE_HEADER_TIMEOUT (to within a look) for a request's head
-        since they opened or their last answer. uvicorn has no such bound: its keep-alive timer stops at a
-        connection's first byte, and one that never completes a head is held for good, with its descriptor;
-        at the 1,024 descriptors a process gets by default under systemd, 2,243 such connections from one
-        client left no one else able to connect (tiny classifier, 2 workers)."""
+    def _close_slow_reads(self, now: float) -> None:
+        """Close the connections that have waited HARE_READ_TIMEOUT (to within a look) for a request's head
+        since they opened or their last answer, or for the rest of its body since its head. uvicorn has no
+        such bound: its keep-alive timer stops at a connection's first byte, and a request never finished is
+        held for good, with its descriptor, and, once its head came, its place in admission. One client
+        locked everyone else out with either (tiny classifier, 2 workers): 2,243 half heads at systemd's
+        1,024 descriptors (connects timed out), 600 heads whose bodies never came (every request 429)."""
         res = self._resources()
-        limit = res.settings.header_timeout if res is not None else 0.0
+        limit = res.settings.read_timeout if res is not None else 0.0
         if not limit:
             return
         waiting = {}
         connections: set[Any] = self.server_state.connections  # uvicorn's HTTP protocols (httptools')
         for protocol in connections:
             cycle = protocol.cycle  # uvicorn's request-response cycle: the last request's, None before one
-            if getattr(protocol, "pipeline", None) or (cycle is not None and not cycle.response_complete):
-                continue  # a request is under way (or parsed and queued behind one): its head came
+            if cycle is None or cycle.response_complete:
+                if getattr(protocol, "pipeline", None):
+                    continue  # the next request, parsed, waits behind an answer
+            elif not cycle.more_body or cycle.response_started:
+                continue  # a request read whole (or being answered): the server's turn
             seen = self._waiting.get(protocol)
             since = seen[1] if seen is not None and seen[0] is cycle else now
             if now - since >= limit:
