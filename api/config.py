@@ -307,6 +307,7 @@ class Settings:
         "body, before it is closed (0: no limit); a connection that never finishes a request is otherwise held "
         "for good, with its admission place once its head came",
         30.0,
+        public=10.0,  # its bodies are 64 KB at most
     )
 
     @classmethod
