@@ -161,8 +161,10 @@ class PacedServer(Server):
         if not limit:
             return
         waiting = {}
-        connections: set[Any] = self.server_state.connections  # uvicorn's HTTP protocols (httptools')
+        connections: set[Any] = self.server_state.connections  # uvicorn's protocols, HTTP's (httptools') or not
         for protocol in connections:
+            if not hasattr(protocol, "cycle"):
+                continue  # a WebSocket handshake's, refused at once (hare serves no WebSocket route)
             cycle = protocol.cycle  # uvicorn's request-response cycle: the last request's, None before one
             if cycle is None or cycle.response_complete:
                 if getattr(protocol, "pipeline", None):
