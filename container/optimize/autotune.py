@@ -73,6 +73,8 @@ MAX_ROUNDS = 10
 OUT_OF_RACE = 0.15
 # In the first round, a variant more than this behind the fastest over the points timed so far is timed no more.
 HOPELESS = 0.5
+# The statistic of calls timed by their thread's CPU time (`clock`), which load moves little enough to drop on.
+THREAD_CPU = f"p{PERCENTILE} of thread CPU time"
 # Calls per slice however short --tune-seconds is.
 LEAST_CALLS = 2
 
@@ -112,7 +114,7 @@ def clock(threads: int, target: str = "cpu") -> tuple[str, Callable[[], int]]:
     that thread (one thread, CPU: ORT, and OpenVINO with one stream), the wall clock otherwise (other threads,
     a GPU, do the work)."""
     if threads == 1 and target == "cpu":
-        return f"p{PERCENTILE} of thread CPU time", time.thread_time_ns
+        return THREAD_CPU, time.thread_time_ns
     return f"p{PERCENTILE} of wall time", time.perf_counter_ns
 
 
@@ -149,7 +151,7 @@ def tune(
         for i in range(len(points)):
             for name in order:
                 samples[name][i] += _slice(models[name], feeds[name][i], now, min_seconds / MIN_ROUNDS)
-            if not history and now is time.thread_time_ns:  # the wall clock counts others' load: no drop
+            if not history and statistic == THREAD_CPU:  # the wall clock counts others' load: no drop
                 behind = hopeless({name: score(_figures(keys, samples[name])) for name in order})
                 if behind:  # confirmed on a second slice of every variant, so one busy slice drops nothing
                     for name in order:
