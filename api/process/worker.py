@@ -145,7 +145,10 @@ class PacedServer(Server):
             if self._master is not None and os.getppid() != self._master:
                 log.warning("the master (pid %d) is gone: this worker stops", self._master)
                 return True
-            self._close_slow_reads(time.monotonic())
+            try:
+                self._close_slow_reads(time.monotonic())
+            except Exception:  # uvicorn's internals moved, say: a bug here must not stop the worker's main loop
+                log.exception("the look for slow requests failed")
         stop: bool = await super().on_tick(counter)
         return stop
 
