@@ -158,11 +158,12 @@ def _without_bert_normalizer(tokenizer: Tokenizer) -> tuple[Tokenizer | None, bo
     """A copy of `tokenizer` without its normalizer (and with BERT's pre-tokenizer as one regex, where it has
     that one), and whether the normalizer lowercased, where the normalizer is BERT's (on clean ASCII it only
     lowercases, or does nothing); (None, False) for any other."""
-    config = json.loads(tokenizer.to_str())
+    text = tokenizer.to_str()
+    config = json.loads(text)
     normalizer = config.get("normalizer") or {}
     if normalizer.get("type") != "BertNormalizer":
         return None, False
-    plain = Tokenizer.from_str(tokenizer.to_str())
+    plain = Tokenizer.from_str(text)
     plain.normalizer = None
     if (config.get("pre_tokenizer") or {}).get("type") == "BertPreTokenizer":
         plain.pre_tokenizer = pre_tokenizers.Split(Regex(_BERT_ASCII_WORDS), behavior="removed", invert=True)

@@ -68,8 +68,8 @@ if _settings.threads == 1:
 # Every connection is a descriptor: the soft limit, 1,024 by default under systemd, is raised to the hard one
 # (as Go's runtime does) in the master, whose workers inherit it. Idle connections cost only memory then.
 _soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-if 0 <= _soft < _hard or (_soft >= 0 and _hard == resource.RLIM_INFINITY):
-    with contextlib.suppress(ValueError, OSError):  # the kernel caps it (fs.nr_open): serve at the soft one then
+if 0 <= _soft < _hard:  # (never unlimited: the kernel caps descriptors at fs.nr_open)
+    with contextlib.suppress(ValueError, OSError):  # refused: serve at the soft one
         resource.setrlimit(resource.RLIMIT_NOFILE, (_hard, _hard))
 
 _host = f"[{_settings.host}]" if ":" in _settings.host else _settings.host
