@@ -304,8 +304,9 @@ class Settings:
         "HARE_READ_TIMEOUT",
         _float(0),
         "seconds a connection gets to send a request's head (from its start or its last answer), and then its "
-        "body, before it is closed (0: no limit); a connection that never finishes a request is otherwise held "
-        "for good, with its admission place once its head came",
+        "body, and its client to take more of an answer, before it is closed (0: no limit); a connection that "
+        "never finishes a request is otherwise held for good, with its admission place once its head came, and "
+        "an answer never read, with its memory",
         30.0,
         public=10.0,  # its bodies are 64 KB at most
     )

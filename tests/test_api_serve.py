@@ -287,6 +287,51 @@ def test_requests_never_sent_whole_are_closed_and_free_their_places(tiny_bundle:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def test_an_answer_nobody_reads_is_dropped_and_a_slow_reader_gets_all_of_it(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    """An answer waits in the worker's memory until its client takes it: a client that takes none of it for
+    HARE_READ_TIMEOUT has its connection dropped, answer and all (12 unread 14 MB answers held 53-74 MB in each
+    worker for as long as their clients stayed); one that reads slowly, but reads, gets every byte."""
+    body = json.dumps({"inputs": ["word " * 100] * 800, "parameters": {"output_value": "token_embeddings"}}).encode()
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    with hare_serve(tiny_bundle("feature-extraction"), tmp_path / "s.log", 1, {"HARE_READ_TIMEOUT": "1"}) as (url, _):
+        host, port = url.removeprefix("http://").split(":")
+
+        def ask() -> socket.socket:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2**16)  # the answer waits in the server, not here
+            sock.connect((host, int(port)))
+            sock.sendall(head % len(body) + body)
+            return sock
+
+        idle, slow = ask(), ask()
+        answer = b""
+        started = time.monotonic()
+        while time.monotonic() - started < 4:  # 32 KB every 0.25 s: past the timeout, and never still
+            answer += slow.recv(2**15)
+            time.sleep(0.25)
+        size = int(re.search(rb"content-length: (\d+)", answer, re.I).group(1))  # type: ignore[union-attr]
+        start = answer.index(b"\r\n\r\n") + 4
+        assert size > 8 * 2**20  # more than the kernel's buffers hold (4 MB on loopback): most waits in the worker
+        while len(answer) - start < size:
+            chunk = slow.recv(2**16)
+            assert chunk, "the slow reader's connection was closed"
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200") and len(json.loads(answer[start:])) == 800
+        idle.settimeout(10)
+        taken = 0
+        try:
+            while chunk := idle.recv(2**16):
+                taken += len(chunk)
+        except ConnectionResetError:
+            pass
+        assert taken < size, "the unread answer was kept and sent whole"  # a reset: dropped at once
+        idle.close()
+        slow.close()
+        assert httpx.post(f"{url}/predict", json={"inputs": "I like you"}).status_code == 200
+
+
 def test_serve_refuses_a_missing_bundle_with_its_reason(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "hare.cli", "serve", str(tmp_path / "nope")],

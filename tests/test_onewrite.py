@@ -75,3 +75,38 @@ def test_close_sends_what_is_held_and_abort_drops_it() -> None:
 def test_the_served_protocol_wraps_its_transport() -> None:
     cls = coalescing(HttpToolsProtocol)
     assert issubclass(cls, HttpToolsProtocol) and cls.__name__ == "OneWriteHttpToolsProtocol"
+
+
+def test_sent_counts_what_the_peer_took_even_while_the_kernel_holds_the_rest() -> None:
+    """What the worker's look (api/process/worker.py) times a reader's progress by: a reader that takes a few
+    hundred KB moves it at once, though the transport's buffer shrinks only once MBs of the kernel's are free;
+    one that reads nothing leaves it still."""
+
+    async def scenario() -> tuple[int, int, int, int]:
+        loop = asyncio.get_running_loop()
+        listener = socket.create_server(("127.0.0.1", 0))
+        peer = socket.socket()
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2**16)
+        peer.connect(listener.getsockname())
+        peer.setblocking(False)
+        transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, listener.accept()[0])
+        assert isinstance(transport, asyncio.Transport)
+        one = OneWrite(transport)
+        one.write(b"x" * 16 * 2**20)  # more than the kernel's buffers: the transport keeps the rest
+        await asyncio.sleep(0.2)
+        still = one.sent()
+        await asyncio.sleep(0.2)
+        before = one.sent()
+        await _read(peer, 2**18)
+        await asyncio.sleep(0.2)  # the window's update reaches the sender
+        after = one.sent()
+        buffered = transport.get_write_buffer_size()
+        one.drop()
+        listener.close()
+        peer.close()
+        return still, before, after, buffered
+
+    still, before, after, buffered = asyncio.run(scenario())
+    assert still == before < 16 * 2**20
+    assert after >= before + 2**18 - 2**17  # what the peer read, less what its own buffer held before
+    assert buffered > 8 * 2**20  # while the transport still held most of it

@@ -12,6 +12,11 @@ callback's time, microseconds).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import socket
+import struct
+import termios
 from typing import Any
 
 
@@ -20,12 +25,26 @@ class OneWrite:
     wrapped transport's. Closing sends what is held first; aborting drops it, as the transport's own abort
     drops its buffer."""
 
-    __slots__ = ("_held", "_loop", "_transport")
+    __slots__ = ("_held", "_loop", "_transport", "_written")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
         self._loop = asyncio.get_running_loop()
         self._held: list[bytes] = []
+        self._written = 0  # bytes handed to the transport so far
+
+    def sent(self) -> int:
+        """Bytes the client's side has taken so far: handed to the transport, and in neither its buffer nor the
+        kernel's (unsent or unacknowledged). The kernel's counts: as a slow client reads, its kernel takes more
+        and the socket's buffer (MBs on loopback) frees at once, but the transport's shrinks only once a third
+        of the socket's is free."""
+        unsent = self._transport.get_write_buffer_size()
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):  # closed meanwhile
+                # SIOCOUTQ: what the socket holds and its peer has not acknowledged
+                unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        return self._written - unsent
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not self._held:
@@ -40,7 +59,9 @@ class OneWrite:
         """Send what is held (a no-op when nothing is, or when the connection is already closing)."""
         held, self._held = self._held, []
         if held and not self._transport.is_closing():
-            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+            data = held[0] if len(held) == 1 else b"".join(held)
+            self._written += len(data)
+            self._transport.write(data)
 
     def close(self) -> None:
         self.flush()
@@ -53,6 +74,15 @@ class OneWrite:
     def abort(self) -> None:
         self._held = []
         self._transport.abort()
+
+    def drop(self) -> None:
+        """Abort, and have the kernel drop what it still holds too (SO_LINGER 0): the client sees a reset at
+        once, rather than the kernel's MBs of a cut answer and then its end."""
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):  # closed meanwhile
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.abort()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)

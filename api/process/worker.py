@@ -90,8 +90,9 @@ class PacedServer(Server):
         self._connecting: set[asyncio.Task[None]] = set()  # connections being handed to uvicorn's protocol
         self._looked = 0.0  # when this worker last looked whether to ask a client to reconnect
         self._http: type[asyncio.Protocol] | None = None  # uvicorn's protocol class, coalescing its writes
-        # The connections waiting for their client at the last look: its request (uvicorn's cycle: the last one
-        # answered, or the one being read; None before the first) and since when, monotonic (_close_slow_reads).
+        # The connections waiting for their client at the last look, and since when, monotonic: for a request,
+        # uvicorn's cycle (the last one answered, or the one being read; None before the first); for an answer
+        # to be taken, the bytes the client had taken (_close_slow_reads).
         self._waiting: dict[Any, tuple[Any, float]] = {}
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -154,11 +155,13 @@ class PacedServer(Server):
 
     def _close_slow_reads(self, now: float) -> None:
         """Close the connections that have waited HARE_READ_TIMEOUT (to within a look) for a request's head
-        since they opened or their last answer, or for the rest of its body since its head. uvicorn has no
-        such bound: its keep-alive timer stops at a connection's first byte, and a request never finished is
-        held for good, with its descriptor, and, once its head came, its place in admission. One client
-        locked everyone else out with either (tiny classifier, 2 workers): 2,243 half heads at systemd's
-        1,024 descriptors (connects timed out), 600 heads whose bodies never came (every request 429)."""
+        since they opened or their last answer, or for the rest of its body since its head, or for their client
+        to take any more of an answer. uvicorn has no such bound: its keep-alive timer stops at a connection's
+        first byte, a request never finished is held for good, with its descriptor, and, once its head came,
+        its place in admission; an answer nobody reads stays in the worker's memory. One client locked everyone
+        else out with either (tiny classifier, 2 workers): 2,243 half heads at systemd's 1,024 descriptors
+        (connects timed out), 600 heads whose bodies never came (every request 429); 12 unread 14 MB answers
+        held 53-74 MB in each of two workers until their clients left."""
         res = self._resources()
         limit = res.settings.read_timeout if res is not None else 0.0
         if not limit:
@@ -168,6 +171,18 @@ class PacedServer(Server):
         for protocol in connections:
             if not hasattr(protocol, "cycle"):
                 continue  # a WebSocket handshake's, refused at once (hare serves no WebSocket route)
+            transport = protocol.transport  # OneWrite (onewrite.py)
+            if transport.get_write_buffer_size():
+                # An answer waits for its client. Timed from its last progress, as nginx's send_timeout: a slow
+                # reader that reads is never cut. Closing would wait to send it all: dropped, its buffers go.
+                seen = self._waiting.get(protocol)
+                sent = transport.sent()
+                since = seen[1] if seen is not None and seen[0] == sent else now
+                if now - since >= limit:
+                    transport.drop()
+                else:
+                    waiting[protocol] = (sent, since)
+                continue
             cycle = protocol.cycle  # uvicorn's request-response cycle: the last request's, None before one
             if cycle is None or cycle.response_complete:
                 if getattr(protocol, "pipeline", None):
