@@ -35,5 +35,5 @@ class InvalidRequest(InputError):
 
 
 class InputTooLong(InputError):
-    """A body over `HARE_MAX_BODY_BYTES`, more than `HARE_MAX_INPUTS` texts, a text over `HARE_MAX_INPUT_CHARS`,
-    or over the model's maximum with `truncate: false` (the message names the limit)."""
+    """A body over `HARE_MAX_BODY_BYTES` (as sent, or once decompressed), more than `HARE_MAX_INPUTS` texts, a text
+    over `HARE_MAX_INPUT_CHARS`, or over the model's maximum with `truncate: false` (the message names the limit)."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gzip
 import math
 import threading
+import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -115,6 +117,43 @@ async def test_bodies_over_the_cap_are_refused_before_reading(classifier: AppCli
             yield b"a" * 2**20
 
     refused(await classifier.post("/predict", content=chunks()), 413, "InputTooLong", "bytes")
+
+
+async def test_compressed_bodies_are_taken_and_bad_ones_refused_with_what_to_fix(classifier: AppClient) -> None:
+    """gzip and deflate bodies answer as the plain body does; a bomb stops at the body limit (413), a stream cut
+    short or corrupt is 422, an encoding hare cannot undo 415 naming those it can, and a gzip body sent without
+    its header is told to say so."""
+    plain = b'{"inputs": "I like you"}'
+    expected = (await classifier.post("/predict", content=plain)).json()
+    member = gzip.compress(plain[:10]) + gzip.compress(plain[10:])  # two gzip members, as `cat a.gz b.gz` makes
+    for encoding, body in [("gzip", gzip.compress(plain)), ("deflate", zlib.compress(plain)), ("GZip", member)]:
+        answer = await classifier.post("/predict", content=body, headers={"content-encoding": encoding})
+        assert answer.status_code == 200 and answer.json() == expected, (encoding, answer.text)
+    both = gzip.compress(zlib.compress(plain))  # deflated, then gzipped: undone in reverse order
+    answer = await classifier.post("/predict", content=both, headers={"content-encoding": "deflate, gzip"})
+    assert answer.json() == expected
+    bomb = gzip.compress(b" " * (5 * 2**20))  # 5 MB of spaces in about 5 KB, past the 4 MB limit
+    assert len(bomb) < 2**14
+    refused(await classifier.post("/predict", content=bomb, headers={"content-encoding": "gzip"}), 413, "InputTooLong")
+    cut = gzip.compress(plain)[:-12]
+    refused(
+        await classifier.post("/predict", content=cut, headers={"content-encoding": "gzip"}),
+        422,
+        "InvalidRequest",
+        "ends",
+    )
+    refused(
+        await classifier.post("/predict", content=plain, headers={"content-encoding": "gzip"}),
+        422,
+        "InvalidRequest",
+        "gzip",
+    )
+    brotli = await classifier.post("/predict", content=plain, headers={"content-encoding": "br"})
+    refused(brotli, 415, "UnsupportedEncoding", "br", "gzip", "deflate")
+    unsaid = await classifier.post("/predict", content=gzip.compress(plain))
+    refused(unsaid, 422, "InvalidRequest", "Content-Encoding: gzip")
+    latin = await classifier.post("/predict", content='{"inputs": "café"}'.encode("latin-1"))
+    refused(latin, 422, "InvalidRequest", "not UTF-8", "0xe9", "offset 15")
 
 
 async def test_many_and_huge_inputs_are_answered(tiny_bundle: ModelFactory) -> None:

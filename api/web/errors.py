@@ -7,6 +7,7 @@ HareError (tasks/errors.py)                       500
 │   ├── InvalidRequest (tasks/errors.py)          422
 │   ├── InputTooLong (tasks/errors.py)            413
 │   ├── NotFound                                  404
+│   ├── UnsupportedEncoding                       415
 │   ├── ClientGone (api/engine/errors.py)         499
 │   └── UnsupportedModel (container/optimize/)    (the optimizer's; exit code 2)
 ├── Unauthorized                                  401 (WWW-Authenticate: Bearer)
@@ -45,6 +46,10 @@ class NotFound(InputError):
     or version that is not this server's; admin routes in public mode."""
 
 
+class UnsupportedEncoding(InputError):
+    """A body sent with a `Content-Encoding` other than `gzip`, `deflate` or `identity` (the message lists them)."""
+
+
 class Unauthorized(HareError):
     """An inference route without `HARE_API_KEY`'s bearer token (when one is set), `/metrics` or `/info` without
     the admin token (when one is set); answered with `WWW-Authenticate: Bearer`."""
@@ -58,6 +63,7 @@ STATUS: dict[type[HareError], int] = {
     InvalidRequest: 422,
     InputTooLong: 413,
     NotFound: 404,
+    UnsupportedEncoding: 415,
     ClientGone: 499,  # nginx's "client closed request": nobody reads it, but metrics tell it from a 400
     InputError: 400,
     Unauthorized: 401,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from api.engine.errors import NotReady, Overloaded
-from api.web.errors import STATUS, NotFound, Unauthorized
+from api.web.errors import STATUS, NotFound, Unauthorized, UnsupportedEncoding
 from api.web.schemas import COMMON
 from api.web.state import Resources
 from container.runtime import InferenceFailed
@@ -29,6 +29,7 @@ INFER_ERRORS: tuple[type[HareError], ...] = (
     Unauthorized,
     InputTooLong,
     InvalidRequest,
+    UnsupportedEncoding,
     Overloaded,
     InferenceFailed,
     NotReady,
@@ -41,6 +42,7 @@ WHY = {
     401: "a missing or wrong bearer token (HARE_API_KEY, or HARE_ADMIN_TOKEN on admin routes)",
     404: "no such model or version, or a route off in public mode",
     413: "the body, the number of inputs, a text's characters, or its tokens with truncate false exceed a limit",
+    415: "a Content-Encoding other than gzip, deflate or identity",
     422: "malformed JSON, a wrong type, an unknown field, parameter or value; the message names it",
     429: "the worker's queue is full, or the client's rate limit is spent: retry after Retry-After seconds",
     500: "the runtime failed (InferenceFailed) or a bug; the log has the trace",

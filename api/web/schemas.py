@@ -10,6 +10,7 @@ also sit at the body's root, as the Hugging Face client sends feature-extraction
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from starlette.requests import Request
 
 from api.engine.errors import ClientGone
 from api.engine.pipeline import PredictRequest
+from api.web.errors import UnsupportedEncoding
 from tasks import params
 from tasks.base import Inputs, LongInput, ModelInfo, TaskSpec
 from tasks.errors import InputTooLong, InvalidRequest
@@ -64,10 +66,56 @@ class Limits:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused (413) as soon as it is known to exceed `limit` bytes: from Content-Length when
-    given, else while streaming. Reads the ASGI messages directly: most bodies arrive in one."""
-    declared = request.headers.get("content-length")
+    given, else while streaming, and once decompressed (`Content-Encoding`). Reads the ASGI messages
+    directly: most bodies arrive in one."""
+    headers = request.headers
+    declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _body_too_large(int(declared), limit)
+    encoding = headers.get("content-encoding")
+    body = await _read(request, limit)
+    return body if encoding is None else decoded(body, encoding, limit)
+
+
+def decoded(body: bytes, encoding: str, limit: int) -> bytes:
+    """`body` undone from `encoding` (a Content-Encoding header: gzip, deflate, identity, or a list of them in
+    the order applied), at most `limit` bytes of it (413 past that: a few KB of gzip can hold GBs)."""
+    for name in reversed([e.strip().lower() for e in encoding.split(",")]):
+        if name in ("", "identity"):
+            continue
+        if name not in DECODERS:
+            known = ", ".join(DECODERS)
+            raise UnsupportedEncoding(
+                f"Content-Encoding {name} is not supported; send the body as it is, or as one of {known}"
+            )
+        body = _inflate(body, name, limit)
+    return body
+
+
+# zlib's window bits for each encoding: gzip's header and trailer; deflate as HTTP defines it (zlib's format).
+DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def _inflate(data: bytes, name: str, limit: int) -> bytes:
+    out = bytearray()
+    while data:  # a gzip body may be several members one after another
+        inflater = zlib.decompressobj(DECODERS[name])
+        try:
+            out += inflater.decompress(data, limit + 1 - len(out))
+        except zlib.error as exc:
+            raise InvalidRequest(f"the body is not valid {name} (Content-Encoding {name}): {exc}") from None
+        if len(out) > limit:
+            raise InputTooLong(
+                f"the body decompresses to more than {limit} bytes; this server takes at most {limit}", limit=limit
+            )
+        if not inflater.eof:
+            raise InvalidRequest(f"the body ends before its {name} stream does (Content-Encoding {name})")
+        data = inflater.unused_data
+    return bytes(out)
+
+
+async def _read(request: Request, limit: int) -> bytes:
+    """The body as sent, refused (413) once it exceeds `limit` bytes."""
     receive = request.receive
     chunks: list[bytes] = []
     size = 0
@@ -99,12 +147,26 @@ def parse_json(body: bytes) -> dict[str, Any]:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"the body is not valid JSON (UTF-8): {exc}") from None
+        raise InvalidRequest(_not_json(body, exc)) from None
     if not isinstance(data, dict):
         raise InvalidRequest(
             f'the body must be a JSON object such as {{"inputs": "some text"}}, got {params.kind(data)}'
         )
     return data
+
+
+def _not_json(body: bytes, exc: orjson.JSONDecodeError) -> str:
+    """What is wrong with a body orjson refused, in the words that help: its own when the text is UTF-8."""
+    if body[:2] == b"\x1f\x8b":
+        return "the body looks gzip-compressed; send it with Content-Encoding: gzip, or uncompressed"
+    try:
+        body.decode()
+    except UnicodeDecodeError as bad:
+        return (
+            f"the body is not UTF-8 text (byte {body[bad.start]:#04x} at offset {bad.start}); send JSON encoded "
+            "as UTF-8"
+        )
+    return f"the body is not valid JSON (UTF-8): {exc}"
 
 
 def parse_predict(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> PredictRequest:
