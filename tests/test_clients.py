@@ -250,6 +250,11 @@ def test_triton_embeddings_and_classification(server: Server, binary: bool) -> N
     outputs = None if binary else [triton.InferRequestedOutput("embeddings", binary_data=False)]
     result = client.infer(NAME, [_texts("text", TEXTS, binary)], outputs=outputs)
     assert np.allclose(result.as_numpy("embeddings"), predict(url, TEXTS), atol=1e-6)
+    for algorithm in ("gzip", "deflate"):  # the whole body compressed, its JSON part's length as before
+        packed = client.infer(
+            NAME, [_texts("text", TEXTS, binary)], outputs=outputs, request_compression_algorithm=algorithm
+        )
+        assert np.allclose(packed.as_numpy("embeddings"), result.as_numpy("embeddings"), atol=1e-6)
     classes = server("text-classification")
     client = triton.InferenceServerClient(classes.removeprefix("http://"))
     labelled = client.infer(NAME, [_texts("text", TEXTS, binary)], parameters={"top_k": 2}, model_version="1")
