@@ -10,12 +10,16 @@ import random
 import string
 
 import pytest
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from api.engine.encoder import Encoder
 from container.defaults import default_model_dir
 from tasks.base import Inputs
 
+# Qwen2's (and Qwen3's) pre-tokenizer split: punctuation takes the newlines after it.
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 ALPHABET = string.ascii_letters + string.digits + string.punctuation + " " * 12 + "\t\n\r"
 
 
@@ -66,3 +70,103 @@ def test_only_bert_normalizers_take_the_short_cut() -> None:
     config = json.loads(uncased.to_str())
     config["normalizer"] = {"type": "NFKC"}  # another normalizer changes ASCII too (e.g. ligatures aside)
     assert Encoder(Tokenizer.from_str(json.dumps(config)), 128, windows=False)._plain is None
+
+
+def long_texts(seed: int) -> list[str]:
+    """Texts far past 16 characters a token of a 32-token model: words, numbers and marks with every kind of
+    space between them, and the starts that hold too few tokens (a run of spaces, one giant word)."""
+    rng = random.Random(seed)
+    words = [
+        "Hello",
+        "world",
+        "naïve",
+        "don't",
+        "e-mail",
+        "3.14159",
+        "1234567",
+        "Ünïcødé",
+        "東京",
+        "🙂",
+        "x.y",
+        "##ing",
+    ]
+    gaps = [" ", " ", " ", "  ", "\n", "\n\n", "\t", ". ", ", ", ".\n", " - ", "? "]
+    out = []
+    for _ in range(12):
+        parts = [rng.choice(words) + rng.choice(gaps) for _ in range(rng.randint(150, 700))]
+        out.append("".join(parts))
+    for _ in range(12):  # about 16 characters a token: the start holds about as many tokens as the model reads
+        out.append("".join(
+            rng.choice(words) + rng.choice([".", ",", ""]) + rng.choice(["\n", " "]) * rng.randint(8, 14)
+            for _ in range(rng.randint(80, 120))
+        ))  # fmt: skip
+    out += [" " * 2000 + "late words " * 40, "x" * 3000 + " tail", "word " * 20 + "\n" * 3000 + "more " * 30]
+    return out
+
+
+def splitting_tokenizers() -> list[tuple[str, Tokenizer]]:
+    """The default model's tokenizers and the tests' tiny byte-level BPE, WordPiece and Unigram (Metaspace) ones."""
+    from tests.tiny_models import SPECIALS, _post_processor, _tokenizer
+
+    made = []
+    for kind, specials in [("bpe", "decoder"), ("wordpiece", "bert"), ("unigram", "roberta")]:
+        tok = _tokenizer(kind, SPECIALS[specials])
+        _post_processor(tok, specials)
+        made.append((kind, tok))
+    # Byte-level BPE split as Qwen's and Llama 3's tokenizer.json do, trained where marks end lines (its ".\n\n"
+    # is one token, as in Qwen's vocabulary: a start cut before a newline would end on "." instead).
+    qwen = Tokenizer(models.BPE())
+    qwen.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(QWEN_SPLIT), "isolated"), pre_tokenizers.ByteLevel(use_regex=False)]
+    )
+    qwen.decoder = decoders.ByteLevel()
+    lines = [f"{w}{mark}\n\n" for w in ("Hello", "world", "naïve", "e-mail") for mark in ".,!?"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    qwen.train_from_iterator(lines * 20, trainer)
+    _post_processor(qwen, "decoder")
+    return tokenizers() + made + [("qwen", qwen)]
+
+
+@pytest.mark.parametrize("offsets", [True, False])
+def test_a_long_text_cut_at_the_maximum_is_read_by_its_start_with_the_same_encoding(offsets: bool) -> None:
+    for name, tokenizer in splitting_tokenizers():
+        reference = Tokenizer.from_str(tokenizer.to_str())
+        reference.no_padding()
+        reference.enable_truncation(max_length=32)
+        encoder = Encoder(tokenizer, 32, windows=False, offsets=offsets)
+        assert encoder._start_at == 32 * 16, name  # these tokenizers split at spaces: the start is read first
+        for seed in range(2):
+            batch = long_texts(seed)
+            assert any(len(encoder._start(t)) < len(t) // 2 for t in batch)  # the short cut is taken
+            encoded = encoder.encode(Inputs(batch, single=False))
+            for text, got in zip(batch, encoded.sequences, strict=True):
+                want = reference.encode(text)
+                spans = (got.offsets, got.tokens) == (want.offsets, want.tokens) if offsets else True
+                assert (got.ids, got.type_ids, got.attention_mask, got.special_tokens_mask) == (
+                    want.ids,
+                    want.type_ids,
+                    want.attention_mask,
+                    want.special_tokens_mask,
+                ), (name, text[:80])
+                assert spans, (name, text[:80])
+            whole = reference.encode_batch(batch)
+            assert encoded.truncated == [bool(e.overflowing) for e in whole]
+            assert encoded.tokens == sum(len(e) for e in whole)
+        # The rule itself, apart from its margin: starts that end anywhere, so that the cut falls within the
+        # tokens the model reads (a start cut mid-word fails here).
+        for text in long_texts(7)[12:15]:
+            expected = reference.encode(text).ids
+            for encoder._start_at in range(40, 400, 3):
+                (got,) = encoder.encode(Inputs([text], single=True)).sequences
+                assert got.ids == expected, (name, encoder._start_at, text[:80])
+
+
+def test_a_tokenizer_that_reads_across_spaces_reads_every_text_whole() -> None:
+    config = json.loads(tokenizers()[0][1].to_str())
+    config["pre_tokenizer"] = None  # one word, the whole text: its tokens could depend on what follows
+    assert Encoder(Tokenizer.from_str(json.dumps(config)), 32, windows=False)._start_at == 0
+    config = json.loads(tokenizers()[0][1].to_str())
+    config["normalizer"] = {"type": "Replace", "pattern": {"String": "a b"}, "content": "ab"}  # across a space
+    assert Encoder(Tokenizer.from_str(json.dumps(config)), 32, windows=False)._start_at == 0
