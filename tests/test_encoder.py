@@ -164,9 +164,25 @@ def test_a_long_text_cut_at_the_maximum_is_read_by_its_start_with_the_same_encod
 
 
 def test_a_tokenizer_that_reads_across_spaces_reads_every_text_whole() -> None:
+    """Where the words before a space could tokenize otherwise for what follows it, no start is read first."""
+    across = [
+        ("pre_tokenizer", None),  # one word, the whole text
+        ("pre_tokenizer", {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}),
+        ("pre_tokenizer", {"type": "Digits", "individual_digits": False}),  # splits digits only
+        ("pre_tokenizer", {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": False}),
+        ("pre_tokenizer", {"type": "Split", "pattern": {"String": "\n"}, "behavior": "Removed", "invert": False}),
+        (
+            "pre_tokenizer",
+            {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False},
+        ),
+        ("normalizer", {"type": "Replace", "pattern": {"String": "a b"}, "content": "ab"}),
+        ("normalizer", {"type": "Replace", "pattern": {"String": " "}, "content": ""}),  # words run together
+    ]
+    for key, value in across:
+        config = json.loads(tokenizers()[0][1].to_str())
+        config[key] = value
+        assert Encoder(Tokenizer.from_str(json.dumps(config)), 32, windows=False)._start_at == 0, value
+    spaces = {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}  # XLM-R's, after its charsmap
     config = json.loads(tokenizers()[0][1].to_str())
-    config["pre_tokenizer"] = None  # one word, the whole text: its tokens could depend on what follows
-    assert Encoder(Tokenizer.from_str(json.dumps(config)), 32, windows=False)._start_at == 0
-    config = json.loads(tokenizers()[0][1].to_str())
-    config["normalizer"] = {"type": "Replace", "pattern": {"String": "a b"}, "content": "ab"}  # across a space
-    assert Encoder(Tokenizer.from_str(json.dumps(config)), 32, windows=False)._start_at == 0
+    config["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFKC"}, spaces]}
+    assert Encoder(Tokenizer.from_str(json.dumps(config)), 32, windows=False)._start_at == 32 * 16

@@ -207,8 +207,8 @@ def _without_bert_normalizer(tokenizer: Tokenizer) -> tuple[Tokenizer | None, bo
 
 def _splits_at_spaces(config: dict[str, Any]) -> bool:
     """Whether a tokenizer (its tokenizer.json) gives the words before a space the same tokens whatever follows
-    the space: its normalizer changes characters in place (a Replace only of spaces), and its pre-tokenizer ends
-    a word at a space (no pre-tokenizer: one word, the whole text)."""
+    the space: its normalizer changes characters in place (a Replace only of spaces, by a space or "▁"), and its
+    pre-tokenizer ends a word at a space (none: the whole text is one word), splitting further or not."""
 
     def parts(component: dict[str, Any] | None, kind: str) -> list[dict[str, Any]]:
         if not component:
@@ -218,12 +218,31 @@ def _splits_at_spaces(config: dict[str, Any]) -> bool:
         return [component]
 
     for part in parts(config.get("normalizer"), "normalizers"):
-        pattern = part.get("pattern") or {}
-        only_spaces = not set(str(pattern.get("String") or pattern.get("Regex") or "x")) - set(" {},+*0123456789")
-        if part["type"] not in _IN_PLACE and not (part["type"] == "Replace" and only_spaces):
+        if part["type"] == "Replace":
+            pattern = part["pattern"].get("String") or part["pattern"].get("Regex") or "x"
+            if set(pattern) - set(" {},+*0123456789") or part.get("content") not in (" ", "\u2581"):
+                return False
+        elif part["type"] not in _IN_PLACE:
             return False
     pre = parts(config.get("pre_tokenizer"), "pretokenizers")
-    return bool(pre) and all(p["type"] in _AT_SPACES for p in pre)
+    return all(p["type"] in _AT_SPACES for p in pre) and any(map(_ends_words_at_spaces, pre))
+
+
+def _ends_words_at_spaces(part: dict[str, Any]) -> bool:
+    """Whether a pre-tokenizer ends every word at a space (Digits or Punctuation alone do not; byte-level BPE's
+    without its regex and Metaspace without splitting read the text as one word; a Split must match spaces,
+    and keep them out of the word before)."""
+    kind = part["type"]
+    if kind == "ByteLevel":
+        return bool(part.get("use_regex", True))
+    if kind == "Metaspace":
+        return bool(part.get("split", True))
+    if kind == "Split":
+        pattern = part["pattern"].get("String") or part["pattern"].get("Regex") or ""
+        return part.get("behavior") in ("Isolated", "Removed", "MergedWithNext") and (
+            " " in pattern or "\\s" in pattern
+        )
+    return kind in ("BertPreTokenizer", "Whitespace", "WhitespaceSplit")
 
 
 def vocab(tokenizer: Tokenizer) -> Vocab:
