@@ -18,7 +18,7 @@ took 61-69 us against 88-92 with BERT's (AMD EPYC, tokenizers 0.23).
 A text to be cut that is far longer than the model reads is tokenized by its start first: the text up to a
 space, about PREFIX_CHARS_PER_TOKEN characters a token of the model's maximum. Where the tokenizer splits
 words at spaces and normalizes characters in place (`_splits_at_spaces`: BERT's, byte-level BPE's, the
-SentencePiece kinds), the start's tokens are the whole text's first ones, so when the start alone overflows
+SentencePiece kinds; its pre-tokenizer is tried on a text of every kind of gap), the start's tokens are the whole text's first ones, so when the start alone overflows
 the maximum its cut is the text's cut; when it does not (long runs of spaces, words of hundreds of
 characters), the whole text is tokenized. A 1 MB text took 240-285 ms to tokenize for MiniLM's 256 tokens.
 """
@@ -46,6 +46,8 @@ PREFIX_CHARS_PER_TOKEN = 16  # a text longer than this many characters a token o
 # a space: with both, the words before a space are the same whatever follows it.
 _IN_PLACE = {"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "Precompiled", "Strip",
              "Prepend"}  # fmt: skip
+# Words, numbers and marks with every kind of gap, on which a pre-tokenizer shows whether it ends words at spaces.
+_GAPS = "Hello world, don't  stop.\nNew line\t42 3.14 café\u00a0東京 -- end.  \n\n  x"
 _AT_SPACES = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Metaspace", "ByteLevel", "Split", "Punctuation",
               "Digits"}  # fmt: skip
 
@@ -78,7 +80,7 @@ class Encoder:
         # The characters an added token starts with, either case: a text without them holds none.
         added = tokenizer.get_added_tokens_decoder().values()
         self._added = frozenset(c for t in added for c in _cases(t.content))
-        local = _splits_at_spaces(json.loads(tokenizer.to_str())) and not any(" " in t.content for t in added)
+        local = _splits_at_spaces(tokenizer) and not any(" " in t.content for t in added)
         self._start_at = max_length * PREFIX_CHARS_PER_TOKEN if local else 0
 
     @property
@@ -132,7 +134,7 @@ class Encoder:
             return text
         end = text.rfind(" ", 0, self._start_at)
         while end > 0 and text[end - 1].isspace():
-            end = text.rfind(" ", 0, end - 1)
+            end = text.rfind(" ", 0, end)
         return text[:end] if end > 0 else text
 
     def _plain_ascii(self, text: str) -> bool:
@@ -205,44 +207,35 @@ def _without_bert_normalizer(tokenizer: Tokenizer) -> tuple[Tokenizer | None, bo
     return plain, bool(normalizer.get("lowercase", True))
 
 
-def _splits_at_spaces(config: dict[str, Any]) -> bool:
-    """Whether a tokenizer (its tokenizer.json) gives the words before a space the same tokens whatever follows
-    the space: its normalizer changes characters in place (a Replace only of spaces, by a space or "▁"), and its
-    pre-tokenizer ends a word at a space (none: the whole text is one word), splitting further or not."""
-
-    def parts(component: dict[str, Any] | None, kind: str) -> list[dict[str, Any]]:
-        if not component:
-            return []
-        if component["type"] == "Sequence":
-            return [p for c in component[kind] for p in parts(c, kind)]
-        return [component]
-
-    for part in parts(config.get("normalizer"), "normalizers"):
+def _splits_at_spaces(tokenizer: Tokenizer) -> bool:
+    """Whether `tokenizer` gives the words before a space the same tokens whatever follows the space: its
+    normalizer changes characters in place (a Replace only of spaces, by a space or "▁"), and its pre-tokenizer,
+    of the kinds that split, never lets a word run on past a space (tried on a text of every kind of gap)."""
+    config = json.loads(tokenizer.to_str())
+    for part in _parts(config.get("normalizer"), "normalizers"):
         if part["type"] == "Replace":
             pattern = part["pattern"].get("String") or part["pattern"].get("Regex") or "x"
             if set(pattern) - set(" {},+*0123456789") or part.get("content") not in (" ", "\u2581"):
                 return False
         elif part["type"] not in _IN_PLACE:
             return False
-    pre = parts(config.get("pre_tokenizer"), "pretokenizers")
-    return all(p["type"] in _AT_SPACES for p in pre) and any(map(_ends_words_at_spaces, pre))
+    pre = _parts(config.get("pre_tokenizer"), "pretokenizers")
+    if not pre or any(p["type"] not in _AT_SPACES for p in pre) or tokenizer.pre_tokenizer is None:
+        return False  # no pre-tokenizer: the whole text is one word
+    # Where `_start` may end a start (a space after something else than whitespace), no piece may run across:
+    # a piece may begin there (byte-level BPE's "Ġword"), or end there.
+    ends = [i for i in range(1, len(_GAPS)) if _GAPS[i] == " " and not _GAPS[i - 1].isspace()]
+    pieces = tokenizer.pre_tokenizer.pre_tokenize_str(_GAPS)
+    return not any(start < i < end for _, (start, end) in pieces for i in ends)
 
 
-def _ends_words_at_spaces(part: dict[str, Any]) -> bool:
-    """Whether a pre-tokenizer ends every word at a space (Digits or Punctuation alone do not; byte-level BPE's
-    without its regex and Metaspace without splitting read the text as one word; a Split must match spaces,
-    and keep them out of the word before)."""
-    kind = part["type"]
-    if kind == "ByteLevel":
-        return bool(part.get("use_regex", True))
-    if kind == "Metaspace":
-        return bool(part.get("split", True))
-    if kind == "Split":
-        pattern = part["pattern"].get("String") or part["pattern"].get("Regex") or ""
-        return part.get("behavior") in ("Isolated", "Removed", "MergedWithNext") and (
-            " " in pattern or "\\s" in pattern
-        )
-    return kind in ("BertPreTokenizer", "Whitespace", "WhitespaceSplit")
+def _parts(component: dict[str, Any] | None, kind: str) -> list[dict[str, Any]]:
+    """A normalizer's or pre-tokenizer's parts, a Sequence's flattened."""
+    if not component:
+        return []
+    if component["type"] == "Sequence":
+        return [p for c in component[kind] for p in _parts(c, kind)]
+    return [component]
 
 
 def vocab(tokenizer: Tokenizer) -> Vocab:
