@@ -15,12 +15,13 @@ lowercasing) keeps the full path. On such text BERT's pre-tokenizer (split at wh
 mark a word) is one regex over ASCII classes, which that copy runs instead: the 128-token text's encoding
 took 61-69 us against 88-92 with BERT's (AMD EPYC, tokenizers 0.23).
 
-A text to be cut that is far longer than the model reads is tokenized by its start first: the text up to a
-space, about PREFIX_CHARS_PER_TOKEN characters a token of the model's maximum. Where the tokenizer splits
-words at spaces and normalizes characters in place (`_splits_at_spaces`: BERT's, byte-level BPE's, the
-SentencePiece kinds; its pre-tokenizer is tried on a text of every kind of gap), the start's tokens are the whole text's first ones, so when the start alone overflows
-the maximum its cut is the text's cut; when it does not (long runs of spaces, words of hundreds of
-characters), the whole text is tokenized. A 1 MB text took 240-285 ms to tokenize for MiniLM's 256 tokens.
+A text to be cut that is far longer than the model reads is tokenized by its start first: the text up to a space,
+about PREFIX_CHARS_PER_TOKEN characters a token of the model's maximum. Where the tokenizer splits words at spaces
+and normalizes characters in place (`_splits_at_spaces`: BERT's, byte-level BPE's, the SentencePiece kinds; its
+pre-tokenizer is tried on a text of every kind of gap), the start's tokens are the whole text's first ones, so when
+the start alone overflows the maximum its cut is the text's cut; when it does not (long runs of spaces, words of
+hundreds of characters), the whole text is tokenized. A 1 MB text took 240-285 ms to tokenize for MiniLM's 256
+tokens.
 """
 
 from __future__ import annotations
