@@ -186,3 +186,20 @@ def test_a_tokenizer_that_reads_across_spaces_reads_every_text_whole() -> None:
     config = json.loads(tokenizers()[0][1].to_str())
     config["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFKC"}, spaces]}
     assert Encoder(Tokenizer.from_str(json.dumps(config)), 32, windows=False)._start_at == 32 * 16
+
+
+def test_a_long_document_to_be_cut_beside_its_query_is_read_by_its_start_with_the_same_encoding() -> None:
+    """A ranking pair: the document's start is read first, and the pair cut to the maximum as the whole document
+    gives it (the query keeps up to half the room), for documents of every length around the start's."""
+    for name, tokenizer in splitting_tokenizers():
+        encoder = Encoder(Tokenizer.from_str(tokenizer.to_str()), 32, windows=False)
+        whole = Encoder(Tokenizer.from_str(tokenizer.to_str()), 32, windows=False)
+        whole._start_at = 0  # every document read whole: the encoding before starts were read first
+        documents = long_texts(3)[9:]
+        for query in ["what is naïve?", "a longer question " * 6]:
+            want = whole.encode(Inputs(documents, single=False, query=query))
+            for encoder._start_at in (512, *range(40, 400, 23)):
+                got = encoder.encode(Inputs(documents, single=False, query=query))
+                for a, b in zip(got.sequences, want.sequences, strict=True):
+                    assert (a.ids, a.type_ids, a.offsets) == (b.ids, b.type_ids, b.offsets), (name, encoder._start_at)
+                assert (got.truncated, got.tokens) == (want.truncated, want.tokens), name

@@ -155,23 +155,31 @@ class Encoder:
 
     def _pairs(self, query: str, documents: list[str], truncate: bool) -> Encoded:
         # No truncation here: tokenizers' pair truncation also builds every overflow combination, which
-        # explodes on long documents. Too-long pairs are cut by hand below.
+        # explodes on long documents. Too-long pairs are cut by hand below; a long document to be cut is read by
+        # its start first, as a single text is: where the start alone fills the room, the pair is cut from it.
         encode = self._whole.encode_batch if self._offsets else self._whole.encode_batch_fast
-        encodings = encode([(query, d) for d in documents])
-        truncated = [False] * len(encodings)
+        starts = [self._start(d) for d in documents] if truncate and self._start_at else documents
+        content = {
+            i: self._whole.encode(s, add_special_tokens=False) for i, s in enumerate(starts) if s is not documents[i]
+        }
+        filled = {i for i, d in content.items() if len(d) >= self._pair_budget}
+        encodings = encode([(query, d) for i, d in enumerate(documents) if i not in filled])
+        for i in sorted(filled):
+            encodings.insert(i, self._fit_pair(query, content[i]))
+        truncated = [i in filled for i in range(len(documents))]
         for i, enc in enumerate(encodings):
-            if len(enc) > self.max_length:
+            if i not in filled and len(enc) > self.max_length:
                 if not truncate:
                     raise self._too_long(f"inputs.documents[{i}] with the query", len(enc))
-                encodings[i] = self._fit_pair(query, documents[i])
+                encodings[i] = self._fit_pair(query, self._whole.encode(documents[i], add_special_tokens=False))
                 truncated[i] = True
         return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings))
 
-    def _fit_pair(self, query: str, document: str) -> Encoding:
-        """Cut a pair to the model's maximum: the query keeps up to half the room (all of it if the document is
-        short), the document gets the rest."""
+    def _fit_pair(self, query: str, d: Encoding) -> Encoding:
+        """Cut a pair (`d`: the document's content tokens, or as many of its first ones as fill the room) to the
+        model's maximum: the query keeps up to half the room (all of it if the document is short), the document
+        gets the rest."""
         q = self._whole.encode(query, add_special_tokens=False)
-        d = self._whole.encode(document, add_special_tokens=False)
         budget = self._pair_budget
         q_len = min(len(q), max(budget // 2, budget - len(d)))
         if len(q) > q_len:
