@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Encoding, Regex, Tokenizer, pre_tokenizers
+from tokenizers.pre_tokenizers import PreTokenizer
 
 from tasks.base import TRUNCATE, Inputs, LongInput, Vocab
 from tasks.errors import InputTooLong
@@ -69,7 +70,9 @@ class Encoder:
         tokenizer.no_padding()  # the batcher pads per batch, never to a fixed length
         tokenizer.enable_truncation(max_length=max_length)
         self._cut = tokenizer
-        self._whole = Tokenizer.from_str(tokenizer.to_str())
+        text = tokenizer.to_str()  # read once: the copies below and the checks of its parts
+        config = json.loads(text)
+        self._whole = Tokenizer.from_str(text)
         self._whole.no_truncation()
         self.max_length = max_length
         # A window's content tokens: the model's maximum less a single text's special tokens.
@@ -77,11 +80,11 @@ class Encoder:
         self._pair_budget = max_length - tokenizer.num_special_tokens_to_add(True)
         self._hint = ', or "long_input": "window" to read all of it' if windows else ""
         self._offsets = offsets
-        self._plain, self._lower = _without_bert_normalizer(tokenizer)
+        self._plain, self._lower = _without_bert_normalizer(text, config)
         # The characters an added token starts with, either case: a text without them holds none.
         added = tokenizer.get_added_tokens_decoder().values()
         self._added = frozenset(c for t in added for c in _cases(t.content))
-        local = _splits_at_spaces(tokenizer) and not any(" " in t.content for t in added)
+        local = _splits_at_spaces(config, tokenizer.pre_tokenizer) and not any(" " in t.content for t in added)
         self._start_at = max_length * PREFIX_CHARS_PER_TOKEN if local else 0
 
     @property
@@ -108,11 +111,10 @@ class Encoder:
         truncated = [False] * len(encodings)
         tokens = 0
         for i, enc in enumerate(encodings):
-            # Only an encoding at the limit can have been cut; `overflowing` copies, so test the length first.
-            overflows = len(enc) >= self.max_length and bool(enc.overflowing)
+            overflows = self._overflows(enc)
             if not overflows and len(texts[i]) < len(whole[i]):  # its start held less than the model reads
                 enc = encodings[i] = self._encode(self._cut, [whole[i]])[0]
-                overflows = len(enc) >= self.max_length and bool(enc.overflowing)
+                overflows = self._overflows(enc)
             tokens += len(enc)
             if overflows:
                 if not truncate:
@@ -120,6 +122,11 @@ class Encoder:
                     raise self._too_long(name, len(self._whole.encode(whole[i])))
                 truncated[i] = True
         return Encoded([[e] for e in encodings], truncated, encodings, tokens)
+
+    def _overflows(self, enc: Encoding) -> bool:
+        """Whether `enc` was cut at the maximum (only an encoding at the limit can have been; `overflowing` copies,
+        so the length is tested first)."""
+        return len(enc) >= self.max_length and bool(enc.overflowing)
 
     def _encode(self, cut: Tokenizer, texts: list[str]) -> list[Encoding]:
         if not self._offsets:
@@ -200,12 +207,10 @@ def _cases(content: str) -> tuple[str, ...]:
     return (content[:1].lower(), content[:1].upper()) if content else ()
 
 
-def _without_bert_normalizer(tokenizer: Tokenizer) -> tuple[Tokenizer | None, bool]:
-    """A copy of `tokenizer` without its normalizer (and with BERT's pre-tokenizer as one regex, where it has
-    that one), and whether the normalizer lowercased, where the normalizer is BERT's (on clean ASCII it only
-    lowercases, or does nothing); (None, False) for any other."""
-    text = tokenizer.to_str()
-    config = json.loads(text)
+def _without_bert_normalizer(text: str, config: dict[str, Any]) -> tuple[Tokenizer | None, bool]:
+    """A copy of a tokenizer (`text`, its JSON, and `config`, that parsed) without its normalizer (and with
+    BERT's pre-tokenizer as one regex, where it has that one), and whether the normalizer lowercased, where the
+    normalizer is BERT's (on clean ASCII it only lowercases, or does nothing); (None, False) for any other."""
     normalizer = config.get("normalizer") or {}
     if normalizer.get("type") != "BertNormalizer":
         return None, False
@@ -216,11 +221,11 @@ def _without_bert_normalizer(tokenizer: Tokenizer) -> tuple[Tokenizer | None, bo
     return plain, bool(normalizer.get("lowercase", True))
 
 
-def _splits_at_spaces(tokenizer: Tokenizer) -> bool:
-    """Whether `tokenizer` gives the words before a space the same tokens whatever follows the space: its
-    normalizer changes characters in place (a Replace only of spaces, by a space or "▁"), and its pre-tokenizer,
-    of the kinds that split, never lets a word run on past a space (tried on a text of every kind of gap)."""
-    config = json.loads(tokenizer.to_str())
+def _splits_at_spaces(config: dict[str, Any], pre_tokenizer: PreTokenizer | None) -> bool:
+    """Whether a tokenizer (`config`, its parsed JSON, and its `pre_tokenizer`) gives the words before a space
+    the same tokens whatever follows the space: its normalizer changes characters in place (a Replace only of
+    spaces, by a space or "▁"), and its pre-tokenizer, of the kinds that split, never lets a word run on past a
+    space (tried on a text of every kind of gap)."""
     for part in _parts(config.get("normalizer"), "normalizers"):
         if part["type"] == "Replace":
             pattern = part["pattern"].get("String") or part["pattern"].get("Regex") or "x"
@@ -229,12 +234,12 @@ def _splits_at_spaces(tokenizer: Tokenizer) -> bool:
         elif part["type"] not in _IN_PLACE:
             return False
     pre = _parts(config.get("pre_tokenizer"), "pretokenizers")
-    if not pre or any(p["type"] not in _AT_SPACES for p in pre) or tokenizer.pre_tokenizer is None:
+    if not pre or any(p["type"] not in _AT_SPACES for p in pre) or pre_tokenizer is None:
         return False  # no pre-tokenizer: the whole text is one word
     # Where `_start` may end a start (a space after something else than whitespace), no piece may run across:
     # a piece may begin there (byte-level BPE's "Ġword"), or end there.
     ends = [i for i in range(1, len(_GAPS)) if _GAPS[i] == " " and not _GAPS[i - 1].isspace()]
-    pieces = tokenizer.pre_tokenizer.pre_tokenize_str(_GAPS)
+    pieces = pre_tokenizer.pre_tokenize_str(_GAPS)
     return not any(start < i < end for _, (start, end) in pieces for i in ends)
 
 
