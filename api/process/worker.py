@@ -192,7 +192,7 @@ class PacedServer(Server):
             seen = self._waiting.get(protocol)
             since = seen[1] if seen is not None and seen[0] is cycle else now
             if now - since >= limit:
-                protocol.transport.close()
+                transport.close()
             else:
                 waiting[protocol] = (cycle, since)
         self._waiting = waiting
