@@ -30,6 +30,14 @@ def tokenizers() -> list[tuple[str, Tokenizer]]:
     return [("uncased", uncased), ("cased", Tokenizer.from_str(json.dumps(config)))]
 
 
+def cutting(tokenizer: Tokenizer, max_length: int) -> Tokenizer:
+    """A copy of `tokenizer` as the server's would be without its short cuts: unpadded, cut at `max_length`."""
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_padding()
+    copy.enable_truncation(max_length=max_length)
+    return copy
+
+
 def texts(seed: int) -> list[str]:
     rng = random.Random(seed)
     words = ["Hello", "WORLD", "naïve", "don't", "e-mail", "A.B.C", "x1y2", "##ing", "[CLS]", "Paris"]
@@ -48,9 +56,7 @@ def fields(e: Encoding, offsets: bool) -> tuple[object, ...]:
 @pytest.mark.parametrize("offsets", [True, False])
 def test_every_text_gets_the_full_tokenizers_encoding(offsets: bool) -> None:
     for name, tokenizer in tokenizers():
-        reference = Tokenizer.from_str(tokenizer.to_str())
-        reference.no_padding()
-        reference.enable_truncation(max_length=128)
+        reference = cutting(tokenizer, 128)
         encoder = Encoder(tokenizer, 128, windows=False, offsets=offsets)
         for seed in range(3):
             batch = texts(seed)
@@ -132,9 +138,7 @@ def splitting_tokenizers() -> list[tuple[str, Tokenizer]]:
 @pytest.mark.parametrize("offsets", [True, False])
 def test_a_long_text_cut_at_the_maximum_is_read_by_its_start_with_the_same_encoding(offsets: bool) -> None:
     for name, tokenizer in splitting_tokenizers():
-        reference = Tokenizer.from_str(tokenizer.to_str())
-        reference.no_padding()
-        reference.enable_truncation(max_length=32)
+        reference = cutting(tokenizer, 32)
         encoder = Encoder(tokenizer, 32, windows=False, offsets=offsets)
         assert encoder._start_at == 32 * 16, name  # these tokenizers split at spaces: the start is read first
         for seed in range(2):
