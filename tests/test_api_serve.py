@@ -295,7 +295,7 @@ def test_an_answer_nobody_reads_is_dropped_and_a_slow_reader_gets_all_of_it(
     worker for as long as their clients stayed); one that reads slowly, but reads, gets every byte."""
     body = json.dumps({"inputs": ["word " * 100] * 800, "parameters": {"output_value": "token_embeddings"}}).encode()
     head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-    with hare_serve(tiny_bundle("feature-extraction"), tmp_path / "s.log", 1, {"HARE_READ_TIMEOUT": "1"}) as (url, _):
+    with hare_serve(tiny_bundle("feature-extraction"), tmp_path / "s.log", 1, {"HARE_READ_TIMEOUT": "2"}) as (url, _):
         host, port = url.removeprefix("http://").split(":")
 
         def ask() -> socket.socket:
@@ -308,7 +308,7 @@ def test_an_answer_nobody_reads_is_dropped_and_a_slow_reader_gets_all_of_it(
         idle, slow = ask(), ask()
         answer = b""
         started = time.monotonic()
-        while time.monotonic() - started < 4:  # 32 KB every 0.25 s: past the timeout, and never still
+        while time.monotonic() - started < 5:  # 32 KB every 0.25 s: past the timeout and a look, never still
             answer += slow.recv(2**15)
             time.sleep(0.25)
         size = int(re.search(rb"content-length: (\d+)", answer, re.I).group(1))  # type: ignore[union-attr]
