@@ -11,9 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import ModelFactory, quick_bundle
+from tests.conftest import ModelFactory, quick_bundle, unavailable
 from tests.live_server import free_port
 from tests.tiny_models import make_sentence_transformer
 
@@ -58,11 +56,12 @@ def test_the_gpu_peers_script_runs_its_comparison_on_cpu(tiny_model: ModelFactor
     assert all(int(rate.replace(",", "")) > 0 and float(cosine) > 0.999 for _, _, rate, cosine in rows), out
 
 
-@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install wrk)")
 def test_the_users_script_loads_workers_that_feed_the_shared_engine(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
     """scripts/users-check is the device run's many-users step (scripts/gpu-check): here on CPU, two workers
     feeding the shared engine, loaded by wrk through the script's own request bodies; every answer a 2xx, and
     the engine's metrics show that the calls went through it."""
+    if shutil.which("wrk") is None:
+        unavailable("wrk is not installed (apt-get install wrk)")
     env = os.environ | {
         "HARE_ENGINE": "shared", "USERS": "8", "SEQ": "16", "DURATION": "1", "WRK_THREADS": "1",
         "HAREBENCH": "0", "PY": sys.executable, "OUT": str(tmp_path), "PORT": str(free_port()),
