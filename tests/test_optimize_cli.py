@@ -79,6 +79,19 @@ def test_the_bundle_carries_the_batch_budget_measured_with_every_core_busy(
     assert manifest.budget_machine["streams"] == 2 and manifest.budget_machine["cpu"] == manifest.machine["cpu"]
 
 
+def test_the_budgets_tried_can_be_named_and_a_budget_under_one_sequence_is_refused(
+    tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, out = tiny_model("feature-extraction"), tmp_path / "bundle"
+    args = ("--task", "feature-extraction", "--variants", "fp32", *QUICK)
+    assert run(model, *args, "--out", out, "--tune-budgets", "512,128") == 0
+    manifest = read_manifest(out)
+    assert sorted(int(budget) for budget in manifest.token_rates) == [128, 512]  # only these, whatever the peak
+    assert manifest.max_batch_tokens in (128, 512)
+    assert run(model, *args, "--out", tmp_path / "other", "--tune-budgets", "64,256") == 2
+    assert "each at least 128" in capsys.readouterr().err and not (tmp_path / "other").exists()
+
+
 @pytest.mark.parametrize(
     ("rates", "budget"),
     [

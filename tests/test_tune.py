@@ -71,6 +71,11 @@ def test_a_read_only_bundle_gets_the_setting_to_use_instead(
     assert [p.name for p in elsewhere.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
 
 
+def test_tune_tries_only_the_budgets_named(elsewhere: Path) -> None:
+    assert main(["tune", str(elsewhere), *QUICK, "--budgets", "256,128"]) == 0
+    assert sorted(int(budget) for budget in read_manifest(elsewhere).token_rates) == [128, 256]
+
+
 def test_a_gpu_bundle_is_refused_with_what_it_batches_to(elsewhere: Path, capsys: pytest.CaptureFixture[str]) -> None:
     manifest = json.loads((elsewhere / "hare.json").read_text())
     (elsewhere / "hare.json").write_text(json.dumps(manifest | {"target": "gpu"}))

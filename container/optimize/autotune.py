@@ -59,6 +59,7 @@ from container.machine import available_bytes, describe
 from container.models import Model, open_model
 from container.optimize.textset import SENTENCES
 from container.runtime import InferenceFailed
+from tasks.errors import InputError
 from tasks.ops import pad_batch
 
 # The percentile of the per-call times that stands for a point: load only adds time, so a low one.
@@ -244,6 +245,8 @@ def _rounded(margin: float | None) -> float | None:
 
 # Padded tokens per model call tried for the batch budget: from one 128-token sequence to the server's default.
 BUDGETS = (128, 256, 512, 1024, 2048, 4096, 8192)
+# The sequence length the budget is timed at: a budget is filled with sequences of this many tokens.
+BUDGET_LENGTH = 128
 # The climb stops after two budgets in a row below this share of the best rate so far: past its peak a CPU's
 # rate does not come back, and on a large model one call of 8,192 tokens takes minutes.
 PAST_PEAK = 0.9
@@ -257,7 +260,7 @@ def token_rates(
     streams: int,
     target: str = "cpu",
     budgets: Sequence[int] = BUDGETS,
-    length: int = 128,
+    length: int = BUDGET_LENGTH,
     min_seconds: float = 0.2,
     step: Callable[[str], None] | None = None,
     variant: str = "fp32",
@@ -311,6 +314,19 @@ def token_rates(
             if step:
                 step(f"round {len(chosen)}: {chosen[-1]} tokens")
     return rates_of(samples, feeds, streams)
+
+
+def checked_budgets(budgets: Sequence[int]) -> tuple[int, ...]:
+    """The budgets a user named (`hare optimize --tune-budgets`, `hare tune --budgets`), smallest first, once
+    each: the climb goes up from the smallest. One under a sequence of BUDGET_LENGTH tokens would be timed as
+    that sequence, and so named for a batch it never ran: refused."""
+    small = [b for b in budgets if b < BUDGET_LENGTH]
+    if not budgets or small:
+        raise InputError(
+            f"batch budgets are padded tokens per call, each at least {BUDGET_LENGTH} (one {BUDGET_LENGTH}-token "
+            f"sequence), e.g. 128,256,512; got {','.join(map(str, budgets)) or 'none'}"
+        )
+    return tuple(sorted(set(budgets)))
 
 
 def rates_of(

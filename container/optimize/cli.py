@@ -14,14 +14,14 @@ from rich.table import Table
 from container.bundle import Manifest
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK, default_model_dir
 from container.machine import FULL_LEVELS, NARROW_LEVELS
-from container.optimize.autotune import HOPELESS
+from container.optimize.autotune import HOPELESS, checked_budgets
 from container.optimize.validate import FP32_GATE
 from tasks.base import Gate
 from tasks.errors import InputError
 from tasks.registry import TASKS, get_task
 
 
-def _ints(text: str) -> list[int]:
+def comma_ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x]
     except ValueError:
@@ -91,8 +91,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "for a bundle that will run on CPUs other than this one), auto (narrow where this CPU's int8 kernel "
         "adds products in saturating 16-bit pairs: x86 without VNNI; full elsewhere)",
     )
-    p.add_argument("--tune-lengths", type=_ints, default=[16, 128, 384], help="sequence lengths timed")
-    p.add_argument("--tune-batches", type=_ints, default=[1, 8], help="batch sizes timed")
+    p.add_argument("--tune-lengths", type=comma_ints, default=[16, 128, 384], help="sequence lengths timed")
+    p.add_argument("--tune-batches", type=comma_ints, default=[1, 8], help="batch sizes timed")
     p.add_argument("--tune-threads", type=int, default=1, help="ORT threads while timing (serving: 1 per worker)")
     p.add_argument(
         "--tune-seconds",
@@ -106,6 +106,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="model calls at once while measuring the batch budget (0: one per physical core, as under load)",
+    )
+    p.add_argument(
+        "--tune-budgets",
+        type=comma_ints,
+        default=None,
+        help="padded tokens per call tried for the batch budget, smallest first, each at least 128 (default "
+        "128,256,...,8192: the climb stops past the peak); fewer make a large model's build quicker",
     )
     gates = p.add_argument_group("parity gates (a variant must meet every one to ship; default: the task's gate)")
     for metric, declared in gates_by_metric().items():
@@ -155,6 +162,7 @@ def main(args: argparse.Namespace) -> int:
             tune_threads=args.tune_threads,
             tune_seconds=args.tune_seconds,
             tune_streams=args.tune_streams,
+            tune_budgets=None if args.tune_budgets is None else checked_budgets(args.tune_budgets),
             int8_levels={"full": FULL_LEVELS, "narrow": NARROW_LEVELS}.get(args.int8_weights),
         ),
         console,

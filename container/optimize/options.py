@@ -28,5 +28,6 @@ class OptimizeOptions:
     tune_threads: int = 1
     tune_seconds: float = 0.2
     tune_streams: int = 0  # model calls at once while measuring the batch budget (0: one per physical core)
+    tune_budgets: Sequence[int] | None = None  # padded tokens per call tried for it (None: autotune.BUDGETS)
     adapter: str | None = None  # the task adapter (LoRA) baked into the weights, for a folder that has several
     int8_levels: int | None = None  # dynamic int8 weights' levels a side (None: what this CPU adds exactly)

@@ -289,7 +289,14 @@ def budget(
     if opts.target != "cpu":
         return {}
     return autotune.token_rates(
-        model, loaded, streams, opts.target, min_seconds=opts.tune_seconds, step=step, variant=variant
+        model,
+        loaded,
+        streams,
+        opts.target,
+        budgets=opts.tune_budgets or autotune.BUDGETS,
+        min_seconds=opts.tune_seconds,
+        step=step,
+        variant=variant,
     )
 
 

@@ -26,6 +26,7 @@ from rich.table import Table
 from container.bundle import MANIFEST_FILE, MODEL_FILE, PARITY_FILE, TOKENIZER_FILE, read_manifest
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
+from container.optimize.cli import comma_ints
 from tasks.errors import InputError
 
 
@@ -37,6 +38,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--streams", type=int, default=0, help="model calls at once (0: one per physical core, as the server runs)"
     )
     p.add_argument("--seconds", type=float, default=0.2, help="least time spent timing each budget")
+    p.add_argument(
+        "--budgets",
+        type=comma_ints,
+        default=None,
+        help="padded tokens per call tried, each at least 128 (default 128,256,...,8192)",
+    )
     p.add_argument("--dry-run", action="store_true", help="measure and print; leave hare.json as it is")
     p.add_argument(
         "--check",
@@ -63,8 +70,9 @@ def main(args: argparse.Namespace) -> int:
         raise InputError("--streams must be 0 or more and --seconds more than 0")
     streams = args.streams or physical_cores()
     tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    budgets = autotune.BUDGETS if args.budgets is None else autotune.checked_budgets(args.budgets)
     rates = autotune.token_rates(
-        bundle / MODEL_FILE, tokenizer, streams, min_seconds=args.seconds, variant=manifest.variant
+        bundle / MODEL_FILE, tokenizer, streams, budgets=budgets, min_seconds=args.seconds, variant=manifest.variant
     )
     fields = autotune.budget_fields(rates, streams)
     budget = fields["max_batch_tokens"]
