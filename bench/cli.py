@@ -28,21 +28,8 @@ from bench import measure, readout
 from bench.geometries import GEOMETRIES
 from bench.inputs import MIXES
 from bench.store import default_db_path
+from container.arguments import comma_floats, comma_ints
 from container.machine import physical_cores
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 def _seqs(text: str) -> list[int | str]:
@@ -103,17 +90,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=[8, 128],
         help="token counts, `comet` (45-55 words) or `mix` (3-140 words, most short) (default 8,128)",
     )
-    grid.add_argument("--batch", type=_ints, default=[1], help="texts (or ranked documents) per request")
-    grid.add_argument("--concurrency", type=_ints, default=[physical_cores()], help="closed-loop users")
+    grid.add_argument("--batch", type=comma_ints, default=[1], help="texts (or ranked documents) per request")
+    grid.add_argument("--concurrency", type=comma_ints, default=[physical_cores()], help="closed-loop users")
     grid.add_argument("--load", choices=["closed", "open"], default="closed", help="closed loop or Poisson arrivals")
-    grid.add_argument("--rate", type=_floats, default=[], help="open loop: requests per second (comma-separated)")
+    grid.add_argument("--rate", type=comma_floats, default=[], help="open loop: requests per second (comma-separated)")
     grid.add_argument(
         "--workers",
-        type=_ints,
+        type=comma_ints,
         default=None,
         help="hare server workers to try, each with the server's streams for its share (default: its own)",
     )
-    grid.add_argument("--threads", type=_ints, default=None, help="ORT threads per worker to try (default: its own)")
+    grid.add_argument(
+        "--threads", type=comma_ints, default=None, help="ORT threads per worker to try (default: its own)"
+    )
     grid.add_argument("--warmup", type=float, default=2.0, help="seconds of unrecorded load before each point")
     grid.add_argument("--duration", type=float, default=10.0, help="seconds recorded per point")
     grid.add_argument("--max-requests", type=int, default=100_000, help="stop a point after this many answers")
@@ -137,7 +126,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     head = sub.add_parser("headline", help="the headline scenario: DistilBERT classification vs vanilla, MiniLM")
     head.add_argument("--duration", type=float, default=8.0, help="seconds recorded per point")
     head.add_argument("--warmup", type=float, default=2.0, help="seconds of unrecorded load before each point")
-    head.add_argument("--seq", type=_ints, default=None, help="override the classification lengths")
+    head.add_argument("--seq", type=comma_ints, default=None, help="override the classification lengths")
     head.add_argument("--no-embeddings", action="store_true", help="skip the MiniLM embeddings part")
     _progress(head)
     _common(head)
@@ -151,7 +140,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     over.add_argument("--soak", type=float, default=0.0, help="seconds of soak with RSS sampling (default: none)")
     over.add_argument("--serve-arg", action="append", default=[], help="extra argument for `hare serve` (repeat)")
     over.add_argument(
-        "--tail", type=_ints, default=[8, 128], help="token counts of the p99/p50 phases at users = cores and 16 users"
+        "--tail",
+        type=comma_ints,
+        default=[8, 128],
+        help="token counts of the p99/p50 phases at users = cores and 16 users",
     )
     over.add_argument("--no-tail", action="store_true", help="skip the p99/p50 phases")
     _common(over)
@@ -171,7 +163,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     peers.add_argument("--bundle", type=Path, help="hare's bundle of it (default: `hare optimize` it, cached)")
     peers.add_argument("--seq", type=int, default=128, help="tokens per text for the speed figures (default 128)")
     peers.add_argument("--batch", type=int, default=32, help="the throughput batch (default 32; batch 1 always)")
-    peers.add_argument("--threads", type=_ints, default=[1, 2], help="thread counts (default 1,2)")
+    peers.add_argument("--threads", type=comma_ints, default=[1, 2], help="thread counts (default 1,2)")
     peers.add_argument("--rounds", type=int, default=5, help="rounds of every candidate in turn (default 5)")
     peers.add_argument("--seconds", type=float, default=1.0, help="seconds recorded per slot and round (default 1)")
     peers.add_argument("--fidelity", type=int, default=200, help="texts in the fidelity set (default 200)")
@@ -214,7 +206,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     model.add_argument("folder", type=Path, help="where to write it (kept as it is if already built)")
 
     ceiling = sub.add_parser("ceiling", help="the load generator's own ceiling against a trivial endpoint")
-    ceiling.add_argument("--concurrency", type=_ints, default=[1, 2, 16], help="users to try")
+    ceiling.add_argument("--concurrency", type=comma_ints, default=[1, 2, 16], help="users to try")
     ceiling.add_argument("--duration", type=float, default=3.0)
 
     lst = sub.add_parser("list", help="runs in the store, newest first")

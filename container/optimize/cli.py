@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from container.arguments import comma_ints
 from container.bundle import Manifest
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK, default_model_dir
 from container.machine import FULL_LEVELS, NARROW_LEVELS
@@ -19,14 +20,6 @@ from container.optimize.validate import FP32_GATE
 from tasks.base import Gate
 from tasks.errors import InputError
 from tasks.registry import TASKS, get_task
-
-
-def comma_ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
 
 # The gates' flags from before they were generated (metric -> flag); any other gate's flag is --min- or --max-
 # followed by its metric.

@@ -23,10 +23,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from container.arguments import comma_ints
 from container.bundle import MANIFEST_FILE, MODEL_FILE, PARITY_FILE, TOKENIZER_FILE, read_manifest
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
-from container.optimize.cli import comma_ints
 from tasks.errors import InputError
 
 
