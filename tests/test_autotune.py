@@ -359,3 +359,18 @@ def test_a_bundle_from_before_the_pick_was_recorded_still_reads_and_prints(tiny_
     old = Manifest.from_dict({k: v for k, v in data.items() if k != "pick"})
     assert old.pick == {} and pick_line(old.pick) == ""
     assert variant_table(old).row_count == len(old.variants)
+
+
+@pytest.mark.parametrize("arch", ["bert", "xlm-roberta", "qwen3"])
+def test_the_timed_inputs_are_the_long_texts_first_tokens(tiny_model: ModelFactory, arch: str) -> None:
+    """What autotune and the batch budget time is the start of one long text, at every length up to past the
+    model's maximum (WordPiece, SentencePiece and byte-level BPE alike), though only its first words are
+    tokenized."""
+    tokenizer = Tokenizer.from_file(str(tiny_model("feature-extraction", arch) / "tokenizer.json"))
+    whole = tokenizer.encode(" ".join(autotune.WORDS))
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    for length in (1, 8, 128, 100_000):
+        feeds = autotune._feeds(tokenizer, length, 2, names)
+        expected = whole.ids[: min(length, len(whole.ids))]
+        assert feeds["input_ids"].tolist() == [expected, expected], length
+        assert feeds["attention_mask"].all()
