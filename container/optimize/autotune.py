@@ -86,7 +86,8 @@ WORDS = " ".join(SENTENCES * 20).split()
 
 def _feeds(tokenizer: Tokenizer, length: int, batch: int, names: Sequence[str]) -> dict[str, np.ndarray]:
     """`batch` copies of a `length`-token text (or the model's maximum, where shorter). Only the words that
-    make `length` tokens are tokenized: the whole text took 55 ms a call, a third of a tiny model's build."""
+    make `length` tokens are tokenized: the whole text took 55 ms a call, a quarter to a third of a tiny
+    model's build."""
     enc = tokenizer.encode(" ".join(WORDS[:length]))  # truncated at the model's maximum by the bundle tokenizer
     enc.truncate(min(length, len(enc.ids)))
     return pad_batch([enc] * batch, names)
@@ -252,6 +253,8 @@ def _rounded(margin: float | None) -> float | None:
 BUDGETS = (128, 256, 512, 1024, 2048, 4096, 8192)
 # The sequence length the budget is timed at: a budget is filled with sequences of this many tokens.
 BUDGET_LENGTH = 128
+# The budgets' rule and default as both command lines' help says them.
+BUDGETS_HELP = f"each at least {BUDGET_LENGTH} (default {BUDGETS[0]},{BUDGETS[1]},...,{BUDGETS[-1]})"
 # The climb stops after two budgets in a row below this share of the best rate so far: past its peak a CPU's
 # rate does not come back, and on a large model one call of 8,192 tokens takes minutes.
 PAST_PEAK = 0.9

@@ -15,7 +15,7 @@ from container.arguments import comma_ints
 from container.bundle import Manifest
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK, default_model_dir
 from container.machine import FULL_LEVELS, NARROW_LEVELS
-from container.optimize.autotune import HOPELESS, checked_budgets
+from container.optimize.autotune import BUDGETS_HELP, HOPELESS, checked_budgets
 from container.optimize.validate import FP32_GATE
 from tasks.base import Gate
 from tasks.errors import InputError
@@ -104,8 +104,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--tune-budgets",
         type=comma_ints,
         default=None,
-        help="padded tokens per call tried for the batch budget, smallest first, each at least 128 (default "
-        "128,256,...,8192: the climb stops past the peak); fewer make a large model's build quicker",
+        help=f"padded tokens per call tried for the batch budget, smallest first, {BUDGETS_HELP}; the climb "
+        "stops past the peak, and fewer make a large model's build quicker",
     )
     gates = p.add_argument_group("parity gates (a variant must meet every one to ship; default: the task's gate)")
     for metric, declared in gates_by_metric().items():

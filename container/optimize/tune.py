@@ -31,6 +31,8 @@ from tasks.errors import InputError
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from container.optimize.autotune import BUDGETS_HELP
+
     p.add_argument(
         "bundle", nargs="?", type=Path, default=DEFAULT_BUNDLE, help=f"bundle folder (default {DEFAULT_BUNDLE})"
     )
@@ -42,7 +44,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--budgets",
         type=comma_ints,
         default=None,
-        help="padded tokens per call tried, each at least 128 (default 128,256,...,8192)",
+        help=f"padded tokens per call tried, {BUDGETS_HELP}",
     )
     p.add_argument("--dry-run", action="store_true", help="measure and print; leave hare.json as it is")
     p.add_argument(
