@@ -1,22 +1,21 @@
 """OpenVINO's CPU plugin as the runtime of the variants in VARIANTS, behind OnnxModel's interface.
 
-ONNX Runtime's CPU provider has no bfloat16 MatMul or Gemm kernel (1.32: NOT_IMPLEMENTED on a one-node
-graph), so a bf16 variant is the fp32 export compiled by OpenVINO with bf16 as its inference precision: on a
-CPU with AMX or AVX512_BF16 the MatMuls run on bf16 units (an 8-bit exponent: massive activations survive,
-where int8's levels do not), elsewhere OpenVINO would silently compute in fp32, so the optimizer only offers
-the variant where the plugin reports BF16 (`bf16_capable`). int8-static's graph has its MatMuls between
-QuantizeLinear / DequantizeLinear pairs, which the plugin runs on its int8 kernels, the rest in bf16 where it
-can (container/optimize/static_int8.py). int8-grouped's graph has int8 weights, whose MatMuls the plugin runs
-on its int8 kernels after quantizing each call's activations in groups of channels, the group size named
-in the graph's metadata (container/optimize/grouped_int8.py). The package is optional (`hare[openvino]`, in the
-CPU image); a bundle that needs it says so when it is missing.
+ONNX Runtime's CPU provider has no bfloat16 MatMul or Gemm kernel (1.32: NOT_IMPLEMENTED on a one-node graph), so a
+bf16 variant is the export, its MatMul weights stored in bf16 (container/optimize/bf16.py), compiled by OpenVINO
+with bf16 as its inference precision: on a CPU with AMX or AVX512_BF16 the MatMuls run on bf16 units (an 8-bit
+exponent: massive activations survive, where int8's levels do not), elsewhere OpenVINO would silently compute in
+fp32, so the optimizer only offers the variant where the plugin reports BF16 (`bf16_capable`). int8-static's graph
+has its MatMuls between QuantizeLinear / DequantizeLinear pairs, which the plugin runs on its int8 kernels, the
+rest in bf16 where it can (container/optimize/static_int8.py). int8-grouped's graph has int8 weights, whose MatMuls
+the plugin runs on its int8 kernels after quantizing each call's activations in groups of channels, the group size
+named in the graph's metadata (container/optimize/grouped_int8.py). The package is optional (`hare[openvino]`, in
+the CPU image); a bundle that needs it says so when it is missing.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import threading
 from collections.abc import Mapping
 from functools import cache
@@ -49,6 +48,8 @@ LENGTH_MULTIPLE = 8
 VARIANTS = ("bf16", "int8-static", "int8-grouped")
 # A graph's own plugin setting, in its metadata: int8-grouped's activation group (container/optimize/grouped_int8.py).
 SETTINGS_IN_GRAPH = {"hare.dynamic_quantization_group_size": "DYNAMIC_QUANTIZATION_GROUP_SIZE"}
+# The runtime information key of a decompression Convert: ov::Decompression's type name and version.
+DECOMPRESSION = "decompression_0"
 
 
 def _openvino() -> Any:
@@ -78,8 +79,24 @@ def bf16_capable() -> bool:
 def read_graph(path: Path) -> Any:
     """The graph at `path` as OpenVINO reads it: its weights file mapped, and kept mapped by every model compiled
     from it (constants it runs as they are, such as the word embedding's table). Each read maps the file again:
-    a worker's one-thread and two-thread models read apart held the default MiniLM's 86 MB twice in its RSS."""
-    return _openvino().Core().read_model(str(path))
+    a worker's one-thread and two-thread models read apart held the default MiniLM's 86 MB twice in its RSS.
+
+    A Cast of a bf16 or fp16 constant to fp32 (the bf16 variant's weights) is marked as a decompression, as
+    OpenVINO's own IR files mark theirs: the plugin then feeds the stored weights to its kernels, where it
+    otherwise folds the Cast into an fp32 constant and converts that again, a copy more in every compiled model
+    (97 MB a copy of MiniLM, against 35-37 marked and 56-58 for the fp32 export; AMX, 2026-12-01). The mark is
+    the runtime information key OpenVINO gives it (`ov::mark_as_decompression`), which its Python API does not
+    expose."""
+    ov = _openvino()
+    model = ov.Core().read_model(str(path))
+    for node in model.get_ordered_ops():
+        if (
+            node.get_type_name() == "Convert"
+            and node.input_value(0).get_node().get_type_name() == "Constant"
+            and node.get_input_element_type(0) in (ov.Type.bf16, ov.Type.f16)
+        ):
+            node.get_rt_info()[DECOMPRESSION] = ""
+    return model
 
 
 class OpenVinoModel:
@@ -171,13 +188,3 @@ class OpenVinoModel:
             except RuntimeError:  # "a compiled model in a busy state"
                 released = False
         return released
-
-
-def build(graph: Path, out: Path) -> str:
-    """The bf16 variant's graph: the export as it is, compiled and run once here on a short batch, so that a
-    graph OpenVINO cannot read or run fails this variant's build (reported with its error) and not the
-    whole build."""
-    shutil.copyfile(graph, out)
-    model = OpenVinoModel(out, threads=1)
-    model.run({name: np.ones((1, 4), np.int64) for name in model.input_names})
-    return "compiled by OpenVINO"

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from container import openvino_runtime
 from container.machine import FULL_LEVELS, NARROW_LEVELS
+from container.optimize import bf16 as bf16_weights
 from container.optimize import fuse, grouped_int8, mixed, quantize, rows, static_int8, validate
 
 # ONNX Runtime's transformer optimizer has one encoder model_type: "bert". Its fusions match subgraph patterns,
@@ -64,10 +64,10 @@ def variants_for(
     gets every candidate: a fusion that does not match a family's graph fuses less (or fails its build), and
     the gates decide what ships. `levels`: the dynamic int8 weights' levels a side (machine.weight_levels: 64
     where the CPU's int8 kernel would saturate on 127). `bf16`: the CPU computes bf16 and OpenVINO is there
-    (openvino_runtime.bf16_capable): the export, run by OpenVINO in bf16, joins the race. `openvino`: OpenVINO is
-    installed: int8 weights with activations quantized in groups at run time join the race where the CPU has
-    int8 dot-product units (`int8_units`: grouped_int8.RUNS_ON; elsewhere only when named,
-    container/optimize/grouped_int8.py), and static int8 on its int8 kernels can be named
+    (openvino_runtime.bf16_capable): the export, its MatMul weights in bf16, run by OpenVINO in bf16, joins the
+    race. `openvino`: OpenVINO is installed: int8 weights with activations quantized in groups at run time join
+    the race where the CPU has int8 dot-product units (`int8_units`: grouped_int8.RUNS_ON; elsewhere only when
+    named, container/optimize/grouped_int8.py), and static int8 on its int8 kernels can be named
     (container/optimize/static_int8.py)."""
     fp32 = Variant("fp32", "fp32", None)
     if target == "gpu":
@@ -81,8 +81,9 @@ def variants_for(
     def dynamic(per_channel: bool) -> Callable[[Path, Path], object]:
         return lambda p, o: quantize.quantize_int8(p, o, per_channel=per_channel, reduce_range=narrow)
 
-    # The export as it is: OpenVINO reads ONNX and does its own fusion (it cannot read ORT's fused operators).
-    on_openvino = [Variant("bf16", "bf16", "fp32", openvino_runtime.build)] if bf16 else []
+    # The export, its MatMul weights in bf16: OpenVINO reads ONNX and does its own fusion (it cannot read ORT's
+    # fused operators).
+    on_openvino = [Variant("bf16", "bf16", "fp32", bf16_weights.build)] if bf16 else []
     if openvino:
         grouped = Variant(grouped_int8.NAME, "int8", "fp32", calibrate=grouped_int8.build, optional=not int8_units)
         on_openvino.append(grouped)
