@@ -50,6 +50,9 @@ VARIANTS = ("bf16", "int8-static", "int8-grouped")
 SETTINGS_IN_GRAPH = {"hare.dynamic_quantization_group_size": "DYNAMIC_QUANTIZATION_GROUP_SIZE"}
 # The runtime information key of a decompression Convert: ov::Decompression's type name and version.
 DECOMPRESSION = "decompression_0"
+# The name ending of a weight the bf16 variant stores in bf16 (container/optimize/bf16.py), which read_graph hands
+# to the plugin as it is.
+STORED_BF16 = ".hare_bf16"
 
 
 def _openvino() -> Any:
@@ -81,21 +84,20 @@ def read_graph(path: Path) -> Any:
     from it (constants it runs as they are, such as the word embedding's table). Each read maps the file again:
     a worker's one-thread and two-thread models read apart held the default MiniLM's 86 MB twice in its RSS.
 
-    A Cast of a bf16 or fp16 constant to fp32 (the bf16 variant's weights) is marked as a decompression, as
-    OpenVINO's own IR files mark theirs: the plugin then feeds the stored weights to its kernels, where it
-    otherwise folds the Cast into an fp32 constant and converts that again, a copy more in every compiled model
-    (97 MB a copy of MiniLM, against 35-37 marked and 56-58 for the fp32 export; AMX, 2026-12-01). The mark is
-    the runtime information key OpenVINO gives it (`ov::mark_as_decompression`), which its Python API does not
-    expose."""
-    ov = _openvino()
-    model = ov.Core().read_model(str(path))
+    The Cast of each weight the bf16 variant stores in bf16 (named with STORED_BF16) is marked as a
+    decompression, as OpenVINO's own IR files mark theirs: the plugin then feeds the stored weights to its
+    kernels, where it otherwise folds the Cast into an fp32 constant and converts that again, a copy more in
+    every compiled model (97 MB a copy of MiniLM, against 35-37 marked and 56-58 for the fp32 export; AMX,
+    2026-12-01). Only those, so that a graph is served as it was gated: marked, stored weights can change an
+    answer's last bits (a tiny Gemma 4's, within its gates), and a bundle built before, or an export's own Cast,
+    is left as the plugin took it then. The mark is the runtime information key OpenVINO gives it
+    (`ov::mark_as_decompression`), which its Python API does not expose."""
+    model = _openvino().Core().read_model(str(path))
     for node in model.get_ordered_ops():
-        if (
-            node.get_type_name() == "Convert"
-            and node.input_value(0).get_node().get_type_name() == "Constant"
-            and node.get_input_element_type(0) in (ov.Type.bf16, ov.Type.f16)
-        ):
-            node.get_rt_info()[DECOMPRESSION] = ""
+        if node.get_type_name() == "Convert":
+            source = node.input_value(0).get_node()
+            if source.get_type_name() == "Constant" and source.get_friendly_name().endswith(STORED_BF16):
+                node.get_rt_info()[DECOMPRESSION] = ""
     return model
 
 

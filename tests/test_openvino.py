@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from api.engine.backend import Backend
 from container.bundle import MODEL_FILE, read_manifest
 from container.models import open_model, open_models
-from container.openvino_runtime import LENGTH_MULTIPLE, PROVIDER, OpenVinoModel, bf16_capable
+from container.openvino_runtime import LENGTH_MULTIPLE, PROVIDER, STORED_BF16, OpenVinoModel, bf16_capable
 from container.optimize import pipeline
 from container.optimize.bf16 import bf16_bits, weights_to_bf16
 from container.optimize.variants import variants_for
@@ -87,7 +87,7 @@ def test_a_bf16_bundle_passes_its_gates_and_ships_the_export_with_its_matmul_wei
     assert manifest.pick["statistic"].endswith("thread CPU time")
     graph = onnx.load(str(bf16_bundle / MODEL_FILE)).graph
     kinds = {i.name: i.data_type for i in graph.initializer}
-    weights = [kinds.get(f"{n.input[1]}_bf16") for n in graph.node if n.op_type == "MatMul" and n.input[1] not in
+    weights = [kinds.get(n.input[1] + STORED_BF16) for n in graph.node if n.op_type == "MatMul" and n.input[1] not in
                {m.output[0] for m in graph.node if m.op_type != "Cast"}]  # fmt: skip
     assert weights and set(weights) == {onnx.TensorProto.BFLOAT16}
     tables = [kinds[n.input[0]] for n in graph.node if n.op_type == "Gather" and n.input[0] in kinds]
@@ -163,6 +163,25 @@ print(anon() - before)
     # 8 MB of bf16 weights a copy: 47.3 against 31.4 MB on AMX (unmarked, the bf16 file cost more than fp32).
     assert grown["fp32"] - grown["bf16"] > 0.75 * 2 * 8, grown
     np.testing.assert_array_equal(np.load(tmp_path / "fp32.npy"), np.load(tmp_path / "bf16.npy"))
+
+
+def test_only_weights_that_only_matmuls_read_are_stored_in_bf16() -> None:
+    """A weight something else reads too (DeBERTa-v2's relative position tables, through an Identity) stays fp32:
+    the plugin may run that reader in fp32, and rounding it moved a tiny DeBERTa-v2 ranker's scores."""
+    w = onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    shared = onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "shared")
+    nodes = [
+        onnx.helper.make_node("MatMul", ["x", "w"], ["a"]),
+        onnx.helper.make_node("MatMul", ["a", "shared"], ["b"]),
+        onnx.helper.make_node("Identity", ["shared"], ["c"]),
+        onnx.helper.make_node("Add", ["b", "c"], ["y"]),
+    ]
+    vector = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [4, 4]) for n in ("x", "y")]
+    graph = onnx.helper.make_graph(nodes, "g", vector[:1], vector[1:], [w, shared])
+    assert weights_to_bf16(graph) == 1
+    kinds = {i.name: i.data_type for i in graph.initializer}
+    assert kinds == {"w" + STORED_BF16: onnx.TensorProto.BFLOAT16, "shared": onnx.TensorProto.FLOAT}
+    assert graph.node[0].op_type == "Cast" and graph.node[0].output == ["w"]  # every reader still finds "w"
 
 
 def test_bf16_weights_round_to_nearest_even() -> None:
