@@ -166,8 +166,8 @@ print(anon() - before)
 
 
 def test_only_weights_that_only_matmuls_read_are_stored_in_bf16() -> None:
-    """A weight something else reads too (DeBERTa-v2's relative position tables, through an Identity) stays fp32:
-    the plugin may run that reader in fp32, and rounding it moved a tiny DeBERTa-v2 ranker's scores."""
+    """A weight something else reads too stays fp32: the plugin may run that reader in fp32 (four of a tiny
+    DeBERTa-v2 ranker's weights, read through an Identity too, moved its scores when rounded)."""
     w = onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
     shared = onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "shared")
     nodes = [

@@ -40,15 +40,16 @@ def weights_to_bf16(graph: onnx.GraphProto) -> int:
     """Replace each float 2-D initializer that only MatMuls read, as their second input, with its bf16 values
     (named with openvino_runtime.STORED_BF16, which the runtime hands to the plugin as they are) and the Cast that
     gives the weight back in fp32 under its own name; returns how many. A weight anything else reads as well
-    (DeBERTa-v2's relative position tables, read through an Identity too) stays fp32, where the plugin may run
-    that reader in fp32: rounded, it moved a tiny DeBERTa-v2 ranker's scores."""
+    stays fp32, where the plugin may run that reader in fp32: four of a tiny DeBERTa-v2 ranker's weights, read
+    through an Identity too, moved its scores when rounded."""
     readers = Counter(name for node in graph.node for name in node.input)
     as_weight = Counter(node.input[1] for node in graph.node if node.op_type == "MatMul" and len(node.input) == 2)
+    # Read by a subgraph (an If's branch, a Loop's body) or a graph output: more than a MatMul's weight.
     elsewhere = {name for node in graph.node for sub in graphs.subgraphs(node) for name in graphs.reads(sub)}
-    outputs = {o.name for o in graph.output}
+    elsewhere |= {o.name for o in graph.output}
     kept, casts = [], []
     for init in graph.initializer:
-        only_weight = readers[init.name] == as_weight[init.name] > 0 and init.name not in elsewhere | outputs
+        only_weight = readers[init.name] == as_weight[init.name] > 0 and init.name not in elsewhere
         if not only_weight or init.data_type != onnx.TensorProto.FLOAT or len(init.dims) != 2:
             kept.append(init)
             continue
