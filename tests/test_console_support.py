@@ -287,6 +287,18 @@ def benchmarks_page() -> None:
     benchmarks.render()
 
 
+def benchmarks_page_or_elsewhere() -> None:
+    """The Benchmarks page, or a page without its form while the session says `elsewhere`."""
+    import streamlit as st
+
+    from tests.test_console_support import benchmarks_page
+
+    if st.session_state.get("elsewhere"):
+        st.write("another page")
+    else:
+        benchmarks_page()
+
+
 def containers_page() -> None:
     from admin_ui.views import containers
 

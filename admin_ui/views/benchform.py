@@ -1,7 +1,7 @@
 """The Benchmarks page's Run form: the settings of a `hare bench run`, checked before it starts.
 
-The form keeps what the user typed, sent or not, across a run, a cancel and visits to other pages: Streamlit
-forgets a widget's value once a page without it has been shown, so each edit is copied to a draft of its own.
+The form keeps what the user typed, sent or not, across a run, a cancel and visits to other pages: its widgets
+keep their values for the whole session (`persist_state="session"`), and start from the last form sent.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from admin_ui import state
 from admin_ui.benchjob import BASELINES, BenchConfig, bundle_for, parse_ints, parse_seq_lens
 
 FORM = "hare.bench.form"  # the values of the last form sent in this session (the slot keeps the console's last)
-DRAFT = "hare.bench.draft"  # the form as the user left it, sent or not
+DRAWN = "hare.bench.drawn"  # the appliance the form was last drawn for, and whether the user edited its bundle
 WIDGET = "hare-bench-"  # the form's widget keys: WIDGET + field name
 DEFAULTS: dict[str, Any] = {
     "name": "",
@@ -54,35 +54,32 @@ def _saved_form(slot: dict[str, Any]) -> dict[str, Any]:
     return {**DEFAULTS, **saved}
 
 
-def _draft(url: str | None, slot: dict[str, Any]) -> dict[str, Any]:
-    """The form as the user left it, sent or not. Streamlit forgets a widget's value once a page without it
-    has been shown (and while a run hides the form), so every edit is copied here, under a key of its own, and
-    the widgets start from it: a visit to another page, a run or a cancel leaves the form as it was."""
-    draft: dict[str, Any] | None = st.session_state.get(DRAFT)
-    if draft is None:
-        draft = st.session_state[DRAFT] = dict(_saved_form(slot))
-    if draft.get("url") != url:  # another appliance: measure it, with the bundle it serves
-        draft |= {"url": url, "target": url or "", "bundle": _served_bundle(url)}
-        for name in ("target", "bundle"):
-            st.session_state[WIDGET + name] = draft[name]
-    elif not draft["bundle"] and "bundle" not in draft.get("edited", ()):
-        draft["bundle"] = st.session_state[WIDGET + "bundle"] = _served_bundle(url)  # the appliance was starting
-    return draft
+def _start_values(url: str | None, slot: dict[str, Any]) -> None:
+    """Give the widgets their first values: the last form sent, on the session's first drawing; the selected
+    appliance and the bundle it serves, whenever another appliance is selected (or the one selected has
+    started since, and the user has not typed a bundle of their own). Everything else the widgets keep
+    themselves, drawn or not."""
+    drawn: dict[str, Any] | None = st.session_state.get(DRAWN)
+    if drawn is None:
+        saved = _saved_form(slot)
+        drawn = st.session_state[DRAWN] = {"url": saved.get("url"), "bundle_edited": False}
+        for name in [*DEFAULTS, "target", "bundle"]:
+            st.session_state.setdefault(WIDGET + name, saved.get(name, ""))
+    if drawn["url"] != url:  # another appliance: measure it, with the bundle it serves
+        drawn |= {"url": url, "bundle_edited": False}
+        st.session_state[WIDGET + "target"] = url or ""
+        st.session_state[WIDGET + "bundle"] = _served_bundle(url)
+    elif not st.session_state.get(WIDGET + "bundle") and not drawn["bundle_edited"]:
+        st.session_state[WIDGET + "bundle"] = _served_bundle(url)  # the appliance was starting
 
 
-def _field(draft: dict[str, Any], name: str, widget: Callable[..., Any], label: str, *args: Any, **kw: Any) -> Any:
-    """A form widget that starts from the draft and copies every edit back to it."""
-    key = WIDGET + name
-    if key not in st.session_state:
-        st.session_state[key] = draft[name]
+def _bundle_edited() -> None:
+    st.session_state[DRAWN]["bundle_edited"] = True
 
-    def keep() -> None:
-        draft[name] = st.session_state[key]
-        draft.setdefault("edited", set()).add(name)
 
-    value = widget(label, *args, key=key, on_change=keep, **kw)
-    draft[name] = value
-    return value
+def _field(name: str, widget: Callable[..., Any], label: str, *args: Any, **kw: Any) -> Any:
+    """A form widget that keeps its value for the session, drawn or not."""
+    return widget(label, *args, key=WIDGET + name, persist_state="session", **kw)
 
 
 @st.fragment
@@ -90,33 +87,30 @@ def form(db: Path, slot: dict[str, Any], start: Callable[[BenchConfig, Path], No
     """The run's settings (a fragment: an edit redraws the form, not the whole page) and the Start button,
     which hands `start` the checked settings. `slot` is the console's bench slot: it keeps the last form sent."""
     url = state.selected()
-    draft = _draft(url, slot)
+    _start_values(url, slot)
     # Rows that wrap: at 800 pixels a field moves to the next line instead of squeezing its label.
     with st.container(horizontal=True, vertical_alignment="bottom"):
         target = _field(
-            draft,
             "target",
             st.text_input,
             "Appliance URL or bundle folder",
             width=420,
             help="a URL is measured as it runs; for a bundle folder the bench starts `hare serve` itself",
         )
-        name = _field(draft, "name", st.text_input, "Run name (optional)", width=260)
+        name = _field("name", st.text_input, "Run name (optional)", width=260)
     with st.container(horizontal=True, vertical_alignment="bottom"):
         seq = _field(
-            draft,
             "seq",
             st.text_input,
             "Sequence lengths (tokens)",
             width=200,
             help="token counts, or a mix of lengths: `comet` (45-55 words), `mix` (3-140 words, most short)",
         )
-        batches = _field(draft, "batches", st.text_input, "Batch sizes", width=130)
-        conc = _field(draft, "conc", st.text_input, "Concurrency", width=130)
-        duration = _field(draft, "duration", st.number_input, "Seconds per point", 0.5, 600.0, step=1.0, width=170)
-        warmup = _field(draft, "warmup", st.number_input, "Warm-up seconds", 0.0, 60.0, step=0.5, width=170)
+        batches = _field("batches", st.text_input, "Batch sizes", width=130)
+        conc = _field("conc", st.text_input, "Concurrency", width=130)
+        duration = _field("duration", st.number_input, "Seconds per point", 0.5, 600.0, step=1.0, width=170)
+        warmup = _field("warmup", st.number_input, "Warm-up seconds", 0.0, 60.0, step=0.5, width=170)
         rounds = _field(
-            draft,
             "rounds",
             st.number_input,
             "Rounds",
@@ -128,18 +122,19 @@ def form(db: Path, slot: dict[str, Any], start: Callable[[BenchConfig, Path], No
             "a shared machine falls on hare and the baselines alike; each point keeps its median round",
         )
     with st.container(horizontal=True, vertical_alignment="bottom"):
-        draft["baselines"] = [b for b in draft["baselines"] if b in BASELINES]
-        baselines = _field(draft, "baselines", st.multiselect, "Baselines in the same run", BASELINES, width=260)
+        chosen = st.session_state.get(WIDGET + "baselines", [])
+        if any(b not in BASELINES for b in chosen):  # a saved form may name a baseline this console lacks
+            st.session_state[WIDGET + "baselines"] = [b for b in chosen if b in BASELINES]
+        baselines = _field("baselines", st.multiselect, "Baselines in the same run", BASELINES, width=260)
         bundle = _field(
-            draft,
             "bundle",
             st.text_input,
             "Bundle the URL serves (for exact token lengths)",
             width=460,
+            on_change=_bundle_edited,
             help="exact token counts, the model-only figure, and the model folder the baselines load",
         )
         model = _field(
-            draft,
             "model",
             st.text_input,
             "Model folder for the baselines (optional)",
@@ -147,7 +142,7 @@ def form(db: Path, slot: dict[str, Any], start: Callable[[BenchConfig, Path], No
             help="default: the folder the bundle was built from",
         )
     model_only = _field(
-        draft, "model_only", st.checkbox,
+        "model_only", st.checkbox,
         "Also measure the model alone, in process (adds points after the HTTP ones)",
         help="needs the bundle: its model called in the bench's own process, without HTTP, at each sequence "
         "length and batch size, with 1 stream and as many side by side as the concurrency asks, at most one "

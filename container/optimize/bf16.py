@@ -61,11 +61,7 @@ def weights_to_bf16(graph: onnx.GraphProto) -> int:
             )
         )
         casts.append(helper.make_node("Cast", [stored], [init.name], to=onnx.TensorProto.FLOAT))
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    nodes = [*casts, *graph.node]  # the weights first: a graph's nodes stay in topological order
-    del graph.node[:]
-    graph.node.extend(nodes)
+    graphs.swap_weights(graph, kept, casts)
     return len(casts)
 
 

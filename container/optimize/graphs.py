@@ -67,6 +67,16 @@ def reads(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
+def swap_weights(graph: onnx.GraphProto, initializers: list[onnx.TensorProto], nodes: list[onnx.NodeProto]) -> None:
+    """Give `graph` these initializers, and `nodes` (what computes weights from them under the names their
+    readers know) ahead of its own: a graph's nodes stay in topological order."""
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    ordered = [*nodes, *graph.node]
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
 def save(model: onnx.ModelProto, path: Path) -> None:
     """Write `model` to `path`: inline, or past protobuf's limit with its weights in `path`.data. That file is
     replaced, not appended to as onnx would (a graph rewritten at one path, int8-mixed's simulation once per

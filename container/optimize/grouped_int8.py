@@ -110,11 +110,7 @@ def weights_to_int8(graph: onnx.GraphProto) -> int:
         kept += [numpy_helper.from_array(a, n) for a, n in zip((values, scale, zero), names, strict=True)]
         dequantize.append(helper.make_node("DequantizeLinear", list(names), [init.name], axis=1))
         count += 1
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    nodes = [*dequantize, *graph.node]  # the weights first: a graph's nodes stay in topological order
-    del graph.node[:]
-    graph.node.extend(nodes)
+    graphs.swap_weights(graph, kept, dequantize)
     return count
 
 
