@@ -119,13 +119,13 @@ class LongInput:
     stride: int = 0
 
     @classmethod
-    def window(cls, stride: int | None, window_tokens: int) -> LongInput:
+    def window(cls, stride: int | None, window_tokens: int, name: str = "parameters.stride") -> LongInput:
         """Windows of `window_tokens` content tokens sharing `stride` (None: a quarter of a window); the one
-        check of the stride's range."""
+        check of the stride's range, which names it `name` when it is out of it."""
         shared = window_tokens // 4 if stride is None else stride
         if not 0 <= shared < window_tokens:
             raise InvalidRequest(
-                f"parameters.stride must be from 0 to {window_tokens - 1} (tokens shared by neighbouring "
+                f"{name} must be from 0 to {window_tokens - 1} (tokens shared by neighbouring "
                 f"windows of {window_tokens}), got {shared}"
             )
         return cls("window", shared)

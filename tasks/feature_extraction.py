@@ -103,7 +103,9 @@ def _prompt(raw: Mapping[str, object], model: ModelInfo) -> str:
     if not isinstance(name, str) or name not in model.prompts:
         known = ", ".join(model.prompts) or "none (this model declares no prompts)"
         shown = repr(name) if isinstance(name, str) and len(name) <= 40 else params.kind(name)
-        raise InvalidRequest(f"parameters.prompt_name must be one of the model's prompts: {known}; got {shown}")
+        raise InvalidRequest(
+            f"{params.named(raw, 'prompt_name')} must be one of the model's prompts: {known}; got {shown}"
+        )
     return model.prompts[name]
 
 

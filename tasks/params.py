@@ -5,7 +5,7 @@ Wrong types and unknown values raise InvalidRequest (HTTP 422); empty inputs rai
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -15,6 +15,22 @@ from tasks.errors import InputError, InvalidRequest
 T = TypeVar("T")
 INT64 = 2**63 - 1
 _MISSING = object()
+
+
+class AtRoot(dict[str, object]):
+    """Parameters a body carries at its root, beside its texts (OpenAI's `dimensions`, TEI's `truncate`): an
+    error names them as they were sent, where /predict's sit under "parameters"."""
+
+
+def named(raw: Mapping[str, object], name: str) -> str:
+    """`name` as the request spells its place, for error messages."""
+    return name if isinstance(raw, AtRoot) else f"parameters.{name}"
+
+
+def only(raw: Mapping[str, object], names: Container[str]) -> Mapping[str, object]:
+    """The parameters of `raw` that `names` holds, where `raw` had them (at the root or not)."""
+    kept = {k: v for k, v in raw.items() if k in names}
+    return AtRoot(kept) if isinstance(raw, AtRoot) else kept
 
 
 def kind(value: object) -> str:
@@ -70,7 +86,7 @@ def text(value: object, name: str) -> str:
 def boolean(raw: Mapping[str, object], name: str, default: bool) -> bool:
     value = raw.get(name, default)
     if not isinstance(value, bool):
-        raise InvalidRequest(f"parameters.{name} must be true or false, got {kind(value)}")
+        raise InvalidRequest(f"{named(raw, name)} must be true or false, got {kind(value)}")
     return value
 
 
@@ -79,7 +95,7 @@ def choice(raw: Mapping[str, object], name: str, options: Sequence[str], default
     value = raw.get(name, default)
     if not isinstance(value, str) or value not in options:
         shown = repr(value) if isinstance(value, str) and len(value) <= 40 else kind(value)
-        raise InvalidRequest(f"parameters.{name} must be one of {', '.join(options)}; got {shown}")
+        raise InvalidRequest(f"{named(raw, name)} must be one of {', '.join(options)}; got {shown}")
     return value
 
 
@@ -99,11 +115,12 @@ def integer(
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         also = " or null" if nullable else ""
-        raise InvalidRequest(f"parameters.{name} must be an integer{also}, got {kind(value)}")
+        raise InvalidRequest(f"{named(raw, name)} must be an integer{also}, got {kind(value)}")
     top = INT64 if maximum is None else maximum
     if value < minimum or value > top:
-        bound = f"between {minimum} and {top}"
-        raise InvalidRequest(f"parameters.{name} must be {bound}, got {value}")
+        # Without a maximum of its own, the 64 bits the documentation states are said only to a value past them.
+        bound = f"between {minimum} and {top}" if maximum is not None or value > top else f"at least {minimum}"
+        raise InvalidRequest(f"{named(raw, name)} must be {bound}, got {value}")
     return value
 
 
@@ -112,7 +129,7 @@ def string_list(raw: Mapping[str, object], name: str, default: Sequence[str]) ->
     if value is _MISSING or value is None:
         return tuple(default)
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise InvalidRequest(f"parameters.{name} must be a list of strings, got {kind(value)}")
+        raise InvalidRequest(f"{named(raw, name)} must be a list of strings, got {kind(value)}")
     return tuple(value)
 
 
@@ -199,7 +216,7 @@ class Text(Spec):
     def read(self, raw: Mapping[str, object], name: str, default: str) -> str:
         value = raw.get(name, default)
         if not isinstance(value, str):
-            raise InvalidRequest(f"parameters.{name} must be a string, got {kind(value)}")
+            raise InvalidRequest(f"{named(raw, name)} must be a string, got {kind(value)}")
         return value
 
     def schema(self, bounds: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
@@ -218,7 +235,7 @@ class ModelChoice(Spec):
     def read(self, raw: Mapping[str, object], name: str, default: str | None) -> str | None:
         value = raw.get(name, default)
         if value is not None and not isinstance(value, str):
-            raise InvalidRequest(f"parameters.{name} must be a string, got {kind(value)}")
+            raise InvalidRequest(f"{named(raw, name)} must be a string, got {kind(value)}")
         return value
 
     def schema(self, bounds: Mapping[str, Any] | None = None) -> dict[str, Any] | None:

@@ -63,9 +63,9 @@ class Number(params.Spec):
     def read(self, raw: Mapping[str, object], name: str, default: float) -> float:
         value = raw.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
-            raise InvalidRequest(f"parameters.{name} must be a number, got {params.kind(value)}")
+            raise InvalidRequest(f"{params.named(raw, name)} must be a number, got {params.kind(value)}")
         if value < self.minimum:
-            raise InvalidRequest(f"parameters.{name} must be at least {self.minimum}, got {value}")
+            raise InvalidRequest(f"{params.named(raw, name)} must be at least {self.minimum}, got {value}")
         return float(value)
 
     def schema(self, bounds: Mapping[str, Any] | None = None) -> dict[str, Any] | None:

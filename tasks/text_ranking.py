@@ -93,7 +93,7 @@ def _instruction(raw: Mapping[str, object], model: ModelInfo) -> str:
     if not model.pair_template:
         if "instruction" in raw:
             raise InvalidRequest(
-                "parameters.instruction applies to LM rerankers (Qwen3-Reranker) only; this model is a "
+                f"{params.named(raw, 'instruction')} applies to LM rerankers (Qwen3-Reranker) only; this model is a "
                 "cross-encoder, which reads the query and document as they are"
             )
         return ""

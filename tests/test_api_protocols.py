@@ -112,3 +112,44 @@ async def test_protocol_refusals_name_the_field(
     assert refused.status_code == status, refused.text
     message = refused.json()["error"]
     assert all(w in message for w in words), message
+
+
+@pytest.fixture(scope="module")
+async def embedder(tiny_bundle: ModelFactory) -> AsyncIterator[AppClient]:
+    async with serve(tiny_bundle("feature-extraction")) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "said"),
+    [
+        ("/v1/embeddings", {"input": "a", "dimensions": 0}, "dimensions must be at least 1, got 0"),
+        ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, "encoding_format must be one of float"),
+        ("/embed", {"inputs": "a", "normalize": "yes"}, "normalize must be true or false"),
+        ("/v2/embed", {"texts": ["a"], "output_dimension": 0}, "output_dimension must be at least 1, got 0"),
+        ("/predict", {"inputs": "a", "parameters": {"normalize": "yes"}}, "parameters.normalize must be true or"),
+        ("/predict", {"inputs": "a", "parameters": {"dimensions": -1}}, "parameters.dimensions must be at least 1"),
+    ],
+)
+async def test_a_refusal_names_a_parameter_where_the_body_holds_it(
+    embedder: AppClient, path: str, body: object, said: str
+) -> None:
+    """OpenAI's, TEI's and Cohere's bodies carry their parameters at the root, /predict's under "parameters": the error
+    names the field as the client sent it, and a lower bound as a lower bound."""
+    refused = await embedder.post(path, json=body)
+    assert refused.status_code == 422 and refused.json()["error"].startswith(said), refused.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "said"),
+    [
+        ("/v2/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "top_n must be at least 1, got 0"),
+        ("/v1/rerank", {"query": "q", "documents": ["a"], "max_chunks_per_doc": 0}, "max_chunks_per_doc must be"),
+        ("/rerank", {"query": "q", "texts": ["a"], "raw_scores": 1}, "raw_scores must be true or false"),
+    ],
+)
+async def test_a_rerank_refusal_names_the_field_at_the_root(
+    ranker: AppClient, path: str, body: object, said: str
+) -> None:
+    refused = await ranker.post(path, json=body, headers=KEY)
+    assert refused.status_code == 422 and refused.json()["error"].startswith(said), refused.text

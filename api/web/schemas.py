@@ -246,7 +246,7 @@ def checked(
     if unknown:
         accepted = ", ".join([*task.parameters, *COMMON])
         raise InvalidRequest(f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {accepted}")
-    task_params = task.parse_params({k: v for k, v in raw.items() if k in task.parameters}, model)
+    task_params = task.parse_params(params.only(raw, task.parameters), model)
     if task.prepare is not None:
         inputs = task.prepare(inputs, task_params)
     return PredictRequest(inputs, long_input(raw, task, limits), task_params)
@@ -263,7 +263,7 @@ def long_input(raw: Mapping[str, object], task: TaskSpec, limits: Limits) -> Lon
         raise InvalidRequest(f"{task.name} reads every input whole: long_input window and stride do not apply")
     stride = COMMON["stride"].read(raw, "stride", None) if "stride" in raw else None
     if mode == "window" or stride is not None:  # a stride is checked even where "truncate" ignores it
-        windows = LongInput.window(stride, limits.window_tokens)
+        windows = LongInput.window(stride, limits.window_tokens, params.named(raw, "stride"))
         if mode == "window":
             return windows
     return LongInput("truncate" if truncate else "refuse")

@@ -57,7 +57,9 @@ def _texts(
     if "inputs" not in data:
         raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
     inputs = Inputs(params.texts(data["inputs"]).texts, single=False)
-    raw = {**defaults, **{k: v for k, v in data.items() if k != "inputs" and v is not None}, **(forced or {})}
+    raw = params.AtRoot(
+        {**defaults, **{k: v for k, v in data.items() if k != "inputs" and v is not None}, **(forced or {})}
+    )
     return schemas.checked(inputs, raw, res.task, res.model, res.limits), None
 
 
@@ -96,9 +98,9 @@ def _rerank(body: bytes, res: Resources) -> tuple[PredictRequest, list[str] | No
     if "query" not in data or "texts" not in data:
         raise InvalidRequest('the body needs "query" and "texts"; send {"query": str, "texts": [str]}')
     inputs = Inputs(params.text_list(data["texts"], "texts"), single=False, query=params.text(data["query"], "query"))
-    given = {k: v for k, v in data.items() if v is not None}
+    given = params.AtRoot({k: v for k, v in data.items() if v is not None})
     text = params.boolean(given, "return_text", False)
-    raw: dict[str, object] = {k: given[k] for k in ("raw_scores", "truncate", "truncation_direction") if k in given}
+    raw = params.only(given, ("raw_scores", "truncate", "truncation_direction"))
     return schemas.checked(inputs, raw, res.task, res.model, res.limits), inputs.texts if text else None
 
 
