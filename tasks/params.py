@@ -5,7 +5,7 @@ Wrong types and unknown values raise InvalidRequest (HTTP 422); empty inputs rai
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -17,20 +17,30 @@ INT64 = 2**63 - 1
 _MISSING = object()
 
 
-class AtRoot(dict[str, object]):
-    """Parameters a body carries at its root, beside its texts (OpenAI's `dimensions`, TEI's `truncate`): an
-    error names them as they were sent, where /predict's sit under "parameters"."""
+class Parameters(dict[str, object]):
+    """A request's parameters, and which of them its body holds at its root, beside its texts (OpenAI's
+    `dimensions`, TEI's `truncate`, the ones /predict takes at its root): an error names a parameter as it was
+    sent, the others under "parameters" as /predict's body holds them."""
+
+    def __init__(self, values: Mapping[str, object], at_root: Iterable[str] | None = None) -> None:
+        super().__init__(values)
+        self.at_root = frozenset(self if at_root is None else at_root)
+
+
+def at_root(values: Mapping[str, object]) -> Parameters:
+    """Parameters a body holds at its root, all of them."""
+    return Parameters(values)
 
 
 def named(raw: Mapping[str, object], name: str) -> str:
     """`name` as the request spells its place, for error messages."""
-    return name if isinstance(raw, AtRoot) else f"parameters.{name}"
+    return name if isinstance(raw, Parameters) and name in raw.at_root else f"parameters.{name}"
 
 
 def only(raw: Mapping[str, object], names: Container[str]) -> Mapping[str, object]:
-    """The parameters of `raw` that `names` holds, where `raw` had them (at the root or not)."""
+    """The parameters of `raw` that `names` holds, each where `raw` had it."""
     kept = {k: v for k, v in raw.items() if k in names}
-    return AtRoot(kept) if isinstance(raw, AtRoot) else kept
+    return Parameters(kept, raw.at_root) if isinstance(raw, Parameters) else kept
 
 
 def kind(value: object) -> str:

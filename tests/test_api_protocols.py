@@ -129,13 +129,15 @@ async def embedder(tiny_bundle: ModelFactory) -> AsyncIterator[AppClient]:
         ("/v2/embed", {"texts": ["a"], "output_dimension": 0}, "output_dimension must be at least 1, got 0"),
         ("/predict", {"inputs": "a", "parameters": {"normalize": "yes"}}, "parameters.normalize must be true or"),
         ("/predict", {"inputs": "a", "parameters": {"dimensions": -1}}, "parameters.dimensions must be at least 1"),
+        ("/predict", {"inputs": "a", "dimensions": -1}, "dimensions must be at least 1"),  # at its root
+        ("/predict", {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "truncate": 1}, "truncate must be"),
     ],
 )
 async def test_a_refusal_names_a_parameter_where_the_body_holds_it(
     embedder: AppClient, path: str, body: object, said: str
 ) -> None:
-    """OpenAI's, TEI's and Cohere's bodies carry their parameters at the root, /predict's under "parameters": the error
-    names the field as the client sent it, and a lower bound as a lower bound."""
+    """OpenAI's, TEI's and Cohere's bodies carry their parameters at the root, /predict's under "parameters" or
+    at its root: the error names the field as the client sent it, and a lower bound as a lower bound."""
     refused = await embedder.post(path, json=body)
     assert refused.status_code == 422 and refused.json()["error"].startswith(said), refused.text
 

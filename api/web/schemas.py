@@ -190,7 +190,7 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
         )
     for name in set(raw) & set(root):  # a parameter at the root wins; the one it hides is still checked
         (task.parameters.get(name) or COMMON[name]).read(raw, name, None)
-    raw = {**raw, **root}
+    raw = params.Parameters({**raw, **root}, at_root=root)
     value = data["inputs"]
     if task.embeddings and isinstance(value, dict):
         return checked(similarity_inputs(value), for_cosines(raw, task), task, model, limits, uncounted=1), True
@@ -228,12 +228,12 @@ def similarity_inputs(value: Mapping[str, object], name: str = "inputs") -> Inpu
     return Inputs([source, *sentences], single=False)
 
 
-def for_cosines(raw: Mapping[str, object], task: TaskSpec) -> dict[str, object]:
+def for_cosines(raw: Mapping[str, object], task: TaskSpec) -> Mapping[str, object]:
     """A similarity request's parameters without those that shape answer vectors (each still checked)."""
     for name in VECTOR_SHAPE:
         if name in raw and name in task.parameters:
             task.parameters[name].read(raw, name, None)
-    return {k: v for k, v in raw.items() if k not in VECTOR_SHAPE}
+    return params.only(raw, [k for k in raw if k not in VECTOR_SHAPE])
 
 
 def checked(

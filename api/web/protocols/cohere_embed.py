@@ -94,7 +94,7 @@ def width(res: Resources) -> int | None:
 
 
 def _parse(body: bytes, res: Resources, v2: bool) -> tuple[PredictRequest, Asked]:
-    data = params.AtRoot(schemas.parse_json(body))
+    data = params.at_root(schemas.parse_json(body))
     schemas.only_fields(data, FIELDS)
     if "texts" not in data:
         raise InvalidRequest('the body has no "texts"; send {"texts": ["some text"], "input_type": "search_query"}')

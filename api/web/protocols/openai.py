@@ -48,7 +48,7 @@ def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, None]:
     for name in ("model", "user"):
         if data.get(name) is not None and not isinstance(data[name], str):
             raise InvalidRequest(f"{name} must be a string, got {params.kind(data[name])}")
-    raw = params.AtRoot({k: data[k] for k in PARAMETERS if data.get(k) is not None})
+    raw = params.at_root({k: data[k] for k in PARAMETERS if data.get(k) is not None})
     # OpenAI's API (and its client, which decodes base64 itself) knows these two; quantized codes are on
     # /predict, /embed and Cohere's /v2/embed.
     params.choice(raw, "encoding_format", FLOATS, "float")

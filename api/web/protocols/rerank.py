@@ -58,7 +58,7 @@ def document_text(doc: object, i: int, fields: tuple[str, ...]) -> str:
 
 
 def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any], bool]]:
-    data = params.AtRoot(schemas.parse_json(body))
+    data = params.at_root(schemas.parse_json(body))
     schemas.only_fields(data, FIELDS)
     for name in ("query", "documents"):
         if name not in data:
@@ -76,10 +76,9 @@ def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any]
     if data.get("model") is not None and not isinstance(data["model"], str):
         raise InvalidRequest(f"model must be a string, got {params.kind(data['model'])}")
     params.integer(data, "priority", None, minimum=-params.INT64, nullable=True)
-    returned = params.boolean(
-        params.AtRoot({k: v for k, v in data.items() if v is not None}), "return_documents", False
-    )
-    raw = params.AtRoot({"top_n": data["top_n"]} if data.get("top_n") is not None else {})
+    given = params.at_root({k: v for k, v in data.items() if v is not None})
+    returned = params.boolean(given, "return_documents", False)
+    raw = params.at_root({"top_n": data["top_n"]} if data.get("top_n") is not None else {})
     request = schemas.checked(Inputs(texts, single=False, query=query), raw, res.task, res.model, res.limits)
     return request, (documents, returned)
 

@@ -57,7 +57,7 @@ def _texts(
     if "inputs" not in data:
         raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
     inputs = Inputs(params.texts(data["inputs"]).texts, single=False)
-    raw = params.AtRoot(
+    raw = params.at_root(
         {**defaults, **{k: v for k, v in data.items() if k != "inputs" and v is not None}, **(forced or {})}
     )
     return schemas.checked(inputs, raw, res.task, res.model, res.limits), None
@@ -98,7 +98,7 @@ def _rerank(body: bytes, res: Resources) -> tuple[PredictRequest, list[str] | No
     if "query" not in data or "texts" not in data:
         raise InvalidRequest('the body needs "query" and "texts"; send {"query": str, "texts": [str]}')
     inputs = Inputs(params.text_list(data["texts"], "texts"), single=False, query=params.text(data["query"], "query"))
-    given = params.AtRoot({k: v for k, v in data.items() if v is not None})
+    given = params.at_root({k: v for k, v in data.items() if v is not None})
     text = params.boolean(given, "return_text", False)
     raw = params.only(given, ("raw_scores", "truncate", "truncation_direction"))
     return schemas.checked(inputs, raw, res.task, res.model, res.limits), inputs.texts if text else None
