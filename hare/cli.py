@@ -63,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HareError as exc:
         print(f"hare {args.command}: error: {exc.message}", file=sys.stderr)
         return next(code for cls, code in EXIT_CODES if isinstance(exc, cls))
+    except OSError as exc:  # the machine refused a file (a path, a permission, a full disk): one line, not a trace
+        print(f"hare {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

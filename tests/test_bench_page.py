@@ -128,6 +128,11 @@ def test_the_page_names_every_run_its_machine_and_figures_newest_first(
     out = tmp_path / "docs" / "results.md"
     assert hare(["bench", "report", "--db", str(store.path), "--out", str(out)]) == 0
     assert out.read_text() == text == page(store, capsys=capsys)
+    # A place no file can go: said in one line, with what the machine said, not a trace.
+    (tmp_path / "a-file").write_text("")
+    assert hare(["bench", "report", "--db", str(store.path), "--out", str(tmp_path / "a-file" / "r.md")]) == 1
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("hare bench: error: [Errno") and "a-file" in said and len(said.splitlines()) == 1
 
 
 def test_kind_since_and_all_choose_the_runs(store: Store, capsys: pytest.CaptureFixture[str]) -> None:

@@ -236,10 +236,12 @@ def test_a_bad_file_stops_with_one_sentence(
     said: str,
 ) -> None:
     (tmp_path / name).write_bytes(content)
+    bundle = fp32_bundle("feature-extraction")
+    capsys.readouterr()  # what building the bundle printed (the first test to ask for it builds it)
     code = hare(
         [
             "run",
-            str(fp32_bundle("feature-extraction")),
+            str(bundle),
             "-i",
             str(tmp_path / name),
             "-o",
@@ -250,6 +252,19 @@ def test_a_bad_file_stops_with_one_sentence(
     err = capsys.readouterr().err
     assert code == 2 and said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_an_output_where_no_folder_can_be_made_stops_with_one_sentence(
+    fp32_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "in.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "o.parquet"
+    bundle = fp32_bundle("feature-extraction")
+    capsys.readouterr()
+    code = hare(["run", str(bundle), "-i", str(tmp_path / "in.jsonl"), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"cannot write {out}: Not a directory" in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_parquet_column_that_is_not_text_stops(tmp_path: Path) -> None:

@@ -52,7 +52,12 @@ def open_folder(output: Path, job: dict[str, Any], overwrite: bool) -> tuple[Pat
         raise InputError(f"{output} already exists; delete it or pass --overwrite")
     if folder.exists():  # a folder from a run killed before it wrote job.json: nothing of it can be trusted
         shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    try:
+        folder.mkdir(parents=True)
+    except OSError as exc:
+        raise InputError(
+            f"cannot write {output}: {exc.strerror} ({exc.filename}); give an output in a folder this user can write"
+        ) from exc
     tmp = found.with_name(JOB_FILE + ".tmp")
     tmp.write_text(json.dumps(job, indent=1, sort_keys=True))
     tmp.replace(found)
