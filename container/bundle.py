@@ -121,7 +121,11 @@ def read_manifest(bundle: Path) -> Manifest:
         raise InputError(f"bundle folder {bundle} does not exist; build one with `hare optimize`")
     missing = [f for f in (MODEL_FILE, TOKENIZER_FILE, MANIFEST_FILE) if not (bundle / f).is_file()]
     if missing:
-        raise InputError(f"{bundle} is not a hare bundle: missing {', '.join(missing)}")
+        # A model folder given where its bundle belongs: say how to make the bundle.
+        model = (bundle / "config.json").is_file() and MANIFEST_FILE in missing
+        how = f"`hare optimize {bundle} --task TASK --out BUNDLE`"
+        build = f"; it holds a model: build its bundle with {how}" if model else ""
+        raise InputError(f"{bundle} is not a hare bundle: missing {', '.join(missing)}{build}")
     try:
         manifest = Manifest.from_dict(json.loads((bundle / MANIFEST_FILE).read_text()))
     except (ValueError, TypeError) as exc:

@@ -158,6 +158,13 @@ def test_serve_builds_the_default_bundle_when_missing_then_execs_gunicorn(
     with pytest.raises(InputError, match="does not exist"):
         serve.main(parser.parse_args([str(tmp_path / "elsewhere")]))
     assert built == []
+    # A model folder where its bundle belongs: the error says how to build the bundle.
+    model = tmp_path / "my-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with pytest.raises(InputError, match=rf"it holds a model: build its bundle with `hare optimize {model} --task"):
+        serve.main(parser.parse_args([str(model)]))
+    assert built == []
 
 
 def test_the_bundles_max_batch_tokens_applies_only_on_the_target_it_was_measured_on(tiny_bundle: ModelFactory) -> None:
