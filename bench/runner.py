@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -185,7 +186,11 @@ class Runner:
             return
         try:
             with self._server(group[0]) as (url, server):
-                status, body = get_json(url, "/info")
+                try:
+                    status, body = get_json(url, "/info")
+                except OSError as exc:
+                    reason = os.strerror(exc.errno) if exc.errno else str(exc)  # asyncio's strerror repeats the address
+                    raise InputError(f"{url} does not answer ({reason}): start the server, or check the URL") from exc
                 info = info_json(body) if status == 200 else {}
                 if target == "hare":
                     self.hare_threads = int(info.get("threads") or 1)

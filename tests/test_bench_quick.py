@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -120,6 +121,18 @@ def test_rounds_interleave_the_targets_and_store_each_point_once_at_its_median_r
     assert store.run(run_id).settings["rounds"] == 3
     assert hare(["bench", "run", server.url, "--bundle", bundle, *short, "--rounds", "0"]) == 2
     assert "--rounds must be 1 or more" in capsys.readouterr().err
+
+
+def test_a_url_nothing_answers_at_fails_the_run_saying_so(tmp_path: Path) -> None:
+    db = tmp_path / "bench.db"
+    with socket.socket() as s:  # a port just free: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    code = hare(["bench", "run", url, "--task", "feature-extraction", "--seq", "8", "--quick", "--db", str(db)])
+    assert code == 1
+    [run] = Store(db).runs()
+    assert run.status == "failed"
+    assert run.message == f"{url} does not answer (Connection refused): start the server, or check the URL"
 
 
 def test_quick_starts_hare_serve_itself(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
