@@ -190,7 +190,7 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
         )
     for name in set(raw) & set(root):  # a parameter at the root wins; the one it hides is still checked
         (task.parameters.get(name) or COMMON[name]).read(raw, name, None)
-    raw = params.Parameters({**raw, **root}, at_root=root)
+    raw = params.Parameters({**raw, **root}, at_root=root) if root else raw  # a plain dict: the common case, quicker
     value = data["inputs"]
     if task.embeddings and isinstance(value, dict):
         return checked(similarity_inputs(value), for_cosines(raw, task), task, model, limits, uncounted=1), True
