@@ -78,7 +78,7 @@ def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any]
     params.integer(data, "priority", None, minimum=-params.INT64, nullable=True)
     given = params.at_root({k: v for k, v in data.items() if v is not None})
     returned = params.boolean(given, "return_documents", False)
-    raw = params.at_root({"top_n": data["top_n"]} if data.get("top_n") is not None else {})
+    raw = params.only(given, ("top_n",))
     request = schemas.checked(Inputs(texts, single=False, query=query), raw, res.task, res.model, res.limits)
     return request, (documents, returned)
 
