@@ -101,12 +101,15 @@ class Inputs:
     single: the request sent one text, so the answer takes the single-input shape.
     query: pair tasks only: the first member of every pair.
     sent: the texts as the client sent them, where the task's prepare rewrote `texts` (None: as in texts).
+    pairs: text pairs of a classifier (natural language inference, paraphrase): each text's second member,
+      transformers' `text_pair` (None: single texts).
     """
 
     texts: list[str]
     single: bool
     query: str | None = None
     sent: list[str] | None = None
+    pairs: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +249,7 @@ class TaskSpec:
     architectures: suffixes a checkpoint's `architectures` must end with; empty means any checkpoint.
     output: the graph output the server reads.
     pairs: inputs are (query, document) pairs rather than single texts.
+    text_pairs: parse_inputs also takes transformers' text pairs ({"text", "text_pair"}) beside single texts.
     parity: task metrics from reference vs candidate outputs.
     gates: the default thresholds (overridable from the CLI by metric name).
     default_pooling: pooling when the model folder declares none (embeddings only).
@@ -288,6 +292,7 @@ class TaskSpec:
     prepare: Callable[[Inputs, Any], Inputs] | None = field(default=None, kw_only=True)
     pooling: Callable[[Any], str | None] | None = field(default=None, kw_only=True)
     windows: bool = field(default=True, kw_only=True)
+    text_pairs: bool = field(default=False, kw_only=True)
     offsets: bool = field(default=False, kw_only=True)
     embeddings: bool = field(default=False, kw_only=True)
     sparse: bool = field(default=False, kw_only=True)

@@ -17,6 +17,7 @@ from tasks.base import (
     Array,
     Baseline,
     Gate,
+    Inputs,
     ModelInfo,
     Outputs,
     ParityInput,
@@ -27,6 +28,7 @@ from tasks.base import (
     json_object,
     tensor_io,
 )
+from tasks.errors import InvalidRequest
 from tasks.ops import sigmoid, softmax
 
 FUNCTIONS: dict[str, Callable[[Array], Array]] = {"softmax": softmax, "sigmoid": sigmoid, "none": lambda x: x}
@@ -65,6 +67,34 @@ PARAMETERS = {
     ),
     "raw_scores": params.Boolean("true returns the logits (function_to_apply none)"),
 }
+
+
+def parse_inputs(value: object) -> Inputs:
+    """A text or a list of texts, or text pairs (natural language inference, paraphrase) as transformers'
+    pipeline takes them: {"text", "text_pair"} for one pair, a list of such objects, or of [text, text_pair]
+    lists (TEI's pairs; `[[a, b]]` is one pair to the pipeline too)."""
+    if isinstance(value, dict):
+        text, pair = _pair(value, "inputs")
+        return Inputs([text], single=True, pairs=[pair])
+    if isinstance(value, list) and value and isinstance(value[0], dict | list):
+        firsts, seconds = zip(*(_pair(item, f"inputs[{i}]") for i, item in enumerate(value)), strict=True)
+        return Inputs(list(firsts), single=False, pairs=list(seconds))
+    return params.texts(value)
+
+
+def _pair(value: object, name: str) -> tuple[str, str]:
+    if isinstance(value, list):
+        if len(value) != 2:
+            raise InvalidRequest(f"{name} must be a pair [text, text_pair], got a list of {len(value)}")
+        return params.text(value[0], f"{name}[0]"), params.text(value[1], f"{name}[1]")
+    if not isinstance(value, dict):
+        raise InvalidRequest(
+            f'{name} must be a pair {{"text", "text_pair"}} or [text, text_pair] as the list\'s first item is, '
+            f"got {params.kind(value)}"
+        )
+    if set(value) != {"text", "text_pair"}:
+        raise InvalidRequest(f'{name} must hold "text" and "text_pair", and only them, to classify a pair')
+    return params.text(value["text"], f"{name}.text"), params.text(value["text_pair"], f"{name}.text_pair")
 
 
 def default_function(model: ModelInfo) -> str:
@@ -134,7 +164,8 @@ SPEC = TaskSpec(
         ),
     ),
     parameters=PARAMETERS,
-    parse_inputs=params.texts,
+    parse_inputs=parse_inputs,
+    text_pairs=True,
     parse_params=parse_params,
     postprocess=postprocess,
     answer=ANSWER,

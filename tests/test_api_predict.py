@@ -129,6 +129,56 @@ async def test_a_long_input_is_truncated_and_says_so(classifier: httpx.AsyncClie
     assert re.search(r"^hare_truncated_total [1-9]", metrics, re.M)
 
 
+PAIRS = [
+    {"text": "A man is playing a guitar.", "text_pair": "Someone plays music."},
+    {"text": "The quick brown fox", "text_pair": "Zyxw qqq ÄÖÜ über naïve café!"},
+    {"text": LONG, "text_pair": "short hypothesis"},  # cut: the longer member loses what does not fit
+    {"text": "short premise", "text_pair": LONG},
+    {"text": LONG, "text_pair": LONG[: len(LONG) // 2]},  # both over half: the longer takes the odd token
+]
+
+
+async def test_text_pairs_equal_the_transformers_pipeline(
+    classifier: httpx.AsyncClient, tiny_model: ModelFactory
+) -> None:
+    # Inference (NLI) and paraphrase classifiers read two texts: transformers' {"text", "text_pair"}, or TEI's
+    # [text, text_pair] lists.
+    classify = pipeline("text-classification", tiny_model("text-classification"), top_k=None, truncation=True)
+    batch = await predict(classifier, PAIRS, top_k=None)
+    assert await predict(classifier, [[p["text"], p["text_pair"]] for p in PAIRS], top_k=None) == batch
+    for pair, got in zip(PAIRS, batch, strict=True):
+        reference = classify(pair)
+        assert [r["label"] for r in reference] == [g["label"] for g in got]
+        assert np.allclose([r["score"] for r in reference], [g["score"] for g in got], atol=TOL)
+        assert all(g.get("truncated", False) == (LONG in pair.values()) for g in got)
+        (single,) = await predict(classifier, pair, top_k=None)  # one pair: one answer in a list, as one text
+        assert np.allclose([g["score"] for g in single], [g["score"] for g in got], atol=1e-6)
+    # Windows are a single text's: a long pair asked to be read in windows is cut, and its answer says so.
+    assert await predict(classifier, PAIRS, top_k=None, long_input="window") == batch
+    alone = await predict(classifier, PAIRS[0]["text"], top_k=None)
+    assert alone[0] != batch[0]  # the pair's second text is read, not dropped
+
+
+@pytest.mark.parametrize(
+    ("inputs", "parameters", "status", "message"),
+    [
+        ({"text": "a"}, {}, 422, 'inputs must hold "text" and "text_pair"'),
+        ([{"text": "a", "text_pair": "b"}, "c"], {}, 422, "inputs[1] must be a pair"),
+        ([["a", "b"], ["c"]], {}, 422, "inputs[1] must be a pair [text, text_pair], got a list of 1"),
+        ({"text": "a", "text_pair": ""}, {}, 400, "inputs.text_pair is an empty string"),
+        ([["a", 3]], {}, 422, "inputs[0][1] must be a string"),
+        ({"text": LONG, "text_pair": "b"}, {"truncate": False}, 413, "inputs is 634 tokens long"),
+    ],
+)
+async def test_a_wrong_pair_is_refused_naming_it(
+    classifier: httpx.AsyncClient, inputs: object, parameters: dict[str, object], status: int, message: str
+) -> None:
+    response = await classifier.post("/predict", json={"inputs": inputs, "parameters": parameters})
+    assert response.status_code == status, response.text
+    assert response.json()["error"].startswith(message), response.json()
+    assert "window" not in response.json()["error"]  # a pair is never read in windows
+
+
 def windows_of(bundle: Path, text: str, stride: int) -> list[Any]:
     """The long-input windows, built independently of the server with tokenizers' own overflow."""
     tok = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))

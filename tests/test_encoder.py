@@ -194,7 +194,8 @@ def test_a_tokenizer_that_reads_across_spaces_reads_every_text_whole() -> None:
 
 def test_a_long_document_to_be_cut_beside_its_query_is_read_by_its_start_with_the_same_encoding() -> None:
     """A ranking pair: the document's start is read first, and the pair cut to the maximum as the whole document
-    gives it (the query keeps up to half the room), for documents of every length around the start's."""
+    gives it (as transformers' tokenizers cut a pair), for documents of every length around the start's and
+    queries shorter and longer than the room's half."""
     for name, tokenizer in splitting_tokenizers():
         encoder = Encoder(Tokenizer.from_str(tokenizer.to_str()), 32, windows=False)
         whole = Encoder(Tokenizer.from_str(tokenizer.to_str()), 32, windows=False)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,8 +95,13 @@ class Encoder:
 
     def encode(self, inputs: Inputs, long_input: LongInput = TRUNCATE) -> Encoded:
         """Encode a request's inputs, a long text cut, refused or read in windows as `long_input` says."""
+        truncate = long_input.mode == "truncate"
         if inputs.query is not None:
-            return self._pairs(inputs.query, inputs.texts, long_input.mode == "truncate")
+            query = [inputs.query] * len(inputs.texts)
+            return self._pairs(query, inputs.texts, truncate, lambda i: f"inputs.documents[{i}] with the query")
+        if inputs.pairs is not None:
+            single = inputs.single
+            return self._pairs(inputs.texts, inputs.pairs, truncate, lambda i: "inputs" if single else f"inputs[{i}]")
         if long_input.mode == "window":
             return self._windows(inputs.texts, long_input.stride)
         return self._singles(inputs, long_input.mode == "truncate")
@@ -160,47 +166,63 @@ class Encoder:
         flat = [w for ws in windows for w in ws]
         return Encoded(windows, [False] * len(texts), flat, sum(len(w) for w in flat))
 
-    def _pairs(self, query: str, documents: list[str], truncate: bool) -> Encoded:
+    def _pairs(self, firsts: list[str], seconds: list[str], truncate: bool, name: Callable[[int], str]) -> Encoded:
+        """Pairs: a ranking's (query, document)s, a classifier's (text, text_pair)s. `name`: pair i as the
+        request names it, for a refusal."""
         # No truncation here: tokenizers' pair truncation also builds every overflow combination, which
-        # explodes on long documents. Too-long pairs are cut by hand below; a long document to be cut is read by
-        # its start first, as a single text is: where the start alone fills the room, the pair is cut from it.
+        # explodes on long documents. Too-long pairs are cut by hand below; a long second member to be cut is read
+        # by its start first, as a single text is: where the start alone fills the room, the pair is cut from it.
         encode = self._whole.encode_batch if self._offsets else self._whole.encode_batch_fast
-        starts = [self._start(d) for d in documents] if truncate and self._start_at else documents
+        starts = [self._start(d) for d in seconds] if truncate and self._start_at else seconds
         content = {
-            i: self._whole.encode(s, add_special_tokens=False) for i, s in enumerate(starts) if s is not documents[i]
+            i: self._whole.encode(s, add_special_tokens=False) for i, s in enumerate(starts) if s is not seconds[i]
         }
-        filled = {i for i, d in content.items() if len(d) >= self._pair_budget}
-        encodings = encode([(query, d) for i, d in enumerate(documents) if i not in filled])
+        heads = {i: self._content(firsts[i]) for i in content}
+        # A start cuts the pair as the whole second member would where it fills the room and is the longer
+        # member: the cut then keeps the same number of its first tokens (`pair_lengths`).
+        filled = {i for i, d in content.items() if len(d) >= max(self._pair_budget, len(heads[i]))}
+        encodings = encode([(firsts[i], d) for i, d in enumerate(seconds) if i not in filled])
         for i in sorted(filled):
-            encodings.insert(i, self._fit_pair(query, content[i]))
-        truncated = [i in filled for i in range(len(documents))]
+            encodings.insert(i, self._fit_pair(heads[i], content[i]))
+        truncated = [i in filled for i in range(len(seconds))]
         for i, enc in enumerate(encodings):
             if i not in filled and len(enc) > self.max_length:
                 if not truncate:
-                    raise self._too_long(f"inputs.documents[{i}] with the query", len(enc))
-                encodings[i] = self._fit_pair(query, self._whole.encode(documents[i], add_special_tokens=False))
+                    raise self._too_long(name(i), len(enc), windows=False)
+                encodings[i] = self._fit_pair(self._content(firsts[i]), self._content(seconds[i]))
                 truncated[i] = True
         return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings))
 
-    def _fit_pair(self, query: str, d: Encoding) -> Encoding:
-        """Cut a pair (`d`: the document's content tokens, or as many of its first ones as fill the room) to the
-        model's maximum: the query keeps up to half the room (all of it if the document is short), the document
-        gets the rest."""
-        q = self._whole.encode(query, add_special_tokens=False)
-        budget = self._pair_budget
-        q_len = min(len(q), max(budget // 2, budget - len(d)))
-        if len(q) > q_len:
-            q.truncate(q_len)
-        if len(d) > budget - q_len:
-            d.truncate(budget - q_len)
-        return self._whole.post_process(q, d)
+    def _content(self, text: str) -> Encoding:
+        return self._whole.encode(text, add_special_tokens=False)
 
-    def _too_long(self, name: str, length: int) -> InputTooLong:
+    def _fit_pair(self, first: Encoding, second: Encoding) -> Encoding:
+        """Cut a pair (each member's content tokens; of the second, where longer, possibly only as many of its
+        first ones as fill the room) to the model's maximum, as transformers' tokenizers cut it."""
+        keep_first, keep_second = pair_lengths(len(first), len(second), self._pair_budget)
+        first.truncate(keep_first)
+        second.truncate(keep_second)
+        return self._whole.post_process(first, second)
+
+    def _too_long(self, name: str, length: int, windows: bool = True) -> InputTooLong:
+        """`windows`: the input could be read in windows (a pair cannot)."""
         return InputTooLong(
             f"{name} is {length} tokens long; this model reads at most {self.max_length}. "
-            f'Send "truncate": true to cut it{self._hint}',
+            f'Send "truncate": true to cut it{self._hint if windows else ""}',
             limit=self.max_length,
         )
+
+
+def pair_lengths(first: int, second: int, budget: int) -> tuple[int, int]:
+    """The tokens each member of a pair keeps within `budget` (the model's maximum less the pair's special
+    tokens), as transformers' tokenizers keep them (truncation=True: "longest_first"): the shorter member whole
+    where it takes at most half, the longer one the rest; else half each, the longer one an odd budget's extra
+    token (the second of two alike)."""
+    if first + second <= budget:
+        return first, second
+    shorter = min(first, second)
+    small, large = (budget // 2, budget - budget // 2) if 2 * shorter > budget else (shorter, budget - shorter)
+    return (small, large) if first <= second else (large, small)
 
 
 def _cases(content: str) -> tuple[str, ...]:

@@ -64,6 +64,8 @@ class Pipeline:
         full batch watches for its client to leave, and is withdrawn if it does."""
         inputs = request.inputs
         characters = sum(map(len, inputs.texts)) + (len(inputs.query) if inputs.query else 0)
+        if inputs.pairs is not None:
+            characters += sum(map(len, inputs.pairs))
         start = time.perf_counter()
         if characters > OFFLOAD_CHARS:
             encoded = await asyncio.to_thread(self.encoder.encode, inputs, request.long_input)

@@ -1,6 +1,7 @@
 """Request bodies: read within limits, parse, check; every refusal names the field and says what to send.
 
-    POST /predict   {"inputs": str | [str] | {"query", "documents"} | {"source_sentence", "sentences"},
+    POST /predict   {"inputs": str | [str] | {"query", "documents"} | {"source_sentence", "sentences"}
+                               | {"text", "text_pair"} | [{"text", "text_pair"} | [str, str]],
                      "parameters": {...}, <any parameter at the root>}
 
 The protocol modules (api/web/protocols/) turn their own bodies into the same PredictRequest through `checked`.
@@ -22,7 +23,7 @@ from api.engine.errors import ClientGone
 from api.engine.pipeline import PredictRequest
 from api.web.errors import UnsupportedEncoding
 from tasks import params
-from tasks.base import Inputs, LongInput, ModelInfo, TaskSpec
+from tasks.base import TRUNCATE, Inputs, LongInput, ModelInfo, TaskSpec
 from tasks.errors import InputTooLong, InvalidRequest
 
 LONG_INPUT = ("truncate", "window")
@@ -249,7 +250,11 @@ def checked(
     task_params = task.parse_params(params.only(raw, task.parameters), model)
     if task.prepare is not None:
         inputs = task.prepare(inputs, task_params)
-    return PredictRequest(inputs, long_input(raw, task, limits), task_params)
+    reading = long_input(raw, task, limits)
+    if inputs.pairs is not None and reading.mode == "window":
+        # Windows are a single text's (transformers reads no pair in windows either): a long pair is cut, and says so.
+        reading = TRUNCATE
+    return PredictRequest(inputs, reading, task_params)
 
 
 def long_input(raw: Mapping[str, object], task: TaskSpec, limits: Limits) -> LongInput:
@@ -284,4 +289,9 @@ def check_limits(inputs: Inputs, limits: Limits, uncounted: int = 0) -> None:
     for i, text in enumerate(inputs.texts):
         if len(text) > cap:
             name = "inputs" if inputs.single else f"inputs.documents[{i}]" if inputs.query else f"inputs[{i}]"
+            name += ".text" if inputs.pairs is not None else ""
             raise InputTooLong(f"{name} is {len(text)} characters; the limit is {cap}", limit=cap)
+    for i, pair in enumerate(inputs.pairs or ()):
+        if len(pair) > cap:
+            name = "inputs" if inputs.single else f"inputs[{i}]"
+            raise InputTooLong(f"{name}.text_pair is {len(pair)} characters; the limit is {cap}", limit=cap)

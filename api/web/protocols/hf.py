@@ -80,6 +80,11 @@ def _inputs(s: Shapes) -> dict[str, Any]:
     shapes = [s.text, s.texts]
     if s.task.embeddings:
         shapes.append(_similarity_inputs(s))
+    if s.task.text_pairs:
+        pair = closed({"text": s.text, "text_pair": s.text}, ["text", "text_pair"])
+        listed = {"type": "array", "prefixItems": [s.text, s.text], "minItems": 2, "maxItems": 2}
+        pairs = {**s.texts, "items": {"oneOf": [pair, listed]}}
+        shapes += [pair, pairs]
     return {"oneOf": shapes}
 
 
