@@ -208,3 +208,22 @@ def test_a_long_document_to_be_cut_beside_its_query_is_read_by_its_start_with_th
                 for a, b in zip(got.sequences, want.sequences, strict=True):
                     assert (a.ids, a.type_ids, a.offsets) == (b.ids, b.type_ids, b.offsets), (name, encoder._start_at)
                 assert (got.truncated, got.tokens) == (want.truncated, want.tokens), name
+
+
+def test_a_pair_is_cut_as_transformers_cuts_it() -> None:
+    """A classifier's (text, text_pair) and a ranking's (query, document) too long for the model keep the tokens
+    transformers' tokenizers keep (truncation=True, "longest_first"): the shorter text whole where it takes at
+    most half the room, else half each, the longer one an odd room's extra token."""
+    for name, tokenizer in splitting_tokenizers():
+        reference = Tokenizer.from_str(tokenizer.to_str())
+        reference.no_padding()  # the default model's tokenizer pads to 128
+        for max_length in (31, 32):  # rooms of 28 and 29 tokens beside BERT's three special tokens
+            encoder = Encoder(Tokenizer.from_str(tokenizer.to_str()), max_length, windows=True)
+            reference.enable_truncation(max_length, strategy="longest_first")
+            for first, second in [(5, 40), (40, 5), (20, 22), (22, 20), (30, 30), (14, 14), (15, 40), (3, 3)]:
+                a, b = " ".join(["cat"] * first), " ".join(["dog"] * second)
+                want = reference.encode(a, b)
+                (got,) = encoder.encode(Inputs([a], single=True, pairs=[b])).sequences
+                assert (got.ids, got.type_ids) == (want.ids, want.type_ids), (name, max_length, first, second)
+                (ranked,) = encoder.encode(Inputs([b], single=False, query=a)).sequences
+                assert ranked.ids == want.ids, (name, max_length, first, second)
