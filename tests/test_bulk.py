@@ -23,6 +23,7 @@ from api.bulk.reader import Columns, Corpus
 from api.config import Settings
 from container.bundle import MANIFEST_FILE, TOKENIZER_FILE
 from hare.cli import main as hare
+from tasks.errors import InputError
 from tasks.ops import pad_batch
 from tests.api_helpers import serve
 from tests.conftest import ModelFactory
@@ -130,6 +131,29 @@ async def test_labels_and_entities_are_predicts(fp32_bundle: ModelFactory, tmp_p
             assert got.pop("score") == pytest.approx(want.pop("score"), abs=1e-5)
             assert got == want
     assert any(row["truncated"] for row in table)
+
+
+async def test_a_classifiers_pairs_are_predicts(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    bundle = fp32_bundle("text-classification")
+    firsts, seconds = texts(30, seed=5, longest=150), texts(30, seed=6, longest=150)  # some pairs cut
+    rows = [{"premise": a, "hypothesis": b} for a, b in zip(firsts, seconds, strict=True)]
+    out = tmp_path / "out.jsonl"
+    columns = Columns(text="premise", text_pair="hypothesis")
+    run_job(settings(bundle), BulkOptions(write_jsonl(tmp_path / "in.jsonl", rows), out, columns=columns, chunk_rows=8))
+    table = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    pairs = [{"text": a, "text_pair": b} for a, b in zip(firsts, seconds, strict=True)]
+    answers = await predict(bundle, pairs)
+    assert [row["id"] for row in table] == list(range(len(rows)))
+    for row, answer in zip(table, answers, strict=True):
+        assert row["truncated"] == answer[0].get("truncated", False)
+        assert row["labels"][0]["label"] == answer[0]["label"]
+        assert row["labels"][0]["score"] == pytest.approx(answer[0]["score"], abs=1e-5)
+    assert any(row["truncated"] for row in table) and not all(row["truncated"] for row in table)
+    with pytest.raises(InputError, match="reads single texts: --text-pair-column"):
+        run_job(settings(fp32_bundle("feature-extraction")), BulkOptions(tmp_path / "in.jsonl", out, columns=columns))
+    missing = BulkOptions(tmp_path / "in.jsonl", tmp_path / "o2.jsonl", columns=Columns("premise", text_pair="x"))
+    with pytest.raises(InputError, match="name it with --text-column and --text-pair-column"):
+        run_job(settings(bundle), missing)
 
 
 async def test_ranking_reads_query_and_document_columns(fp32_bundle: ModelFactory, tmp_path: Path) -> None:

@@ -38,6 +38,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-column", default="text", help="the texts' column (default: text)")
     parser.add_argument("--query-column", default="query", help="text-ranking: the queries' column")
     parser.add_argument("--document-column", default="document", help="text-ranking: the documents' column")
+    parser.add_argument(
+        "--text-pair-column",
+        help="text-classification: each text's second text, to classify pairs (inference, paraphrase); "
+        "default: single texts",
+    )
     parser.add_argument("--id-column", help="the rows' ids (default: id if there is one, else row numbers)")
     parser.add_argument(
         "--param",
@@ -77,7 +82,9 @@ def main(args: argparse.Namespace) -> int:
         output=args.output,
         input_format=args.input_format,
         output_format=args.output_format,
-        columns=Columns(args.text_column, args.query_column, args.document_column, args.id_column),
+        columns=Columns(
+            args.text_column, args.query_column, args.document_column, args.id_column, args.text_pair_column
+        ),
         parameters=parameters(args.param),
         long_input=args.long_input,
         max_chars=args.max_chars,

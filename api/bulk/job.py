@@ -101,6 +101,7 @@ def run_job(settings: Settings, options: BulkOptions, progress: Progress | None 
     progress = progress or Progress()
     long_input = options.long_input or ("truncate" if settings.truncate else "refuse")
     model = BulkModel(settings, options.parameters, long_input)
+    model.check(options.columns)
     corpus = Corpus(options.input, options.columns, model.task.pairs, options.input_format)
     fmt = output_format(options.output, options.output_format)
     max_chars = options.max_chars or settings.max_input_chars

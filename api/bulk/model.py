@@ -18,7 +18,7 @@ import pyarrow as pa
 from tokenizers import Encoding
 
 from api.bulk.columns import Answers, item_name, per_input
-from api.bulk.reader import Chunk, Reject
+from api.bulk.reader import Chunk, Columns, Reject
 from api.config import Settings
 from api.engine.backend import Backend
 from api.engine.opened import open_bundle
@@ -93,6 +93,11 @@ class BulkModel:
         """Sequences and padded tokens per model call at most."""
         return self.settings.max_batch_size, self.settings.max_batch_tokens
 
+    def check(self, columns: Columns) -> None:
+        """Refuse columns the task cannot read: a second text beside each text is a classifier's pair."""
+        if columns.text_pair is not None and not self.task.text_pairs:
+            raise InputError(f"{self.task.name} reads single texts: --text-pair-column is text-classification's")
+
     def probe(self) -> None:
         """One text through the whole path before the job starts, so that parameters the model cannot answer
         (dimensions above its width) stop it at once rather than at its first chunk."""
@@ -111,7 +116,9 @@ class BulkModel:
         truncated = [False] * n
         for rows, inputs in self._requests(chunk):
             prepared = self.task.prepare(inputs, self.params) if self.task.prepare is not None else inputs
-            encoded = self.encoder.encode(prepared, self.reading)
+            # Windows are a single text's: a pair too long is cut, as /predict cuts it.
+            reading = TRUNCATE if prepared.pairs is not None else self.reading
+            encoded = self.encoder.encode(prepared, reading)
             if prepared.sent is not None:
                 sent = sent or [""] * n
             for k, row in enumerate(rows):
@@ -162,7 +169,8 @@ class BulkModel:
         if not chunk.ids:
             return []
         if not self.task.pairs:
-            return [(list(range(len(chunk.ids))), Inputs(chunk.values[0], single=False))]
+            pairs = chunk.values[1] if len(chunk.values) == 2 else None  # a classifier's (text, text_pair) rows
+            return [(list(range(len(chunk.ids))), Inputs(chunk.values[0], single=False, pairs=pairs))]
         by_query: dict[str, list[int]] = {}
         for i, query in enumerate(chunk.values[0]):
             by_query.setdefault(query, []).append(i)

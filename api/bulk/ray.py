@@ -54,6 +54,7 @@ class HareStage:
             settings, parameters or {}, long_input or ("truncate" if settings.truncate else "reject")
         )
         self.columns = columns or Columns(id="id")
+        self.model.check(self.columns)
         self.names = self.columns.values(self.model.task.pairs)
         self.max_chars = max_chars or settings.max_input_chars
 

@@ -41,16 +41,21 @@ TEXT_TYPES = (pa.string(), pa.large_string(), pa.string_view(), pa.binary(), pa.
 
 @dataclass(frozen=True)
 class Columns:
-    """The input's column names. `id` None: "id" if the file has one, else row positions."""
+    """The input's column names. `id` None: "id" if the file has one, else row positions. `text_pair`: a
+    classifier's pairs (inference, paraphrase): each text's second text (None: single texts)."""
 
     text: str = "text"
     query: str = "query"
     document: str = "document"
     id: str | None = None
+    text_pair: str | None = None
 
     def values(self, pairs: bool) -> tuple[str, ...]:
-        """The columns the task reads: (query, document) for ranking, (text,) otherwise."""
-        return (self.query, self.document) if pairs else (self.text,)
+        """The columns the task reads: (query, document) for ranking, (text, text_pair) for a classifier's
+        pairs, (text,) otherwise."""
+        if pairs:
+            return self.query, self.document
+        return (self.text,) if self.text_pair is None else (self.text, self.text_pair)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +298,8 @@ class Corpus:
     def _missing(self, missing: list[str], found: list[str], what: str, option: str | None = None) -> str:
         shown = ", ".join(found[:12]) + (", ..." if len(found) > 12 else "")
         options = option or ("--query-column and --document-column" if self.pairs else "--text-column")
+        if option is None and len(self.names) == 2 and not self.pairs:
+            options = "--text-column and --text-pair-column"
         return f"{self.path} has no {what} {', '.join(missing)} (it has: {shown}); name it with {options}"
 
 
