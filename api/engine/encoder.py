@@ -174,9 +174,7 @@ class Encoder:
         # by its start first, as a single text is: where the start alone fills the room, the pair is cut from it.
         encode = self._whole.encode_batch if self._offsets else self._whole.encode_batch_fast
         starts = [self._start(d) for d in seconds] if truncate and self._start_at else seconds
-        content = {
-            i: self._whole.encode(s, add_special_tokens=False) for i, s in enumerate(starts) if s is not seconds[i]
-        }
+        content = {i: self._content(s) for i, s in enumerate(starts) if s is not seconds[i]}
         heads = {i: self._content(firsts[i]) for i in content}
         # A start cuts the pair as the whole second member would where it fills the room and is the longer
         # member: the cut then keeps the same number of its first tokens (`pair_lengths`).
@@ -194,6 +192,7 @@ class Encoder:
         return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings))
 
     def _content(self, text: str) -> Encoding:
+        """`text`'s tokens without special tokens, never cut."""
         return self._whole.encode(text, add_special_tokens=False)
 
     def _fit_pair(self, first: Encoding, second: Encoding) -> Encoding:
