@@ -138,25 +138,27 @@ PAIRS = [
 ]
 
 
+@pytest.mark.parametrize("arch", ["bert", "roberta", "xlm-roberta"])  # [SEP] between, </s></s>, SentencePiece
 async def test_text_pairs_equal_the_transformers_pipeline(
-    classifier: httpx.AsyncClient, tiny_model: ModelFactory
+    fp32_bundle: ModelFactory, tiny_model: ModelFactory, arch: str
 ) -> None:
     # Inference (NLI) and paraphrase classifiers read two texts: transformers' {"text", "text_pair"}, or TEI's
     # [text, text_pair] lists.
-    classify = pipeline("text-classification", tiny_model("text-classification"), top_k=None, truncation=True)
-    batch = await predict(classifier, PAIRS, top_k=None)
-    assert await predict(classifier, [[p["text"], p["text_pair"]] for p in PAIRS], top_k=None) == batch
-    for pair, got in zip(PAIRS, batch, strict=True):
-        reference = classify(pair)
-        assert [r["label"] for r in reference] == [g["label"] for g in got]
-        assert np.allclose([r["score"] for r in reference], [g["score"] for g in got], atol=TOL)
-        assert all(g.get("truncated", False) == (LONG in pair.values()) for g in got)
-        (single,) = await predict(classifier, pair, top_k=None)  # one pair: one answer in a list, as one text
-        assert np.allclose([g["score"] for g in single], [g["score"] for g in got], atol=1e-6)
-    # Windows are a single text's: a long pair asked to be read in windows is cut, and its answer says so.
-    assert await predict(classifier, PAIRS, top_k=None, long_input="window") == batch
-    alone = await predict(classifier, PAIRS[0]["text"], top_k=None)
-    assert alone[0] != batch[0]  # the pair's second text is read, not dropped
+    classify = pipeline("text-classification", tiny_model("text-classification", arch), top_k=None, truncation=True)
+    async with serve(fp32_bundle("text-classification", arch)) as classifier:
+        batch = await predict(classifier, PAIRS, top_k=None)
+        assert await predict(classifier, [[p["text"], p["text_pair"]] for p in PAIRS], top_k=None) == batch
+        for pair, got in zip(PAIRS, batch, strict=True):
+            reference = classify(pair)
+            assert [r["label"] for r in reference] == [g["label"] for g in got]
+            assert np.allclose([r["score"] for r in reference], [g["score"] for g in got], atol=TOL)
+            assert all(g.get("truncated", False) == (LONG in pair.values()) for g in got)
+            (single,) = await predict(classifier, pair, top_k=None)  # one pair: one answer in a list, as one text
+            assert np.allclose([g["score"] for g in single], [g["score"] for g in got], atol=1e-6)
+        # Windows are a single text's: a long pair asked to be read in windows is cut, and its answer says so.
+        assert await predict(classifier, PAIRS, top_k=None, long_input="window") == batch
+        alone = await predict(classifier, PAIRS[0]["text"], top_k=None)
+        assert alone[0] != batch[0]  # the pair's second text is read, not dropped
 
 
 @pytest.mark.parametrize(
