@@ -37,7 +37,8 @@ def form(task: str) -> Playground:
 
 
 def build_inputs(task: str, text: str, documents: str = "") -> Any:
-    """The `inputs` of a /predict request for `task`; raises ValueError with what to type when it is empty."""
+    """The `inputs` of a /predict request for `task` (`documents`: a ranking's, one per line, or the text a
+    classifier's text is paired with); raises ValueError with what to type when it is empty."""
     kind = form(task).form
     if kind == "pairs":
         docs = lines(documents)
@@ -51,6 +52,8 @@ def build_inputs(task: str, text: str, documents: str = "") -> Any:
         return sentences if len(sentences) > 1 else sentences[0]
     if not text.strip():
         raise ValueError("type some text first")
+    if kind == "text-pair" and documents.strip():
+        return {"text": text, "text_pair": documents.strip()}
     return text
 
 

@@ -212,8 +212,8 @@ class Tensors:
 class Playground:
     """The task in the console's Playground (admin_ui): what the form asks for and how the answer is drawn.
 
-    form: "text" (one text), "sentences" (one per line, sent as a list when several) or "pairs" (a query and
-      documents, one per line).
+    form: "text" (one text), "text-pair" (one text, and a second one it is paired with where the user gives one),
+      "sentences" (one per line, sent as a list when several) or "pairs" (a query and documents, one per line).
     view: "labels" (score bars), "entities" (highlighted in the text), "similarity" (a cosine heatmap) or
       "ranking" (documents by score).
     example/documents: what the form starts with; parameters: the request parameters it starts with (JSON).

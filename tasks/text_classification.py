@@ -174,7 +174,7 @@ SPEC = TaskSpec(
     ),
     # Every label's score, not only the best one, so the bars compare them all (as the pipeline's top_k=None).
     playground=Playground(
-        "text", "labels", "The new release is fast and the setup took two minutes.", parameters='{"top_k": null}'
+        "text-pair", "labels", "The new release is fast and the setup took two minutes.", parameters='{"top_k": null}'
     ),
     baseline=Baseline("text-classification", baseline),
 )

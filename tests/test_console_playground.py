@@ -12,6 +12,8 @@ from tests.test_console_support import closed_port_url, fake_appliance, playgrou
 
 def test_build_inputs_per_task() -> None:
     assert pg.build_inputs("text-classification", "hi") == "hi"
+    assert pg.build_inputs("text-classification", "hi", " there ") == {"text": "hi", "text_pair": "there"}
+    assert pg.build_inputs("token-classification", "hi", "there") == "hi"  # no pairs there
     assert pg.build_inputs("feature-extraction", "a\n\n b \n") == ["a", "b"]
     assert pg.build_inputs("feature-extraction", "only one") == "only one"
     assert pg.build_inputs("text-ranking", " q ", "d1\nd2") == {"query": "q", "documents": ["d1", "d2"]}
@@ -102,6 +104,18 @@ def test_page_sends_and_shows_each_task(monkeypatch: pytest.MonkeyPatch, task: s
         assert list(at.dataframe[0].value["rank"]) == [1, 2, 3]
     if task == "feature-extraction":
         assert any("3 vector(s) of 3 dimensions" in c.value for c in at.caption)
+
+
+def test_page_sends_a_pair_to_a_classifier(monkeypatch: pytest.MonkeyPatch) -> None:
+    with fake_appliance("text-classification") as fake:
+        monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
+        at = AppTest.from_function(playground_page, default_timeout=30).run()
+        at.text_input(key="hare-pg-pair-text-classification").input("It is quick.")
+        at = _send(at)
+    assert not at.exception and not at.error
+    text = pg.form("text-classification").example
+    assert fake.requests[0]["inputs"] == {"text": text, "text_pair": "It is quick."}
+    assert {m.label: m.value for m in at.metric}["x-compute-time"] == "2.20 ms"  # answered as for one text
 
 
 def test_page_reports_problems_without_traceback(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,7 +56,11 @@ def _inputs(task: str) -> tuple[str, str]:
         return query, docs
     if form.form == "sentences":
         return st.text_area("Sentences, one per line", value=form.example, key=f"hare-pg-text-{task}", height=140), ""
-    return st.text_area("Text", value=form.example, key=f"hare-pg-text-{task}", height=100), ""
+    text = st.text_area("Text", value=form.example, key=f"hare-pg-text-{task}", height=100)
+    if form.form == "text-pair":
+        hint = 'inference (NLI) and paraphrase models read two texts: sent as {"text", "text_pair"}'
+        return text, st.text_input("Paired with (optional)", key=f"hare-pg-pair-{task}", help=hint)
+    return text, ""
 
 
 def _send(url: str, task: str, text: str, documents: str, raw_params: str) -> None:
