@@ -138,7 +138,8 @@ PAIRS = [
 ]
 
 
-@pytest.mark.parametrize("arch", ["bert", "roberta", "xlm-roberta"])  # [SEP] between, </s></s>, SentencePiece
+# Tokenizers that join a pair with [SEP], </s></s> and SentencePiece; DistilBERT and DeBERTa-v3 have no segment ids.
+@pytest.mark.parametrize("arch", ["bert", "roberta", "xlm-roberta", "distilbert", "deberta-v2"])
 async def test_text_pairs_equal_the_transformers_pipeline(
     fp32_bundle: ModelFactory, tiny_model: ModelFactory, arch: str
 ) -> None:
