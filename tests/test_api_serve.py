@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -226,7 +227,8 @@ def test_sigterm_drains_in_flight_requests_and_exits(server: tuple[str, subproce
 
 def test_a_master_killed_outright_leaves_the_port_to_the_next_server(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
     """kill -9 of gunicorn's master runs no stop: its workers see it gone within a second or two and drain, so
-    the server started again can bind its port (they served on it unsupervised for good, and it could not)."""
+    the server started again can bind its port (they served on it unsupervised for good, and it could not), and
+    removes the scratch folders the killed one left (its metrics, its core pool)."""
     bundle = tiny_bundle("text-classification")
     with hare_serve(bundle, tmp_path / "first.log", 2, own_group=True) as (url, process):
         workers = group(process.pid) - {process.pid}
@@ -237,8 +239,16 @@ def test_a_master_killed_outright_leaves_the_port_to_the_next_server(tiny_bundle
         while any(alive(pid) for pid in workers):
             assert time.monotonic() < deadline, "the workers outlived their master"
             time.sleep(0.05)
+    left = scratch_of(process.pid)
+    assert {p.name.split("-")[1] for p in left} == {"metrics", "cores"}
     with hare_serve(bundle, tmp_path / "again.log", 1, port=int(url.rsplit(":", 1)[1])) as (again, _):
         assert httpx.post(f"{again}/predict", json={"inputs": "I like you"}).status_code == 200
+        assert not any(p.exists() for p in left)
+
+
+def scratch_of(pid: int) -> list[Path]:
+    """The scratch folders of the server whose master is `pid` (api/process/scratch.py)."""
+    return [p for parent in (Path(tempfile.gettempdir()), Path("/dev/shm")) for p in parent.glob(f"hare-*-{pid}-*")]
 
 
 def test_requests_never_sent_whole_are_closed_and_free_their_places(tiny_bundle: ModelFactory, tmp_path: Path) -> None:

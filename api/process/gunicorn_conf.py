@@ -33,7 +33,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -41,20 +40,25 @@ from typing import Any
 
 from api.config import Settings
 from api.engine.cores import forget
+from api.process import scratch
 from container.bundle import read_manifest
 
 ENGINE_START_SECONDS = 600  # a big model's load and its graphs' capture
 
 _settings = Settings.from_env()
 
+_SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+scratch.sweep()  # what a master killed outright left (api/process/scratch.py)
+if _SHM is not None:
+    scratch.sweep(_SHM)
 _owned_metrics_dir: str | None = None
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    _owned_metrics_dir = tempfile.mkdtemp(prefix="hare-metrics-")
+    _owned_metrics_dir = scratch.make("metrics")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _owned_metrics_dir
 _owned_core_pool: str | None = None
 _core_pool: Path
 if _settings.core_pool is None:
-    _owned_core_pool = tempfile.mkdtemp(prefix="hare-cores-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
+    _owned_core_pool = scratch.make("cores", _SHM)
     os.environ["HARE_CORE_POOL"] = _owned_core_pool  # the workers' Settings read it
     _core_pool = Path(_owned_core_pool)
 else:
@@ -111,7 +115,7 @@ def on_starting(server: Any) -> None:
 def start_engine(server: Any) -> None:
     """The engine process, listening before this returns; RuntimeError if it exits or does not listen."""
     global _engine, _engine_dir
-    _engine_dir = tempfile.mkdtemp(prefix="hare-engine-")
+    _engine_dir = scratch.make("engine")
     socket = Path(_engine_dir) / "engine.sock"
     os.environ["HARE_ENGINE_SOCKET"] = str(socket)  # the workers, forked after this, read it
     # Its stdin: the engine runs until this pipe's write end is closed everywhere (on_exit, or the master and the

@@ -1,0 +1,43 @@
+"""The server's scratch folders (its metrics, its core pool, its engine's socket): each named after the master's
+pid, so that a server started later removes those of a master killed outright (kill -9, the OOM killer), which
+could not remove them itself. A folder whose pid is alive, or is another user's process, is kept."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+KINDS = ("metrics", "cores", "engine")
+_NAME = re.compile(rf"hare-(?:{'|'.join(KINDS)})-(\d+)-[^/]+")
+
+
+def make(kind: str, parent: Path | None = None) -> str:
+    """A new scratch folder of `kind` (one of KINDS) under `parent` (default: the temporary folder)."""
+    assert kind in KINDS, kind
+    return tempfile.mkdtemp(prefix=f"hare-{kind}-{os.getpid()}-", dir=parent)
+
+
+def sweep(parent: Path | None = None) -> list[Path]:
+    """Remove the scratch folders under `parent` (default: the temporary folder) whose master is gone; returns
+    them."""
+    folder = Path(tempfile.gettempdir()) if parent is None else parent
+    gone = []
+    for path in folder.glob("hare-*-*-*"):
+        named = _NAME.fullmatch(path.name)
+        if named and path.is_dir() and not _alive(int(named[1])):
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
