@@ -116,9 +116,7 @@ class BulkModel:
         truncated = [False] * n
         for rows, inputs in self._requests(chunk):
             prepared = self.task.prepare(inputs, self.params) if self.task.prepare is not None else inputs
-            # Windows are a single text's: a pair too long is cut, as /predict cuts it.
-            reading = TRUNCATE if prepared.pairs is not None else self.reading
-            encoded = self.encoder.encode(prepared, reading)
+            encoded = self.encoder.encode(prepared, self.reading)
             if prepared.sent is not None:
                 sent = sent or [""] * n
             for k, row in enumerate(rows):

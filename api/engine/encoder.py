@@ -94,8 +94,9 @@ class Encoder:
         return self._whole
 
     def encode(self, inputs: Inputs, long_input: LongInput = TRUNCATE) -> Encoded:
-        """Encode a request's inputs, a long text cut, refused or read in windows as `long_input` says."""
-        truncate = long_input.mode == "truncate"
+        """Encode a request's inputs, a long text cut, refused or read in windows as `long_input` says. Windows
+        are a single text's (transformers reads no pair in windows either): a long pair asked for them is cut."""
+        truncate = long_input.mode != "refuse"
         if inputs.query is not None:
             query = [inputs.query] * len(inputs.texts)
             return self._pairs(query, inputs.texts, truncate, lambda i: f"inputs.documents[{i}] with the query")

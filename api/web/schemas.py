@@ -23,7 +23,7 @@ from api.engine.errors import ClientGone
 from api.engine.pipeline import PredictRequest
 from api.web.errors import UnsupportedEncoding
 from tasks import params
-from tasks.base import TRUNCATE, Inputs, LongInput, ModelInfo, TaskSpec
+from tasks.base import Inputs, LongInput, ModelInfo, TaskSpec
 from tasks.errors import InputTooLong, InvalidRequest
 
 LONG_INPUT = ("truncate", "window")
@@ -250,11 +250,7 @@ def checked(
     task_params = task.parse_params(params.only(raw, task.parameters), model)
     if task.prepare is not None:
         inputs = task.prepare(inputs, task_params)
-    reading = long_input(raw, task, limits)
-    if inputs.pairs is not None and reading.mode == "window":
-        # Windows are a single text's (transformers reads no pair in windows either): a long pair is cut, and says so.
-        reading = TRUNCATE
-    return PredictRequest(inputs, reading, task_params)
+    return PredictRequest(inputs, long_input(raw, task, limits), task_params)
 
 
 def long_input(raw: Mapping[str, object], task: TaskSpec, limits: Limits) -> LongInput:
