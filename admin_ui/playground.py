@@ -236,15 +236,16 @@ def timing_rows(phases_ms: dict[str, float]) -> list[dict[str, Any]]:
     return [{"phase": p, "ms": phases_ms[p], "order": k} for k, p in enumerate(order)]
 
 
-def truncation_note(truncated: bool, tokens: int | None, max_length: Any) -> str:
+def truncation_note(truncated: bool, tokens: int | None, max_length: Any, windows: bool = True) -> str:
     """What the page says when the server cut an input to the model's maximum length (its x-truncated
-    header): the answer is about the beginning of the text only."""
+    header): the answer is about the beginning of the text only. `windows`: the request could have asked for
+    windows instead (single texts can; a ranking's or a classifier's pairs cannot)."""
     if not truncated:
         return ""
     limit = f" of {max_length:,} tokens" if isinstance(max_length, int) else ""
     read = f" ({tokens:,} tokens read in all)" if tokens is not None else ""
+    window = ', or `"long_input": "window"` to read all of it' if windows else ""
     return (
         f"The input was longer than the model's maximum length{limit} and was cut to it{read}: the answer is "
-        'about its beginning only. Send `"truncate": false` to be refused instead, or `"long_input": "window"` '
-        "(where the task takes it) to read all of it."
+        f'about its beginning only. Send `"truncate": false` to be refused instead{window}.'
     )

@@ -166,3 +166,5 @@ def test_page_says_when_the_server_cut_the_input(monkeypatch: pytest.MonkeyPatch
 def test_truncation_note() -> None:
     assert pg.truncation_note(False, 12, 128) == ""
     assert "maximum length and was cut to it:" in pg.truncation_note(True, None, None)
+    assert '"long_input": "window"' in pg.truncation_note(True, 128, 128)
+    assert "window" not in pg.truncation_note(True, 128, 128, windows=False)  # a pair is never read in windows

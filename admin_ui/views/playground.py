@@ -138,7 +138,8 @@ VIEWS: dict[str, Callable[[Any, Any], None]] = {
 
 def _show(task: str, request: Any, prediction: Prediction, max_length: Any) -> None:
     st.subheader("Answer", anchor=False)
-    note = pg.truncation_note(prediction.truncated, prediction.tokens, max_length)
+    # A dict is a pair (a ranking's query and documents, a classifier's text and text_pair): never windows.
+    note = pg.truncation_note(prediction.truncated, prediction.tokens, max_length, not isinstance(request, dict))
     if note:
         st.warning(note)
     try:
