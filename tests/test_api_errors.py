@@ -178,6 +178,10 @@ async def test_input_count_and_size_caps(tiny_bundle: ModelFactory) -> None:
     async with serve(tiny_bundle("text-classification"), HARE_MAX_INPUTS="3", HARE_MAX_INPUT_CHARS="10") as client:
         refused(await client.post("/predict", json={"inputs": ["a"] * 4}), 413, "InputTooLong", "at most 3")
         refused(await client.post("/predict", json={"inputs": "a" * 11}), 413, "InputTooLong", "limit is 10")
+        pairs = [{"text": "a", "text_pair": "b"}, {"text": "a", "text_pair": "b" * 11}]  # each text is capped
+        refused(await client.post("/predict", json={"inputs": pairs}), 413, "InputTooLong", "inputs[1].text_pair is 11")
+        one = {"text": "a" * 12, "text_pair": "b"}
+        refused(await client.post("/predict", json={"inputs": one}), 413, "InputTooLong", "inputs.text is 12")
 
 
 async def test_ranking_input_errors(ranker: AppClient) -> None:

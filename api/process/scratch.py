@@ -20,17 +20,13 @@ def make(kind: str, parent: Path | None = None) -> str:
     return tempfile.mkdtemp(prefix=f"hare-{kind}-{os.getpid()}-", dir=parent)
 
 
-def sweep(parent: Path | None = None) -> list[Path]:
-    """Remove the scratch folders under `parent` (default: the temporary folder) whose master is gone; returns
-    them."""
+def sweep(parent: Path | None = None) -> None:
+    """Remove the scratch folders under `parent` (default: the temporary folder) whose master is gone."""
     folder = Path(tempfile.gettempdir()) if parent is None else parent
-    gone = []
     for path in folder.glob("hare-*-*-*"):
         named = _NAME.fullmatch(path.name)
         if named and path.is_dir() and not _alive(int(named[1])):
             shutil.rmtree(path, ignore_errors=True)
-            gone.append(path)
-    return gone
 
 
 def _alive(pid: int) -> bool:
