@@ -112,14 +112,20 @@ class Inputs:
     pairs: list[str] | None = None
 
 
+Side = Literal["right", "left"]  # the end of a too-long text that is cut off
+
+
 @dataclass(frozen=True, slots=True)
 class LongInput:
     """How a text longer than the model's maximum is read, resolved once (a request's in api/web/schemas.py, a
     bulk run's in api/bulk): "truncate" cuts it at the maximum, "refuse" answers 413 (InputTooLong), "window"
-    reads all of it in windows of the model's content tokens, neighbours sharing `stride` of them."""
+    reads all of it in windows of the model's content tokens, neighbours sharing `stride` of them. `side`: the
+    end a cut text loses, "right" (its end: transformers' tokenizers' default) or "left" (its start, as TEI's
+    truncation_direction Left and Cohere's truncate START ask)."""
 
     mode: Literal["truncate", "refuse", "window"] = "truncate"
     stride: int = 0
+    side: Side = "right"
 
     @classmethod
     def window(cls, stride: int | None, window_tokens: int, name: str = "parameters.stride") -> LongInput:

@@ -129,6 +129,43 @@ async def test_a_long_input_is_truncated_and_says_so(classifier: httpx.AsyncClie
     assert re.search(r"^hare_truncated_total [1-9]", metrics, re.M)
 
 
+# A long text whose end says something else than its start: cut on the left, the model reads only its end.
+ENDS_ELSEWHERE = LONG + " " + " ".join(["The quick brown fox jumps over the lazy dog."] * 12)
+
+
+@pytest.mark.parametrize("arch", ["bert", "xlm-roberta"])
+async def test_truncation_direction_left_keeps_a_texts_end_as_transformers_does(
+    fp32_bundle: ModelFactory, tiny_model: ModelFactory, arch: str
+) -> None:
+    # TEI's truncation_direction "Left" (the huggingface_hub client sends "left"): transformers' truncation_side.
+    classify = pipeline("text-classification", tiny_model("text-classification", arch), top_k=None, truncation=True)
+    classify.tokenizer.truncation_side = "left"
+    texts = [ENDS_ELSEWHERE, "short"]
+    pairs = [{"text": ENDS_ELSEWHERE, "text_pair": LONG}, {"text": "short premise", "text_pair": ENDS_ELSEWHERE}]
+    async with serve(fp32_bundle("text-classification", arch)) as classifier:
+        right = await predict(classifier, texts, top_k=None)
+        for direction in ("Left", "left"):
+            for inputs in (texts, pairs):
+                left = await predict(classifier, inputs, top_k=None, truncation_direction=direction)
+                for text, got in zip(inputs, left, strict=True):
+                    (reference,) = classify([text])
+                    assert [r["label"] for r in reference] == [g["label"] for g in got]
+                    assert np.allclose([r["score"] for r in reference], [g["score"] for g in got], atol=TOL)
+                truncated = [g.get("truncated", False) for g, *_ in left]
+                assert truncated == ([True, False] if inputs is texts else [True, True])
+        left = await predict(classifier, texts, top_k=None, truncation_direction="Left")
+        # The text's two ends differ, so its answers do (the tiny random model's scores move by 1e-6 to 1e-4).
+        assert left[0] != right[0]
+        assert left[1] == right[1]  # a text that fits is read whole either way
+        tokens = (await classifier.post("/predict", json={"inputs": ENDS_ELSEWHERE, "parameters": {
+            "truncation_direction": "Left"}})).headers["x-compute-tokens"]  # fmt: skip
+        assert tokens == "126"
+        refused = await classifier.post(
+            "/predict", json={"inputs": LONG, "parameters": {"truncation_direction": "Left", "truncate": False}}
+        )
+        assert refused.status_code == 413
+
+
 PAIRS = [
     {"text": "A man is playing a guitar.", "text_pair": "Someone plays music."},
     {"text": "The quick brown fox", "text_pair": "Zyxw qqq ÄÖÜ über naïve café!"},
@@ -274,6 +311,22 @@ async def test_embeddings_equal_sentence_transformers(embedder: httpx.AsyncClien
     assert np.abs(ours - reference).max() < TOL
     single = await predict(embedder, TEXTS[0])
     assert np.allclose(single, ours[0], atol=1e-6)
+
+
+async def test_an_embedding_cut_at_its_start_reads_the_texts_end(
+    embedder: httpx.AsyncClient, tiny_model: ModelFactory
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(tiny_model("feature-extraction")), device="cpu")
+    model.tokenizer.truncation_side = "left"
+    reference = model.encode([ENDS_ELSEWHERE])
+    left = await embedder.post("/embed", json={"inputs": [ENDS_ELSEWHERE], "truncation_direction": "Left"})
+    assert np.abs(np.array(left.json()) - reference).max() < TOL
+    cohere = await embedder.post("/v2/embed", json={"texts": [ENDS_ELSEWHERE], "truncate": "START"})
+    assert np.allclose(cohere.json()["embeddings"]["float"], left.json(), atol=1e-6)
+    right = await embedder.post("/embed", json={"inputs": [ENDS_ELSEWHERE]})
+    assert not np.allclose(right.json(), left.json(), atol=1e-5)
 
 
 async def test_embedding_parameters(embedder: httpx.AsyncClient) -> None:

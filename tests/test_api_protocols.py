@@ -101,7 +101,7 @@ async def test_routes_for_other_tasks_answer_404_naming_the_task(ranker: AppClie
         ("/v2/rerank", {"query": "q", "documents": []}, 400, ("documents",)),
         ("/v2/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 422, ("top_n",)),
         ("/v1/rerank", {"query": "q", "documents": [{"title": "t"}]}, 422, ("documents[0].text",)),
-        ("/rerank", {"query": "q", "texts": ["a"], "truncation_direction": "Left"}, 422, ("truncation_direction",)),
+        ("/rerank", {"query": "q", "texts": ["a"], "truncation_direction": "Middle"}, 422, ("truncation_direction",)),
         ("/decode", {"ids": [[1, -5]]}, 422, ("ids[0][1]",)),
     ],
 )

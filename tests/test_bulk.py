@@ -189,6 +189,39 @@ async def test_windows_read_long_texts_whole(fp32_bundle: ModelFactory, tmp_path
     assert rejected and sorted(kept + rejected) == list(range(12))
 
 
+async def test_texts_cut_at_their_start_are_predicts_cut_so(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    bundle = fp32_bundle("feature-extraction")
+    good = texts(12, seed=4, longest=300)
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in good])
+    out = tmp_path / "left.parquet"
+    assert hare(["run", str(bundle), "-i", str(source), "-o", str(out), "-q", "--truncation-direction", "left"]) == 0
+    table = pq.read_table(out)
+    expected = np.asarray(await predict(bundle, good, truncation_direction="Left"), np.float32)
+    assert np.allclose(np.stack(table.column("embeddings").to_numpy(zero_copy_only=False)), expected, atol=1e-5)
+    cut = table.column("truncated").to_pylist()
+    assert any(cut) and not all(cut)
+    right = np.asarray(await predict(bundle, good), np.float32)
+    assert all(np.allclose(right[i], expected[i], atol=1e-6) != cut[i] for i in range(len(good)))
+    with pytest.raises(InputError, match="--truncation-direction must be right or left"):
+        BulkModel(settings(bundle), {}, side="Middle")
+
+
+def test_the_ray_stage_takes_the_servers_default_for_long_texts(
+    fp32_bundle: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from api.bulk.ray import HareStage
+
+    monkeypatch.setenv("HARE_TRUNCATE", "0")  # the server refuses long texts: the stage rejects them
+    stage = HareStage(str(fp32_bundle("feature-extraction")))
+    long = " ".join(WORDS * 20)
+    answered = stage(pa.table({"id": [1, 2], "text": ["a short one", long]})).to_pylist()
+    assert [(row["id"], row["error"] is None) for row in answered] == [(1, True), (2, False)]
+    assert "longer than the model's" in answered[1]["error"]
+    left = HareStage(str(fp32_bundle("feature-extraction")), long_input="truncate", truncation_direction="left")
+    answered = left(pa.table({"id": [1, 2], "text": ["a short one", long]})).to_pylist()
+    assert [row["truncated"] for row in answered] == [False, True]
+
+
 def test_the_job_batches_at_the_bundles_budget_of_the_best_rate(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
     bundle = tmp_path / "bundle"
     shutil.copytree(fp32_bundle("feature-extraction"), bundle)

@@ -93,6 +93,10 @@ def test_hf_feature_extraction_and_sentence_similarity(server: Server, hf: Calla
     raw = client.feature_extraction(TEXTS[0], normalize=False, truncate=True, truncation_direction="right")
     assert np.linalg.norm(raw) != pytest.approx(1.0, abs=1e-3)  # the option at the root was applied
     assert np.allclose(raw / np.linalg.norm(raw), vector, atol=1e-5)
+    long = " ".join([TEXTS[0]] * 60 + [TEXTS[2]] * 60)  # far over the tiny model's maximum, and its ends differ
+    left = client.feature_extraction(long, truncation_direction="left")
+    assert not np.allclose(left, client.feature_extraction(long), atol=1e-3)
+    assert np.allclose(left, client.feature_extraction(long[len(long) // 2 :], truncation_direction="left"), atol=1e-5)
     cosines = client.sentence_similarity(TEXTS[0], other_sentences=TEXTS)
     vectors = np.asarray(predict(url, TEXTS))
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)

@@ -14,7 +14,7 @@ from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokeniz
 
 from api.engine.encoder import Encoder
 from container.defaults import default_model_dir
-from tasks.base import Inputs
+from tasks.base import Inputs, LongInput
 
 # Qwen2's (and Qwen3's) pre-tokenizer split: punctuation takes the newlines after it.
 QWEN_SPLIT = (
@@ -227,3 +227,32 @@ def test_a_pair_is_cut_as_transformers_cuts_it() -> None:
                 assert (got.ids, got.type_ids) == (want.ids, want.type_ids), (name, max_length, first, second)
                 (ranked,) = encoder.encode(Inputs([b], single=False, query=a)).sequences
                 assert ranked.ids == want.ids, (name, max_length, first, second)
+
+
+@pytest.mark.parametrize("offsets", [True, False])
+def test_a_text_cut_on_the_left_keeps_the_tokens_tokenizers_keeps(offsets: bool) -> None:
+    """truncation_direction Left: a long text keeps its last tokens, a pair loses tokens from the start of each
+    member, as `tokenizers`' own left truncation (transformers' truncation_side "left") gives them, offsets into
+    the text as sent; a text that fits is untouched."""
+    left = LongInput("truncate", side="left")
+    for name, tokenizer in splitting_tokenizers():
+        reference = Tokenizer.from_str(tokenizer.to_str())
+        reference.no_padding()
+        reference.enable_truncation(32, strategy="longest_first", direction="left")
+        encoder = Encoder(Tokenizer.from_str(tokenizer.to_str()), 32, windows=True, offsets=offsets)
+        singles = [*long_texts(4)[:6], "a short text", "naïve café " * 40]
+        got = encoder.encode(Inputs(singles, single=False), left)
+        for text, enc in zip(singles, got.sequences, strict=True):
+            want = reference.encode(text)
+            assert fields(enc, offsets)[:4] == fields(want, offsets)[:4], name
+            assert not offsets or enc.offsets == want.offsets, name
+        assert got.truncated == [len(reference.encode(t).overflowing) > 0 for t in singles], name
+        assert got.tokens == sum(len(e) for e in got.sequences)
+        for first, second in [(5, 40), (40, 5), (22, 20), (30, 30)]:
+            a = " ".join(f"cat{i % 7}" for i in range(first))
+            b = " ".join(f"dog{i % 5}" for i in range(second))
+            want = reference.encode(a, b)
+            (pair,) = encoder.encode(Inputs([a], single=True, pairs=[b]), left).sequences
+            assert (pair.ids, pair.type_ids) == (want.ids, want.type_ids), (name, first, second)
+            (ranked,) = encoder.encode(Inputs([b * 30], single=False, query=a), left).sequences
+            assert ranked.ids == reference.encode(a, b * 30).ids, (name, first, second)

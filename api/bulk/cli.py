@@ -58,6 +58,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="texts over the model's maximum: cut them, read them in windows, or refuse them (to the rejects) "
         "(default: truncate unless HARE_TRUNCATE=0)",
     )
+    parser.add_argument(
+        "--truncation-direction",
+        choices=("right", "left"),
+        default="right",
+        help="the end a text cut at the model's maximum loses: right (its end) or left (its start; its last tokens "
+        "are read), as /predict's truncation_direction",
+    )
     parser.add_argument("--max-chars", type=int, help="characters per text; longer rows are rejected")
     parser.add_argument("--chunk-rows", type=int, default=CHUNK_ROWS, help="rows per chunk (the unit of resuming)")
     parser.add_argument("--streams", type=int, default=0, help="model threads (default: one per core)")
@@ -87,6 +94,7 @@ def main(args: argparse.Namespace) -> int:
         ),
         parameters=parameters(args.param),
         long_input=args.long_input,
+        truncation_direction=args.truncation_direction,
         max_chars=args.max_chars,
         chunk_rows=max(args.chunk_rows, 1),
         rejects=args.rejects,
@@ -115,6 +123,7 @@ def _on_ray(args: argparse.Namespace, settings: Settings, options: BulkOptions) 
         "parameters": options.parameters,
         "columns": dataclasses.replace(options.columns, id=options.columns.id or "id"),
         "long_input": options.long_input,
+        "truncation_direction": options.truncation_direction,
         "max_chars": options.max_chars,
     }
     start = time.perf_counter()

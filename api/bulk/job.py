@@ -47,6 +47,7 @@ class BulkOptions:
     columns: Columns = field(default_factory=Columns)
     parameters: dict[str, Any] = field(default_factory=dict)
     long_input: str | None = None
+    truncation_direction: str = "right"
     max_chars: int | None = None
     chunk_rows: int = CHUNK_ROWS
     rejects: Path | None = None
@@ -99,8 +100,7 @@ class Progress:
 def run_job(settings: Settings, options: BulkOptions, progress: Progress | None = None) -> Summary:
     """Run `options.input` through the bundle of `settings` into `options.output`; see the module docstring."""
     progress = progress or Progress()
-    long_input = options.long_input or ("truncate" if settings.truncate else "refuse")
-    model = BulkModel(settings, options.parameters, long_input)
+    model = BulkModel(settings, options.parameters, options.long_input, options.truncation_direction)
     model.check(options.columns)
     corpus = Corpus(options.input, options.columns, model.task.pairs, options.input_format)
     fmt = output_format(options.output, options.output_format)
@@ -112,7 +112,8 @@ def run_job(settings: Settings, options: BulkOptions, progress: Progress | None 
         "task": model.task.name,
         "columns": [*corpus.names, corpus.id_column],
         "parameters": options.parameters,
-        "long_input": long_input,
+        "long_input": model.long_input,
+        "truncation_direction": model.side,
         "max_chars": max_chars,
         "chunk_rows": options.chunk_rows,
         "format": fmt,

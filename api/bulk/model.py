@@ -23,11 +23,12 @@ from api.config import Settings
 from api.engine.backend import Backend
 from api.engine.opened import open_bundle
 from container.bundle import MODEL_FILE
-from tasks.base import TRUNCATE, Inputs, LongInput, Outputs
+from tasks.base import Inputs, LongInput, Outputs, Side
 from tasks.errors import InputError, InvalidRequest
 from tasks.ops import length_batches
 
 LONG_INPUTS = ("truncate", "window", "refuse")  # the values of /predict's long_input (tasks.base.LongInput)
+SIDES: dict[str, Side] = {"right": "right", "left": "left"}  # --truncation-direction: the end a cut text loses
 
 
 @dataclass(slots=True)
@@ -49,17 +50,24 @@ class Work:
 class BulkModel:
     """A bundle loaded for a bulk job. `raw` holds the task's request parameters (as /predict's
     "parameters"); `long_input`: truncate (at the model's maximum), window (read whole in overlapping
-    windows, tasks that allow it) or refuse (a too-long row goes to the rejects, where /predict answers 413).
+    windows, tasks that allow it) or refuse (a too-long row goes to the rejects, where /predict answers 413);
+    None: the server's default (HARE_TRUNCATE). `side`: the end a cut text loses, right or left (its start, as
+    /predict's truncation_direction Left).
     `settings` gives the target as `hare serve` resolves it for this bundle, and the batch budget as a bulk job
     does (the bundle's budget of the best token rate)."""
 
-    def __init__(self, settings: Settings, raw: Mapping[str, object], long_input: str = "truncate") -> None:
+    def __init__(
+        self, settings: Settings, raw: Mapping[str, object], long_input: str | None = None, side: str = "right"
+    ) -> None:
         opened = open_bundle(settings, throughput=True)
         self.settings = settings = opened.settings
         self.manifest = manifest = opened.manifest
         self.task = task = opened.task
+        long_input = long_input or ("truncate" if settings.truncate else "refuse")
         if long_input not in LONG_INPUTS:
             raise InputError(f"--long-input must be one of {', '.join(LONG_INPUTS)}, got {long_input!r}")
+        if side not in SIDES:
+            raise InputError(f"--truncation-direction must be right or left, got {side!r}")
         if long_input == "window" and not task.windows:
             raise InputError(f"{task.name} reads every input whole: --long-input window does not apply")
         unknown = sorted(set(raw) - set(task.parameters))
@@ -70,8 +78,9 @@ class BulkModel:
         self.model = opened.model
         self.params = task.parse_params(raw, self.model)
         self.encoder = opened.encoder
-        self.long_input = long_input
-        self.reading = LongInput.window(None, self.encoder.window_tokens) if long_input == "window" else TRUNCATE
+        self.long_input, self.side = long_input, SIDES[side]
+        windows = LongInput.window(None, self.encoder.window_tokens)
+        self.reading = windows if long_input == "window" else LongInput("truncate", side=SIDES[side])
         # One-thread sessions, called from one model thread per core: how the bundle's batch budget was measured.
         target = settings.target or manifest.target
         self.backend = Backend(

@@ -37,7 +37,8 @@ class HareStage:
 
     bundle: the bundle folder, on every node's disk (or a shared volume). parameters: the task's /predict
     parameters. columns: the input's column names (its id column must exist: Ray has no row numbers to give).
-    long_input, max_chars: as `hare run`'s options. streams: model threads in this actor (1: one actor per core).
+    long_input, truncation_direction, max_chars: as `hare run`'s options. streams: model threads in this actor
+    (1: one actor per core).
     """
 
     def __init__(
@@ -47,12 +48,11 @@ class HareStage:
         columns: Columns | None = None,
         long_input: str | None = None,
         max_chars: int | None = None,
+        truncation_direction: str = "right",
         streams: int = 1,
     ) -> None:
         settings = dataclasses.replace(Settings.from_env(), bundle=Path(bundle), cores=streams)
-        self.model = BulkModel(
-            settings, parameters or {}, long_input or ("truncate" if settings.truncate else "reject")
-        )
+        self.model = BulkModel(settings, parameters or {}, long_input, truncation_direction)
         self.columns = columns or Columns(id="id")
         self.model.check(self.columns)
         self.names = self.columns.values(self.model.task.pairs)

@@ -21,7 +21,7 @@ and normalizes characters in place (`_splits_at_spaces`: BERT's, byte-level BPE'
 pre-tokenizer is tried on a text of every kind of gap), the start's tokens are the whole text's first ones, so when
 the start alone overflows the maximum its cut is the text's cut; when it does not (long runs of spaces, words of
 hundreds of characters), the whole text is tokenized. A 1 MB text took 240-285 ms to tokenize for MiniLM's 256
-tokens.
+tokens. A text cut at its start instead (truncation_direction Left) is tokenized whole and its last tokens kept.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 from tokenizers import Encoding, Regex, Tokenizer, pre_tokenizers
 from tokenizers.pre_tokenizers import PreTokenizer
 
-from tasks.base import TRUNCATE, Inputs, LongInput, Vocab
+from tasks.base import TRUNCATE, Inputs, LongInput, Side, Vocab
 from tasks.errors import InputTooLong
 
 # ASCII that BERT's clean_text changes beyond spacing: control characters, which it drops (\t, \n and \r it
@@ -96,18 +96,22 @@ class Encoder:
     def encode(self, inputs: Inputs, long_input: LongInput = TRUNCATE) -> Encoded:
         """Encode a request's inputs, a long text cut, refused or read in windows as `long_input` says. Windows
         are a single text's (transformers reads no pair in windows either): a long pair asked for them is cut."""
-        truncate = long_input.mode != "refuse"
+        truncate, side = long_input.mode != "refuse", long_input.side
         if inputs.query is not None:
             query = [inputs.query] * len(inputs.texts)
-            return self._pairs(query, inputs.texts, truncate, lambda i: f"inputs.documents[{i}] with the query")
+            return self._pairs(query, inputs.texts, truncate, side, lambda i: f"inputs.documents[{i}] with the query")
         if inputs.pairs is not None:
             single = inputs.single
-            return self._pairs(inputs.texts, inputs.pairs, truncate, lambda i: "inputs" if single else f"inputs[{i}]")
+            return self._pairs(
+                inputs.texts, inputs.pairs, truncate, side, lambda i: "inputs" if single else f"inputs[{i}]"
+            )
         if long_input.mode == "window":
             return self._windows(inputs.texts, long_input.stride)
-        return self._singles(inputs, long_input.mode == "truncate")
+        return self._singles(inputs, long_input.mode == "truncate", side)
 
-    def _singles(self, inputs: Inputs, truncate: bool) -> Encoded:
+    def _singles(self, inputs: Inputs, truncate: bool, side: Side = "right") -> Encoded:
+        """Single texts: each cut at the maximum (the right side's way, which also tells which overflow), one that
+        overflows refused, or, to lose its start instead (`side` left), read whole and its last tokens kept."""
         whole = inputs.texts
         texts = [self._start(t) for t in whole] if truncate and self._start_at else whole
         cut = self._cut
@@ -122,13 +126,21 @@ class Encoder:
             if not overflows and len(texts[i]) < len(whole[i]):  # its start held less than the model reads
                 enc = encodings[i] = self._encode(self._cut, [whole[i]])[0]
                 overflows = self._overflows(enc)
-            tokens += len(enc)
             if overflows:
                 if not truncate:
                     name = "inputs" if inputs.single else f"inputs[{i}]"
                     raise self._too_long(name, len(self._whole.encode(whole[i])))
+                if side == "left":
+                    enc = encodings[i] = self._keep_end(whole[i])
                 truncated[i] = True
+            tokens += len(enc)
         return Encoded([[e] for e in encodings], truncated, encodings, tokens)
+
+    def _keep_end(self, text: str) -> Encoding:
+        """The encoding of `text`, too long for the model, that keeps its last tokens."""
+        content = self._content(text)
+        content.truncate(self.window_tokens, direction="left")
+        return self._whole.post_process(content)
 
     def _overflows(self, enc: Encoding) -> bool:
         """Whether `enc` was cut at the maximum (only an encoding at the limit can have been; `overflowing` copies,
@@ -167,14 +179,17 @@ class Encoder:
         flat = [w for ws in windows for w in ws]
         return Encoded(windows, [False] * len(texts), flat, sum(len(w) for w in flat))
 
-    def _pairs(self, firsts: list[str], seconds: list[str], truncate: bool, name: Callable[[int], str]) -> Encoded:
-        """Pairs: a ranking's (query, document)s, a classifier's (text, text_pair)s. `name`: pair i as the
-        request names it, for a refusal."""
+    def _pairs(
+        self, firsts: list[str], seconds: list[str], truncate: bool, side: Side, name: Callable[[int], str]
+    ) -> Encoded:
+        """Pairs: a ranking's (query, document)s, a classifier's (text, text_pair)s, a too-long one cut on `side`
+        of each member. `name`: pair i as the request names it, for a refusal."""
         # No truncation here: tokenizers' pair truncation also builds every overflow combination, which
-        # explodes on long documents. Too-long pairs are cut by hand below; a long second member to be cut is read
-        # by its start first, as a single text is: where the start alone fills the room, the pair is cut from it.
+        # explodes on long documents. Too-long pairs are cut by hand below; a long second member to be cut at its
+        # end is read by its start first, as a single text is: where the start alone fills the room, the pair is
+        # cut from it.
         encode = self._whole.encode_batch if self._offsets else self._whole.encode_batch_fast
-        starts = [self._start(d) for d in seconds] if truncate and self._start_at else seconds
+        starts = [self._start(d) for d in seconds] if truncate and self._start_at and side == "right" else seconds
         content = {i: self._content(s) for i, s in enumerate(starts) if s is not seconds[i]}
         heads = {i: self._content(firsts[i]) for i in content}
         # A start cuts the pair as the whole second member would where it fills the room and is the longer
@@ -182,13 +197,13 @@ class Encoder:
         filled = {i for i, d in content.items() if len(d) >= max(self._pair_budget, len(heads[i]))}
         encodings = encode([(firsts[i], d) for i, d in enumerate(seconds) if i not in filled])
         for i in sorted(filled):
-            encodings.insert(i, self._fit_pair(heads[i], content[i]))
+            encodings.insert(i, self._fit_pair(heads[i], content[i], side))
         truncated = [i in filled for i in range(len(seconds))]
         for i, enc in enumerate(encodings):
             if i not in filled and len(enc) > self.max_length:
                 if not truncate:
                     raise self._too_long(name(i), len(enc), windows=False)
-                encodings[i] = self._fit_pair(self._content(firsts[i]), self._content(seconds[i]))
+                encodings[i] = self._fit_pair(self._content(firsts[i]), self._content(seconds[i]), side)
                 truncated[i] = True
         return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings))
 
@@ -196,12 +211,12 @@ class Encoder:
         """`text`'s tokens without special tokens, never cut."""
         return self._whole.encode(text, add_special_tokens=False)
 
-    def _fit_pair(self, first: Encoding, second: Encoding) -> Encoding:
+    def _fit_pair(self, first: Encoding, second: Encoding, side: Side = "right") -> Encoding:
         """Cut a pair (each member's content tokens; of the second, where longer, possibly only as many of its
-        first ones as fill the room) to the model's maximum, as transformers' tokenizers cut it."""
+        first ones as fill the room) to the model's maximum on `side` of each, as transformers' tokenizers cut it."""
         keep_first, keep_second = pair_lengths(len(first), len(second), self._pair_budget)
-        first.truncate(keep_first)
-        second.truncate(keep_second)
+        first.truncate(keep_first, direction=side)
+        second.truncate(keep_second, direction=side)
         return self._whole.post_process(first, second)
 
     def _too_long(self, name: str, length: int, windows: bool = True) -> InputTooLong:

@@ -23,17 +23,22 @@ from api.engine.errors import ClientGone
 from api.engine.pipeline import PredictRequest
 from api.web.errors import UnsupportedEncoding
 from tasks import params
-from tasks.base import Inputs, LongInput, ModelInfo, TaskSpec
+from tasks.base import Inputs, LongInput, ModelInfo, Side, TaskSpec
 from tasks.errors import InputTooLong, InvalidRequest
 
 LONG_INPUT = ("truncate", "window")
-DIRECTIONS = ("Right", "right")
+DIRECTIONS: dict[str, Side] = {
+    "Right": "right",
+    "right": "right",
+    "Left": "left",
+    "left": "left",
+}  # TEI's names, and hub's
 COMMON: dict[str, params.Spec] = {
     "truncate": params.Boolean("cut inputs longer than the model's maximum (default true); false answers 413 instead"),
     "truncation_direction": params.Choice(
-        "which end a too-long input loses: Right only (TEI and the Hugging Face client also name Left; hare "
-        "keeps the start of a text, as transformers' tokenizers do by default)",
-        options=DIRECTIONS,
+        "which end a too-long input loses: Right (default: its end, as transformers' tokenizers cut) or Left "
+        "(its start: the text's last tokens are read); a pair loses tokens from the same end of each text",
+        options=tuple(DIRECTIONS),
     ),
     "long_input": params.Choice(
         'what to do with long inputs: "truncate" (default) or "window" to read all of the text in overlapping '
@@ -257,7 +262,7 @@ def long_input(raw: Mapping[str, object], task: TaskSpec, limits: Limits) -> Lon
     """What a request asks of its long texts, as one value: long_input (window, implied by a stride) reads
     them whole, else truncate (the server's default) cuts them and truncate false refuses them."""
     truncate = COMMON["truncate"].read(raw, "truncate", limits.truncate)
-    COMMON["truncation_direction"].read(raw, "truncation_direction", "Right")
+    side = DIRECTIONS[COMMON["truncation_direction"].read(raw, "truncation_direction", "Right")]
     implied = "window" if raw.get("stride") is not None and task.windows else "truncate"
     mode = COMMON["long_input"].read(raw, "long_input", implied)
     if not task.windows and (mode == "window" or "stride" in raw):
@@ -267,7 +272,7 @@ def long_input(raw: Mapping[str, object], task: TaskSpec, limits: Limits) -> Lon
         windows = LongInput.window(stride, limits.window_tokens, params.named(raw, "stride"))
         if mode == "window":
             return windows
-    return LongInput("truncate" if truncate else "refuse")
+    return LongInput("truncate" if truncate else "refuse", side=side)
 
 
 def check_limits(inputs: Inputs, limits: Limits, uncounted: int = 0) -> None:

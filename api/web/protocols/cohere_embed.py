@@ -54,7 +54,12 @@ INPUT_PROMPTS: dict[str, tuple[str, ...]] = {
     "classification": ("classification",),
     "clustering": ("clustering",),
 }
-TRUNCATE = {"END": True, "NONE": False}
+# Cohere's truncate as hare's parameters: END cuts a long text's end, START its start, NONE refuses it.
+TRUNCATE: dict[str, dict[str, object]] = {
+    "END": {"truncate": True},
+    "START": {"truncate": True, "truncation_direction": "Left"},
+    "NONE": {"truncate": False},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +125,10 @@ def _parse(body: bytes, res: Resources, v2: bool) -> tuple[PredictRequest, Asked
         if not isinstance(truncate, str) or truncate not in TRUNCATE:
             shown = repr(truncate) if isinstance(truncate, str) and len(truncate) <= 40 else params.kind(truncate)
             raise InvalidRequest(
-                f"truncate must be END (cut the end of a long text) or NONE (refuse it); got {shown} "
-                "(hare keeps the start of a text, so START is not offered)"
+                f"truncate must be END (cut the end of a long text), START (cut its start) or NONE (refuse "
+                f"it); got {shown}"
             )
-        raw["truncate"] = TRUNCATE[truncate]
+        raw.update(TRUNCATE[truncate])
     most = params.integer(data, "max_tokens", None, minimum=1, nullable=True)
     if most is not None and most < res.model.max_length:
         raise InvalidRequest(
