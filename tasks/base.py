@@ -202,7 +202,7 @@ class Tensors:
     """The task under KServe's Open Inference Protocol v2 (api/web/protocols/kserve.py).
 
     inputs/outputs: the tensors' metadata; pair tasks take "query" and "documents", the others one BYTES
-      tensor of texts under any name.
+      tensor of texts under any name (a text_pairs task also two, "text" and "text_pair").
     convert: the task's /predict answer body (a list per input) -> its output tensors.
     parameters: task parameters narrowed to what the output tensors carry (feature extraction's FP32 tensor:
       float sentence vectors); the route states and checks these in place of the task's.

@@ -5,7 +5,9 @@ A KServe request tensor's shape must count its data's elements (api/web/protocol
 always break it and never reach the model. This hook states it before each call: every tensor whose shape is a list of
 non-negative integers and whose data is a list gets the shape [number of elements]. schemathesis revalidates a
 case a hook changed, so a negative case stays negative only where something else is wrong with it; the
-refusal of a shape that miscounts is tested directly (tests/test_api_protocols.py).
+refusal of a shape that miscounts is tested directly (tests/test_api_protocols.py). A classifier's pair tensors,
+"text" and "text_pair", must hold as many strings each (one per pair), another such rule: the longer is cut to
+the shorter's count first.
 """
 
 from __future__ import annotations
@@ -21,8 +23,14 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     tensors = (
         case.body.get("inputs") if case.operation.path.endswith("/infer") and isinstance(case.body, dict) else None
     )
-    for tensor in tensors if isinstance(tensors, list) else ():
-        if not isinstance(tensor, dict) or not isinstance(tensor.get("data"), list):
+    tensors = [t for t in tensors if isinstance(t, dict)] if isinstance(tensors, list) else []
+    pair = [t["data"] for t in tensors if t.get("name") in ("text", "text_pair") and isinstance(t.get("data"), list)]
+    if len(pair) == 2:
+        count = min(map(len, pair))
+        for data in pair:
+            del data[count:]
+    for tensor in tensors:
+        if not isinstance(tensor.get("data"), list):
             continue
         shape = tensor.get("shape")
         if isinstance(shape, list) and all(type(d) in (int, float) and d >= 0 for d in shape):

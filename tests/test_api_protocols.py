@@ -120,6 +120,32 @@ async def embedder(tiny_bundle: ModelFactory) -> AsyncIterator[AppClient]:
         yield client
 
 
+async def test_a_classifiers_pair_tensors_are_named_text_and_text_pair(tiny_bundle: ModelFactory) -> None:
+    def tensor(name: str, data: list[str]) -> dict[str, object]:
+        return {"name": name, "shape": [len(data)], "datatype": "BYTES", "data": data}
+
+    async with serve(tiny_bundle("text-classification"), HARE_MODEL_NAME="tiny") as client:
+        pair = await client.post(
+            "/v2/models/tiny/infer", json={"inputs": [tensor("text", ["a"]), tensor("text_pair", ["b"])]}
+        )
+        assert pair.status_code == 200, pair.text
+        alone = await client.post("/predict", json={"inputs": {"text": "a", "text_pair": "b"}})
+        assert pair.json()["outputs"][1]["data"][0] == pytest.approx(alone.json()[0][0]["score"], abs=1e-6)
+        for inputs, status, words in [
+            ([tensor("text", ["a"]), tensor("hypothesis", ["b"])], 422, ('"text" and "text_pair"', "hypothesis")),
+            (
+                [tensor("text", ["a", "b"]), tensor("text_pair", ["c"])],
+                422,
+                ('"text" holds 2 strings and "text_pair" 1',),
+            ),
+            ([tensor("text", ["a"]), tensor("text_pair", [""])], 400, ("inputs[text_pair][0]",)),
+            ([tensor("a", ["a"]), tensor("b", ["b"]), tensor("c", ["c"])], 422, ('"text_pair"', "got 3")),
+        ]:
+            refused = await client.post("/v2/models/tiny/infer", json={"inputs": inputs})
+            assert refused.status_code == status, refused.text
+            assert all(w in refused.json()["error"] for w in words), refused.text
+
+
 @pytest.mark.parametrize(
     ("path", "body", "said"),
     [

@@ -272,6 +272,14 @@ def test_triton_embeddings_and_classification(server: Server, binary: bool) -> N
     assert np.allclose(labelled.as_numpy("scores"), [[e["score"] for e in row] for row in expected], atol=1e-6)
     with pytest.raises(triton.InferenceServerException, match="unknown parameter"):
         client.infer(NAME, [_texts("text", TEXTS, binary)], parameters={"topk": 2})
+    # Text pairs (inference, paraphrase): two tensors, as transformers' pipeline names a pair's members.
+    seconds = [TEXTS[2], TEXTS[0], TEXTS[1]]
+    paired = client.infer(NAME, [_texts("text_pair", seconds, binary), _texts("text", TEXTS, binary)])
+    expected = predict(classes, [{"text": a, "text_pair": b} for a, b in zip(TEXTS, seconds, strict=True)])
+    assert isinstance(expected, list)
+    assert np.allclose(paired.as_numpy("scores")[:, 0], [row[0]["score"] for row in expected], atol=1e-6)
+    with pytest.raises(triton.InferenceServerException, match='"text" holds 3 strings and "text_pair" 2'):
+        client.infer(NAME, [_texts("text", TEXTS, binary), _texts("text_pair", seconds[:2], binary)])
 
 
 def test_triton_token_classification_and_ranking(server: Server) -> None:

@@ -8,6 +8,9 @@ read and written.
     GET  /v2/models/{name}[/versions/1]/ready 200 {"name", "ready": true}
     POST /v2/models/{name}[/versions/1]/infer {"id"?, "parameters"?, "inputs": [...], "outputs"?: [...]}
 
+A text classifier also takes text pairs (inference, paraphrase) as two tensors, "text" and "text_pair", of as
+many strings each.
+
 Each task's tensors come from its spec (`TaskSpec.tensors`, in tasks/); docs/api.md lists them.
 Request-level "parameters" are the task's parameters (`top_k`, `aggregation_strategy`, `normalize`...),
 besides tritonclient's own `binary_data_output` (and `priority`, `timeout`, accepted and ignored); errors
@@ -48,7 +51,7 @@ from api.web.protocols import base
 from api.web.protocols.base import Call, guarded, json_response, reply
 from api.web.state import Resources
 from tasks import params
-from tasks.base import Inputs, Tensor
+from tasks.base import Inputs, TaskSpec, Tensor
 from tasks.errors import InvalidRequest
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -56,6 +59,7 @@ VERSION = "1"
 PLATFORM = "onnxruntime_onnx"
 HEADER = "inference-header-content-length"
 IGNORED = ("priority", "timeout")
+PAIR = ("text", "text_pair")  # a pair classifier's two input tensors, as transformers' pipeline names them
 
 
 def _model(request: Request) -> Resources:
@@ -181,7 +185,7 @@ def _flat(data: object, name: str) -> list[str]:
     return flat
 
 
-def _texts(tensors: Sequence[dict[str, Any]], binary: memoryview, pairs: bool) -> Inputs:
+def _texts(tensors: Sequence[dict[str, Any]], binary: memoryview, task: TaskSpec) -> Inputs:
     found: dict[str, list[str]] = {}
     at = 0
     for tensor in tensors:
@@ -191,14 +195,24 @@ def _texts(tensors: Sequence[dict[str, Any]], binary: memoryview, pairs: bool) -
         if tensor["name"] in found:
             raise InvalidRequest(f"inputs has two tensors named {tensor['name']!r}")
         found[tensor["name"]] = texts
-    if pairs:
+    if task.pairs:
         if set(found) != {"query", "documents"}:
             raise InvalidRequest('text-ranking takes two inputs, "query" (one string) and "documents"')
         if len(found["query"]) != 1:
             raise InvalidRequest('the "query" input holds exactly one string')
         return Inputs(params.text_list(found["documents"], "documents"), False, params.text(found["query"][0], "query"))
+    if task.text_pairs and len(found) == 2:  # transformers' pipeline names a pair's members text and text_pair
+        if set(found) != set(PAIR):
+            raise InvalidRequest(f'text pairs are two inputs named "text" and "text_pair"; got {", ".join(found)}')
+        first, second = (found[name] for name in PAIR)
+        if len(first) != len(second):
+            raise InvalidRequest(f'"text" holds {len(first)} strings and "text_pair" {len(second)}: one per pair')
+        return Inputs(
+            params.text_list(first, "inputs[text]"), False, pairs=params.text_list(second, "inputs[text_pair]")
+        )
     if len(found) != 1:
-        raise InvalidRequest(f'this model takes one BYTES input of texts (e.g. "text"), got {len(found)}')
+        pair = ', or two, "text" and "text_pair", for text pairs' if task.text_pairs else ""
+        raise InvalidRequest(f'this model takes one BYTES input of texts (e.g. "text"){pair}; got {len(found)}')
     name, texts = next(iter(found.items()))
     return Inputs(params.text_list(texts, f"inputs[{name}]"), single=False)
 
@@ -218,7 +232,7 @@ def _parse(body: bytes, res: Resources, header: int | None) -> tuple[PredictRequ
     tensors = data.get("inputs")
     if not isinstance(tensors, list) or not tensors:
         raise InvalidRequest("inputs must be a non-empty list of tensors")
-    inputs = _texts(tensors, memoryview(body)[header or len(body) :], res.task.pairs)
+    inputs = _texts(tensors, memoryview(body)[header or len(body) :], res.task)
     known: list[str] = [o["name"] for o in res.task.tensors.outputs]
     asked: dict[str, bool] = {name: binary_all for name in known}
     if data.get("outputs") is not None:
@@ -333,6 +347,9 @@ def infer_operation(s: Shapes) -> dict[str, Any]:
     else:
         inputs = {"type": "array", "items": _tensor(s, {"type": "string"}, s.res.limits.max_inputs), "minItems": 1}
         inputs["maxItems"] = 1
+        if s.task.text_pairs:  # or a pair: "text" and "text_pair" (of as many strings: 422 when not)
+            named = [{"contains": {"properties": {"name": {"const": n}}}} for n in PAIR]
+            inputs |= {"maxItems": 2, "anyOf": [{"maxItems": 1}, {"allOf": named}]}
     body = {
         "type": "object",
         "required": ["inputs"],
