@@ -12,7 +12,8 @@ names the bundle declares; a bundle with none of them gets its default prompt, a
 output_dimension keeps the first N dimensions, re-normalized (hare's `dimensions`). The quantized types are
 tasks/quantize.py's (sentence-transformers' definitions, with the fixed range [-1, 1] for int8 and uint8).
 Texts longer than the model's maximum are cut at the end (END) or at the start (START: the last tokens are
-read), or refused with 413 (NONE). max_tokens is accepted at or above the model's maximum (hare cuts only there); priority is ignored.
+read), or refused with 413 (NONE). max_tokens is accepted at or above the model's maximum (hare cuts only
+there); priority is ignored.
 """
 
 from __future__ import annotations
