@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -256,6 +257,58 @@ def test_chunks_are_the_same_rows_however_the_file_is_read(tmp_path: Path) -> No
         (0, 0, 300, False), (1, 300, 300, True), (2, 600, 300, False), (3, 900, 100, False)
     ]  # fmt: skip
     assert chunks[2].ids == [f"i{i}" for i in range(600, 900)] and chunks[3].values[0][-1] == "row 999"
+
+
+async def test_a_folder_of_shards_is_one_corpus(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    # Spark's and Hugging Face datasets' layout: shards in name order (subfolders' too), markers left out.
+    bundle = fp32_bundle("feature-extraction")
+    good = texts(500, seed=7)
+    shards = tmp_path / "corpus"
+    layout = {
+        "lang=de/part-0.parquet": (0, 120),
+        "lang=de/part-1.parquet": (120, 300),
+        "lang=en/part-0.parquet": (300, 500),
+    }
+    for name, (a, b) in layout.items():
+        (shards / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"text": good[a:b]}), shards / name, row_group_size=50)
+    (shards / "_SUCCESS").write_text("")
+    (shards / "lang=de" / ".part-9.parquet").write_bytes(b"a half-written file")  # hidden: never read
+    (shards / "_temporary").mkdir()
+    (shards / "_temporary" / "part-9.parquet").write_bytes(b"Spark's unfinished task")
+    out = tmp_path / "out.parquet"
+    summary = run_job(settings(bundle), BulkOptions(shards, out, chunk_rows=64))
+    table = pq.read_table(out)
+    assert table.column("id").to_pylist() == list(range(500))  # row positions run on from shard to shard
+    expected = np.asarray(await predict(bundle, good), np.float32)
+    assert np.allclose(np.stack(table.column("embeddings").to_numpy(zero_copy_only=False)), expected, atol=1e-5)
+    assert summary.to_dict()["rows"] == 500
+    # Ids from each shard's id column; a bad CSV line is named with its shard.
+    csvs = tmp_path / "csvs"
+    csvs.mkdir()
+    (csvs / "a.csv").write_text("id,text\na1,first\na2,second\n")
+    (csvs / "b.csv").write_text('id,text\nb1,third\nb2,"fourth",extra\nb3,fifth\n')
+    [chunk] = Corpus(csvs, Columns(), pairs=False).chunks(100, 100)
+    assert chunk.ids == ["a1", "a2", "b1", "b3"] and chunk.values == [["first", "second", "third", "fifth"]]
+    assert [r.reason for r in chunk.rejects] == ["line 3 of b.csv has 3 fields, the header 2"]
+
+
+@pytest.mark.parametrize(
+    ("files", "said"),
+    [
+        ({}, "holds no file named *.jsonl"),
+        ({"a.jsonl": '{"text": "x"}\n', "b.csv": "text\ny\n"}, "holds files of csv and jsonl; give it files of one"),
+        ({"a.jsonl": '{"text": "x", "id": "k"}\n', "b.jsonl": '{"text": "y"}\n'}, "b.jsonl has no id column but"),
+        ({"a.jsonl": '{"text": "x"}\n', "b.jsonl": '{"body": "y"}\n'}, "b.jsonl has no field text (it has: body)"),
+    ],
+)
+def test_a_folder_that_is_not_one_corpus_stops_before_any_row(files: dict[str, str], said: str, tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name, content in files.items():
+        (folder / name).write_text(content)
+    with pytest.raises(InputError, match=re.escape(said)):
+        Corpus(folder, Columns(), pairs=False)
 
 
 def test_an_input_without_rows_gives_an_output_without_rows(fp32_bundle: ModelFactory, tmp_path: Path) -> None:

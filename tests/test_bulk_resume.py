@@ -100,3 +100,23 @@ def test_another_job_in_the_folder_is_refused(fp32_bundle: ModelFactory, tmp_pat
         run_job(settings, BulkOptions(source, out, chunk_rows=CHUNK + 1, max_chars=2000))
     with pytest.raises(Exception, match="already exists; delete it or pass --overwrite"):
         run_job(settings, BulkOptions(source, tmp_path / "in.jsonl", chunk_rows=CHUNK))
+
+
+def test_a_folder_changed_since_the_kill_is_another_input(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    bundle = fp32_bundle("feature-extraction")
+    shards = tmp_path / "corpus"
+    shards.mkdir()
+    for k in range(4):  # four shards of 500 rows, killed in the first
+        rows = [{"text": f"row {k * 500 + i} of shard {k}"} for i in range(500)]
+        (shards / f"part-{k}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    out = tmp_path / "out.parquet"
+    command = hare_run(bundle, shards, out)
+    kill_after(command, tmp_path / "out.parquet.parts", 1)
+    (shards / "part-4.jsonl").write_text('{"text": "a shard added since"}\n')
+    changed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert changed.returncode == 2 and "holds an unfinished job with another input" in changed.stderr
+    (shards / "part-4.jsonl").unlink()
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    assert "done by an earlier run" in finished.stdout
+    assert pq.read_table(out).column("id").to_pylist() == list(range(2000))

@@ -26,10 +26,14 @@ def work_folder(output: Path) -> Path:
     return output.with_name(output.name + ".parts")
 
 
-def describe_input(path: Path) -> dict[str, Any]:
-    """What identifies the input file: a file rewritten since the first run is another input."""
-    stat = path.stat()
-    return {"path": str(path.resolve()), "bytes": stat.st_size, "modified_ns": stat.st_mtime_ns}
+def describe_input(path: Path, files: list[Path]) -> dict[str, Any]:
+    """What identifies the input, a file or a folder's `files`: a file rewritten, added or taken away since the
+    first run makes another input."""
+    if path.is_file():
+        stat = path.stat()
+        return {"path": str(path.resolve()), "bytes": stat.st_size, "modified_ns": stat.st_mtime_ns}
+    found = [(str(f.relative_to(path)), f.stat()) for f in files]
+    return {"path": str(path.resolve()), "files": [[name, s.st_size, s.st_mtime_ns] for name, s in found]}
 
 
 def open_folder(output: Path, job: dict[str, Any], overwrite: bool) -> tuple[Path, bool]:

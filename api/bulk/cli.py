@@ -31,7 +31,9 @@ from tasks.errors import InvalidRequest
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle", nargs="?", type=Path, help="bundle folder (default: the server's, HARE_BUNDLE)")
-    parser.add_argument("--input", "-i", type=Path, required=True, help="JSONL, CSV or Parquet file")
+    parser.add_argument(
+        "--input", "-i", type=Path, required=True, help="JSONL, CSV or Parquet file, or a folder of them"
+    )
     parser.add_argument("--output", "-o", type=Path, required=True, help="Parquet file (or .jsonl)")
     parser.add_argument("--input-format", choices=FORMATS, help="the input's format (default: from its suffix)")
     parser.add_argument("--output-format", choices=OUTPUT_FORMATS, help="default: jsonl for .jsonl, else parquet")

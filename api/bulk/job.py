@@ -106,7 +106,7 @@ def run_job(settings: Settings, options: BulkOptions, progress: Progress | None 
     fmt = output_format(options.output, options.output_format)
     max_chars = options.max_chars or settings.max_input_chars
     job = {
-        "input": checkpoint.describe_input(options.input),
+        "input": checkpoint.describe_input(options.input, corpus.files),
         "bundle": str(settings.bundle.resolve()),
         "variant": model.manifest.variant,
         "task": model.task.name,

@@ -1,13 +1,15 @@
-"""A corpus file as chunks of exactly `chunk_rows` rows, streamed: JSONL (one object a line), CSV (a header
-line) or Parquet. Chunk k is always the same rows of the same file, so a restarted job can skip the chunks an
-earlier run finished (api/bulk/checkpoint.py).
+"""A corpus as chunks of exactly `chunk_rows` rows, streamed: JSONL (one object a line), CSV (a header line) or
+Parquet, a file or a folder of files of one format (Spark's, Hugging Face datasets' shards). Chunk k is always
+the same rows of the same files, so a restarted job can skip the chunks an earlier run finished
+(api/bulk/checkpoint.py).
 
 Each row is checked here: an empty, non-text, over-long or undecodable value makes the row a Reject with its
 reason, and the job goes on. A bad file (not Parquet, a column that is not there, not text) raises InputError
 at once, with one sentence naming the file and what to fix.
 
-Positions: `row` is a row's 0-based place among the file's rows (a JSONL line that is not JSON counts as a row;
-blank lines do not); the ids are the id column's values, or these positions when the file has no id column.
+Positions: `row` is a row's 0-based place among the corpus's rows, a folder's files one after the other (a JSONL
+line that is not JSON counts as a row; blank lines do not); the ids are the id column's values, or these
+positions when the files have no id column.
 """
 
 from __future__ import annotations
@@ -102,35 +104,46 @@ class _Piece:
 
 
 class Corpus:
-    """An open input file: its format, its size for progress, the type of its ids, and its chunks."""
+    """An open input, a file or a folder of files of one format read in name order as one corpus (row positions
+    run on from file to file): its format, its size for progress, the type of its ids, and its chunks. Every
+    file's head is checked when the corpus opens, so a bad file stops the job before any row runs."""
 
     def __init__(self, path: Path, columns: Columns, pairs: bool, fmt: str | None = None) -> None:
         self.path = path
+        self.files = corpus_files(path)
         self.format = fmt or input_format(path)
-        if not path.is_file():
-            raise InputError(f"the input {path} does not exist or is not a file")
         self.names = columns.values(pairs)
-        self.columns = columns
-        self.pairs = pairs
-        self._rows = 0  # Parquet's row count, from its footer
-        self.id_type: pa.DataType = pa.int64()  # row positions, unless the file has an id column
-        self._id: str | None = None
-        opened = {"jsonl": self._open_jsonl, "csv": self._open_csv, "parquet": self._open_parquet}[self.format]
-        self._pieces: Iterator[_Piece] = opened()
+        self._files = [_File(f, self.format, columns, pairs, path if path.is_dir() else None) for f in self.files]
+        first = self._files[0]
+        for other in self._files[1:]:
+            if (other.id, other.id_type) != (first.id, first.id_type):
+                raise InputError(
+                    f"{other.path} has {_ids(other)} but {first.path} {_ids(first)}; a folder's files take their ids "
+                    "alike (--id-column names the column)"
+                )
+        self.id_type = first.id_type
         # Progress runs over bytes for text files (their row count is unknown until read), rows for Parquet.
-        self.size = self._rows if self.format == "parquet" else path.stat().st_size
+        self.size = sum(f.size for f in self._files)
 
     @property
     def id_column(self) -> str | None:
         """The column the ids come from (None: row positions)."""
-        return self._id
+        return self._files[0].id
+
+    def _pieces(self) -> Iterator[_Piece]:
+        """Every file's pieces in turn, each piece's end counted from the corpus's start."""
+        before = 0
+        for file in self._files:
+            for piece in file.pieces:
+                yield _Piece(piece.ids, piece.values, before + piece.end)
+            before += file.size
 
     def chunks(self, chunk_rows: int, max_chars: int, done: set[int] | frozenset[int] = frozenset()) -> Iterator[Chunk]:
-        """The file in chunks of `chunk_rows` rows (the last may be shorter); chunks in `done` come unchecked."""
+        """The corpus in chunks of `chunk_rows` rows (the last may be shorter); chunks in `done` come unchecked."""
         first = index = end = 0
         ids: list[Any] = []
         values: list[list[Any]] = [[] for _ in self.names]
-        for piece in self._pieces:
+        for piece in self._pieces():
             at, n = 0, len(piece.values[0])
             while at < n:
                 take = min(chunk_rows - len(ids), n - at)
@@ -152,7 +165,37 @@ class Corpus:
     ) -> Chunk:
         if skip:
             return Chunk(index, first, len(values[0]), end, skipped=True)
-        return checked_chunk(index, first, ids, dict(zip(self.names, values, strict=True)), max_chars, self._id, end)
+        return checked_chunk(
+            index, first, ids, dict(zip(self.names, values, strict=True)), max_chars, self.id_column, end
+        )
+
+
+def _ids(file: _File) -> str:
+    return f"ids from its {file.id} column ({file.id_type})" if file.id else "no id column"
+
+
+class _File:
+    """One input file, its head checked when opened (the columns there, of text): its id column and type, its
+    size for progress (bytes, or Parquet's rows), and `pieces`, its rows as read (the file opened only then).
+    `folder`: the folder it was found in, for the names of its lines in rejects."""
+
+    def __init__(self, path: Path, fmt: str, columns: Columns, pairs: bool, folder: Path | None) -> None:
+        self.path = path
+        self.names = columns.values(pairs)
+        self.columns = columns
+        self.pairs = pairs
+        self.where = f" of {path.relative_to(folder)}" if folder is not None else ""
+        self._rows = 0  # Parquet's row count, from its footer
+        self.id_type: pa.DataType = pa.int64()  # row positions, unless the file has an id column
+        self._id: str | None = None
+        opened = {"jsonl": self._open_jsonl, "csv": self._open_csv, "parquet": self._open_parquet}[fmt]
+        self.pieces: Iterator[_Piece] = opened()
+        self.size = self._rows if fmt == "parquet" else path.stat().st_size
+
+    @property
+    def id(self) -> str | None:
+        """The file's id column (None: row positions)."""
+        return self._id
 
     # ---- the formats -------------------------------------------------------------------------------------
 
@@ -229,7 +272,8 @@ class Corpus:
         pending: list[Any] = []
 
         def bad_line(row: Any) -> str:
-            pending.append(Bad(f"line {row.number} has {row.actual_columns} fields, the header {row.expected_columns}"))
+            fields = f"{row.actual_columns} fields, the header {row.expected_columns}"
+            pending.append(Bad(f"line {row.number}{self.where} has {fields}"))
             return "skip"
 
         with self.path.open("rb") as file:
@@ -357,8 +401,33 @@ def _text_id(value: Any) -> str | None:
     return orjson.dumps(value).decode()
 
 
+def corpus_files(path: Path) -> list[Path]:
+    """The files of the input `path`: itself, or a folder's files (its subfolders' too) whose suffix names a
+    format, in name order, hidden ones and those whose name starts with "_" (Spark's _SUCCESS) left out."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise InputError(f"the input {path} does not exist; give a JSONL, CSV or Parquet file, or a folder of them")
+    files = sorted(
+        f
+        for f in path.rglob("*")
+        if f.suffix.lower() in SUFFIXES
+        and not any(part.startswith((".", "_")) for part in f.relative_to(path).parts)
+        and f.is_file()
+    )
+    if not files:
+        raise InputError(f"the folder {path} holds no file named {', '.join(f'*{s}' for s in SUFFIXES)}")
+    return files
+
+
 def input_format(path: Path) -> str:
-    """The format a file's suffix names (InputError when it names none)."""
+    """The format the suffix of a file (or of every file of a folder) names (InputError when it names none, or a
+    folder's name several)."""
+    if path.is_dir():
+        found = sorted({SUFFIXES[f.suffix.lower()] for f in corpus_files(path)})
+        if len(found) > 1:
+            raise InputError(f"the folder {path} holds files of {' and '.join(found)}; give it files of one format")
+        return found[0]
     fmt = SUFFIXES.get(path.suffix.lower())
     if fmt is None:
         raise InputError(f"cannot tell the format of {path} from its suffix; pass --input-format {'|'.join(FORMATS)}")
