@@ -98,6 +98,8 @@ def test_another_job_in_the_folder_is_refused(fp32_bundle: ModelFactory, tmp_pat
     settings = dataclasses.replace(Settings.from_env({}), bundle=bundle)
     with pytest.raises(Exception, match="holds an unfinished job with another chunk_rows"):
         run_job(settings, BulkOptions(source, out, chunk_rows=CHUNK + 1, max_chars=2000))
+    with pytest.raises(Exception, match="holds an unfinished job with another truncation_direction"):
+        run_job(settings, BulkOptions(source, out, chunk_rows=CHUNK, max_chars=2000, truncation_direction="left"))
     with pytest.raises(Exception, match="already exists; delete it or pass --overwrite"):
         run_job(settings, BulkOptions(source, tmp_path / "in.jsonl", chunk_rows=CHUNK))
 

@@ -113,11 +113,12 @@ def run_job(settings: Settings, options: BulkOptions, progress: Progress | None 
         "columns": [*corpus.names, corpus.id_column],
         "parameters": options.parameters,
         "long_input": model.long_input,
-        "truncation_direction": model.side,
         "max_chars": max_chars,
         "chunk_rows": options.chunk_rows,
         "format": fmt,
     }
+    if model.side != "right":  # only where asked: a job begun before the option existed resumes as it was
+        job["truncation_direction"] = model.side
     folder, resumed = checkpoint.open_folder(options.output, job, options.overwrite)
     parts = Parts(folder, fmt)
     done = parts.done()
