@@ -190,6 +190,13 @@ def test_cohere_embed_v2_and_v1_every_type(server: Server) -> None:
             v1_typed = v1_client.embed(model=NAME, texts=TEXTS, embedding_types=["ubinary"], truncate="END")
         with pytest.raises(cohere.errors.UnprocessableEntityError):
             v2_client.embed(model=NAME, texts=TEXTS, input_type="search_query", embedding_types=["int4"])
+        long = " ".join([TEXTS[0]] * 60 + [TEXTS[2]] * 60)  # over the tiny model's maximum; its ends differ
+        ends = [
+            v2_client.embed(
+                model=NAME, texts=[long], input_type="search_document", embedding_types=["float"], truncate=t
+            )
+            for t in ("START", "END")
+        ]
     floats = np.array(v2.embeddings.float_, dtype=np.float32)
     assert floats.shape == (3, 32) and np.allclose(floats, predict(url, TEXTS), atol=2e-3)  # int8 bundle
     for kind in ("int8", "uint8", "binary", "ubinary"):
@@ -201,6 +208,9 @@ def test_cohere_embed_v2_and_v1_every_type(server: Server) -> None:
     assert cut.shape == (3, 8) and np.allclose(np.linalg.norm(cut, axis=1), 1.0, atol=1e-5)
     assert v1.response_type == "embeddings_floats" and np.array(v1.embeddings).shape == (3, 32)
     assert v1_typed.response_type == "embeddings_by_type" and np.array(v1_typed.embeddings.ubinary).shape == (3, 4)
+    start, end = (np.array(e.embeddings.float_) for e in ends)
+    assert np.allclose(start, predict(url, long, truncation_direction="Left"), atol=1e-6)
+    assert np.allclose(end, predict(url, long), atol=1e-6) and not np.allclose(start, end, atol=1e-3)
 
 
 # text-embeddings-inference's routes
