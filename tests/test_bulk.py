@@ -276,8 +276,9 @@ async def test_a_folder_of_shards_is_one_corpus(fp32_bundle: ModelFactory, tmp_p
     (shards / "lang=de" / ".part-9.parquet").write_bytes(b"a half-written file")  # hidden: never read
     (shards / "_temporary").mkdir()
     (shards / "_temporary" / "part-9.parquet").write_bytes(b"Spark's unfinished task")
+    (shards / "dataset_info.json").write_text("{}")  # a dataset's card: --input-format parquet reads past it
     out = tmp_path / "out.parquet"
-    summary = run_job(settings(bundle), BulkOptions(shards, out, chunk_rows=64))
+    summary = run_job(settings(bundle), BulkOptions(shards, out, input_format="parquet", chunk_rows=64))
     table = pq.read_table(out)
     assert table.column("id").to_pylist() == list(range(500))  # row positions run on from shard to shard
     expected = np.asarray(await predict(bundle, good), np.float32)
@@ -297,7 +298,7 @@ async def test_a_folder_of_shards_is_one_corpus(fp32_bundle: ModelFactory, tmp_p
     ("files", "said"),
     [
         ({}, "holds no file named *.jsonl"),
-        ({"a.jsonl": '{"text": "x"}\n', "b.csv": "text\ny\n"}, "holds files of csv and jsonl; give it files of one"),
+        ({"a.jsonl": '{"text": "x"}\n', "b.csv": "text\ny\n"}, "holds files of csv and jsonl; pass --input-format"),
         ({"a.jsonl": '{"text": "x", "id": "k"}\n', "b.jsonl": '{"text": "y"}\n'}, "b.jsonl has no id column but"),
         ({"a.jsonl": '{"text": "x"}\n', "b.jsonl": '{"body": "y"}\n'}, "b.jsonl has no field text (it has: body)"),
     ],

@@ -110,8 +110,8 @@ class Corpus:
 
     def __init__(self, path: Path, columns: Columns, pairs: bool, fmt: str | None = None) -> None:
         self.path = path
-        self.files = corpus_files(path)
         self.format = fmt or input_format(path)
+        self.files = corpus_files(path, self.format)
         self.names = columns.values(pairs)
         self._files = [_File(f, self.format, columns, pairs, path if path.is_dir() else None) for f in self.files]
         first = self._files[0]
@@ -401,9 +401,10 @@ def _text_id(value: Any) -> str | None:
     return orjson.dumps(value).decode()
 
 
-def corpus_files(path: Path) -> list[Path]:
+def corpus_files(path: Path, fmt: str | None = None) -> list[Path]:
     """The files of the input `path`: itself, or a folder's files (its subfolders' too) whose suffix names a
-    format, in name order, hidden ones and those whose name starts with "_" (Spark's _SUCCESS) left out."""
+    format (`fmt`, where given), in name order, hidden ones and those whose name starts with "_" (Spark's
+    _SUCCESS) left out."""
     if path.is_file():
         return [path]
     if not path.is_dir():
@@ -411,12 +412,13 @@ def corpus_files(path: Path) -> list[Path]:
     files = sorted(
         f
         for f in path.rglob("*")
-        if f.suffix.lower() in SUFFIXES
+        if SUFFIXES.get(f.suffix.lower()) in ((fmt,) if fmt else FORMATS)
         and not any(part.startswith((".", "_")) for part in f.relative_to(path).parts)
         and f.is_file()
     )
     if not files:
-        raise InputError(f"the folder {path} holds no file named {', '.join(f'*{s}' for s in SUFFIXES)}")
+        names = ", ".join(f"*{s}" for s, named in SUFFIXES.items() if fmt in (None, named))
+        raise InputError(f"the folder {path} holds no file named {names}")
     return files
 
 
@@ -426,7 +428,9 @@ def input_format(path: Path) -> str:
     if path.is_dir():
         found = sorted({SUFFIXES[f.suffix.lower()] for f in corpus_files(path)})
         if len(found) > 1:
-            raise InputError(f"the folder {path} holds files of {' and '.join(found)}; give it files of one format")
+            raise InputError(
+                f"the folder {path} holds files of {' and '.join(found)}; pass --input-format to read one kind"
+            )
         return found[0]
     fmt = SUFFIXES.get(path.suffix.lower())
     if fmt is None:
