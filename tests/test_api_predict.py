@@ -398,6 +398,33 @@ async def test_ranking_order_and_scores_equal_pytorch(ranker: httpx.AsyncClient,
     assert all("document" not in r for r in ranked)
 
 
+async def test_max_tokens_per_doc_cuts_each_document_first(ranker: httpx.AsyncClient, tiny_model: ModelFactory) -> None:
+    # Cohere's max_tokens_per_doc: each document cut to that many of its own tokens, then paired with the query.
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = tiny_model("text-ranking")
+    query, documents = "capital of France", [LONG, "Paris is the capital of France", "hello"]
+    tokenizer = AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    expected = []
+    for document in documents:
+        cut = tokenizer.encode(document, add_special_tokens=False)
+        cut.truncate(5)
+        pair = tokenizer.post_process(tokenizer.encode(query, add_special_tokens=False), cut)
+        with torch.inference_mode():
+            feeds = {"input_ids": torch.tensor([pair.ids]), "token_type_ids": torch.tensor([pair.type_ids])}
+            expected.append(float(torch.sigmoid(model(**feeds).logits[0, 0])))
+    answer = await ranker.post("/v2/rerank", json={"query": query, "documents": documents, "max_tokens_per_doc": 5})
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert_ranked([{"index": r["index"], "score": r["relevance_score"]} for r in results], np.array(expected), TOL)
+    assert [r.get("truncated", False) for r in sorted(results, key=lambda r: r["index"])] == [True, True, False]
+    whole = await ranker.post("/v2/rerank", json={"query": query, "documents": documents, "max_tokens_per_doc": 4096})
+    plain = await ranker.post("/v2/rerank", json={"query": query, "documents": documents})
+    assert whole.json()["results"] == plain.json()["results"]  # at or above the room, it changes nothing
+
+
 async def test_ranking_parameters(ranker: httpx.AsyncClient) -> None:
     documents = ["a cat", "a dog", "Paris is the capital of France"]
     full = await predict(ranker, {"query": "capital", "documents": documents})

@@ -96,18 +96,20 @@ class Encoder:
     def encode(self, inputs: Inputs, long_input: LongInput = TRUNCATE) -> Encoded:
         """Encode a request's inputs, a long text cut, refused or read in windows as `long_input` says. Windows
         are a single text's (transformers reads no pair in windows either): a long pair asked for them is cut."""
-        truncate, side = long_input.mode != "refuse", long_input.side
+        truncate = long_input.mode != "refuse"
         if inputs.query is not None:
             query = [inputs.query] * len(inputs.texts)
-            return self._pairs(query, inputs.texts, truncate, side, lambda i: f"inputs.documents[{i}] with the query")
+            return self._pairs(
+                query, inputs.texts, truncate, long_input, lambda i: f"inputs.documents[{i}] with the query"
+            )
         if inputs.pairs is not None:
             single = inputs.single
             return self._pairs(
-                inputs.texts, inputs.pairs, truncate, side, lambda i: "inputs" if single else f"inputs[{i}]"
+                inputs.texts, inputs.pairs, truncate, long_input, lambda i: "inputs" if single else f"inputs[{i}]"
             )
         if long_input.mode == "window":
             return self._windows(inputs.texts, long_input.stride)
-        return self._singles(inputs, long_input.mode == "truncate", side)
+        return self._singles(inputs, long_input.mode == "truncate", long_input.side)
 
     def _singles(self, inputs: Inputs, truncate: bool, side: Side = "right") -> Encoded:
         """Single texts: each cut at the maximum (the right side's way, which also tells which overflow), one that
@@ -180,10 +182,14 @@ class Encoder:
         return Encoded(windows, [False] * len(texts), flat, sum(len(w) for w in flat))
 
     def _pairs(
-        self, firsts: list[str], seconds: list[str], truncate: bool, side: Side, name: Callable[[int], str]
+        self, firsts: list[str], seconds: list[str], truncate: bool, long_input: LongInput, name: Callable[[int], str]
     ) -> Encoded:
-        """Pairs: a ranking's (query, document)s, a classifier's (text, text_pair)s, a too-long one cut on `side`
-        of each member. `name`: pair i as the request names it, for a refusal."""
+        """Pairs: a ranking's (query, document)s, a classifier's (text, text_pair)s, a too-long one cut on
+        `long_input.side` of each member, second members first cut to its document_tokens where it names fewer
+        than the pair's room. `name`: pair i as the request names it, for a refusal."""
+        side, cap = long_input.side, long_input.document_tokens
+        if cap is not None and cap < self._pair_budget:
+            return self._capped_pairs(firsts, seconds, truncate, side, cap, name)
         # No truncation here: tokenizers' pair truncation also builds every overflow combination, which
         # explodes on long documents. Too-long pairs are cut by hand below; a long second member to be cut at its
         # end is read by its start first, as a single text is: where the start alone fills the room, the pair is
@@ -205,6 +211,23 @@ class Encoder:
                     raise self._too_long(name(i), len(enc), windows=False)
                 encodings[i] = self._fit_pair(self._content(firsts[i]), self._content(seconds[i]), side)
                 truncated[i] = True
+        return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings))
+
+    def _capped_pairs(
+        self, firsts: list[str], seconds: list[str], truncate: bool, side: Side, cap: int, name: Callable[[int], str]
+    ) -> Encoded:
+        """Pairs whose second members are first cut to `cap` of their own tokens (less than the pair's room),
+        then cut as a pair to the model's maximum where the first member is long too."""
+        encode = self._whole.encode_batch if self._offsets else self._whole.encode_batch_fast
+        first, second = encode(firsts, add_special_tokens=False), encode(seconds, add_special_tokens=False)
+        encodings, truncated = [], []
+        for i, (a, b) in enumerate(zip(first, second, strict=True)):
+            over = len(a) + min(len(b), cap) > self._pair_budget
+            if over and not truncate:
+                raise self._too_long(name(i), len(a) + min(len(b), cap) + self.max_length - self._pair_budget, False)
+            truncated.append(len(b) > cap or over)
+            b.truncate(cap, direction=side)
+            encodings.append(self._fit_pair(a, b, side))
         return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings))
 
     def _content(self, text: str) -> Encoding:

@@ -7,12 +7,14 @@
                      same. The answer carries both shapes: Cohere's id and meta, Jina's model and usage.
 
 Results are best first; relevance_score is the task's score (sigmoid of the logit). Documents are cut with
-the query at the model's maximum, so max_tokens_per_doc and max_chunks_per_doc (checked, at least 1) never
-lengthen them; priority is accepted and ignored (one queue per worker).
+the query at the model's maximum; max_tokens_per_doc cuts each document to that many of its own tokens first
+(as Cohere does; at or above the room beside the query it changes nothing), max_chunks_per_doc (checked, at
+least 1) never lengthens one; priority is accepted and ignored (one queue per worker).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -71,8 +73,8 @@ def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any]
         raise InputError("documents is an empty list; send at least one document")
     fields = params.string_list(data, "rank_fields", ())
     texts = [document_text(d, i, fields) for i, d in enumerate(documents)]
-    for name in ("max_chunks_per_doc", "max_tokens_per_doc"):
-        params.integer(data, name, None, minimum=1, nullable=True)
+    params.integer(data, "max_chunks_per_doc", None, minimum=1, nullable=True)
+    most = params.integer(data, "max_tokens_per_doc", None, minimum=1, nullable=True)
     if data.get("model") is not None and not isinstance(data["model"], str):
         raise InvalidRequest(f"model must be a string, got {params.kind(data['model'])}")
     params.integer(data, "priority", None, minimum=-params.INT64, nullable=True)
@@ -80,6 +82,8 @@ def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any]
     returned = params.boolean(given, "return_documents", False)
     raw = params.only(given, ("top_n",))
     request = schemas.checked(Inputs(texts, single=False, query=query), raw, res.task, res.model, res.limits)
+    if most is not None:  # each document cut to this many of its own tokens first, as Cohere cuts it
+        request = dataclasses.replace(request, long_input=dataclasses.replace(request.long_input, document_tokens=most))
     return request, (documents, returned)
 
 
