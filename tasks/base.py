@@ -121,14 +121,15 @@ class LongInput:
     bulk run's in api/bulk): "truncate" cuts it at the maximum, "refuse" answers 413 (InputTooLong), "window"
     reads all of it in windows of the model's content tokens, neighbours sharing `stride` of them. `side`: the
     end a cut text loses, "right" (its end: transformers' tokenizers' default) or "left" (its start, as TEI's
-    truncation_direction Left and Cohere's truncate START ask). `document_tokens`: a pair's second member (a
-    ranking's document) is first cut to this many of its own tokens (Cohere's max_tokens_per_doc; None: only
-    the model's maximum cuts it)."""
+    truncation_direction Left and Cohere's truncate START ask). `text_tokens`: a request's own cap, below the
+    model's maximum, on a text's own tokens (special tokens not counted): a single text, or a pair's second
+    member (a ranking's document), is cut to it first, or refused with "refuse" (Cohere's max_tokens and
+    max_tokens_per_doc; None: only the model's maximum)."""
 
     mode: Literal["truncate", "refuse", "window"] = "truncate"
     stride: int = 0
     side: Side = "right"
-    document_tokens: int | None = None
+    text_tokens: int | None = None
 
     @classmethod
     def window(cls, stride: int | None, window_tokens: int, name: str = "parameters.stride") -> LongInput:

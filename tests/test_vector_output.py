@@ -6,6 +6,7 @@ Real clients (cohere, openai) against a real server are in tests/test_clients.py
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,24 @@ async def test_cohere_v1_embed(server: httpx.AsyncClient) -> None:
     assert typed["response_type"] == "embeddings_by_type" and np.array(typed["embeddings"]["ubinary"]).shape == (2, 2)
 
 
+async def test_cohere_max_tokens_cuts_each_text_at_its_own_tokens(server: httpx.AsyncClient, st_folder: Path) -> None:
+    # sentence-transformers with max_seq_length 7: five of a text's own tokens beside BERT's two.
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["Angela Merkel met Emmanuel Macron in Paris and Berlin.", "hello there"]
+    reference = SentenceTransformer(str(st_folder), device="cpu")
+    reference.max_seq_length = 7
+    for truncate, side in (("END", "right"), ("START", "left")):
+        reference.tokenizer.truncation_side = side
+        body = {"texts": texts, "embedding_types": ["float"], "max_tokens": 5, "truncate": truncate}
+        got = np.array((await post(server, "/v2/embed", body))["embeddings"]["float"])
+        assert np.abs(got - reference.encode(texts)).max() < TOL, truncate
+    refused = await post(server, "/v2/embed", {"texts": texts, "max_tokens": 5, "truncate": "NONE"}, 413)
+    assert re.match(r"inputs\[0\] is \d+ tokens long, more than max_tokens \(5\); send truncate END", refused["error"])
+    whole = await post(server, "/v2/embed", {"texts": texts, "max_tokens": 4096})
+    assert whole["embeddings"] == (await post(server, "/v2/embed", {"texts": texts}))["embeddings"]
+
+
 async def test_refusals_name_what_to_send(server: httpx.AsyncClient) -> None:
     def error(answer: Any) -> str:
         message: str = answer["error"]
@@ -182,7 +201,7 @@ async def test_refusals_name_what_to_send(server: httpx.AsyncClient) -> None:
     assert "output_dimension is 17" in error(wrong) and "1 to 16" in error(wrong)
     wrong = await post(server, "/v2/embed", {"texts": ["hi"], "output_dimension": 0}, 422)
     assert "output_dimension" in error(wrong)
-    for field, value in (("input_type", "image"), ("truncate", "MIDDLE"), ("max_tokens", 3), ("images", ["x"])):
+    for field, value in (("input_type", "image"), ("truncate", "MIDDLE"), ("max_tokens", 0), ("images", ["x"])):
         wrong = await post(server, "/v2/embed", {"texts": ["hi"], field: value}, 422)
         assert field in error(wrong)
     wrong = await post(server, "/v1/embeddings", {"input": "hi", "encoding_format": "int8"}, 422)

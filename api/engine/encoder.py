@@ -109,7 +109,10 @@ class Encoder:
             )
         if long_input.mode == "window":
             return self._windows(inputs.texts, long_input.stride)
-        return self._singles(inputs, long_input.mode == "truncate", long_input.side)
+        cap = long_input.text_tokens
+        if cap is not None and cap < self.window_tokens:
+            return self._capped_singles(inputs, truncate, long_input.side, cap)
+        return self._singles(inputs, truncate, long_input.side)
 
     def _singles(self, inputs: Inputs, truncate: bool, side: Side = "right") -> Encoded:
         """Single texts: each cut at the maximum (the right side's way, which also tells which overflow), one that
@@ -137,6 +140,24 @@ class Encoder:
                 truncated[i] = True
             tokens += len(enc)
         return Encoded([[e] for e in encodings], truncated, encodings, tokens)
+
+    def _capped_singles(self, inputs: Inputs, truncate: bool, side: Side, cap: int) -> Encoded:
+        """Single texts cut to `cap` of their own tokens (fewer than the model reads) on `side`, as a request's
+        own cap asks; where the request refuses to cut, a text over it is refused."""
+        encode = self._whole.encode_batch if self._offsets else self._whole.encode_batch_fast
+        encodings, truncated = [], []
+        for i, content in enumerate(encode(inputs.texts, add_special_tokens=False)):
+            if len(content) > cap and not truncate:
+                name = "inputs" if inputs.single else f"inputs[{i}]"
+                raise InputTooLong(  # the cap is Cohere's max_tokens, and the refusal its truncate NONE
+                    f"{name} is {len(content)} tokens long, more than max_tokens ({cap}); send truncate END or "
+                    "START to cut it",
+                    limit=cap,
+                )
+            truncated.append(len(content) > cap)
+            content.truncate(cap, direction=side)
+            encodings.append(self._whole.post_process(content))
+        return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings))
 
     def _keep_end(self, text: str) -> Encoding:
         """The encoding of `text`, too long for the model, that keeps its last tokens."""
@@ -185,9 +206,9 @@ class Encoder:
         self, firsts: list[str], seconds: list[str], truncate: bool, long_input: LongInput, name: Callable[[int], str]
     ) -> Encoded:
         """Pairs: a ranking's (query, document)s, a classifier's (text, text_pair)s, a too-long one cut on
-        `long_input.side` of each member, second members first cut to its document_tokens where it names fewer
+        `long_input.side` of each member, second members first cut to its text_tokens where it names fewer
         than the pair's room. `name`: pair i as the request names it, for a refusal."""
-        side, cap = long_input.side, long_input.document_tokens
+        side, cap = long_input.side, long_input.text_tokens
         if cap is not None and cap < self._pair_budget:
             return self._capped_pairs(firsts, seconds, truncate, side, cap, name)
         # No truncation here: tokenizers' pair truncation also builds every overflow combination, which

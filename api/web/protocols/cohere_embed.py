@@ -12,15 +12,15 @@ names the bundle declares; a bundle with none of them gets its default prompt, a
 output_dimension keeps the first N dimensions, re-normalized (hare's `dimensions`). The quantized types are
 tasks/quantize.py's (sentence-transformers' definitions, with the fixed range [-1, 1] for int8 and uint8).
 Texts longer than the model's maximum are cut at the end (END) or at the start (START: the last tokens are
-read), or refused with 413 (NONE). max_tokens is accepted at or above the model's maximum (hare cuts only
-there); priority is ignored.
+read), or refused with 413 (NONE); max_tokens cuts (or refuses) each text at that many of its own tokens
+where that is fewer than the model reads. priority is ignored.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -131,12 +131,9 @@ def _parse(body: bytes, res: Resources, v2: bool) -> tuple[PredictRequest, Asked
             )
         raw.update(TRUNCATE[truncate])
     most = params.integer(data, "max_tokens", None, minimum=1, nullable=True)
-    if most is not None and most < res.model.max_length:
-        raise InvalidRequest(
-            f"max_tokens is {most}; hare cuts texts at the model's maximum, {res.model.max_length} tokens: "
-            "leave max_tokens out or send at least that"
-        )
     request = schemas.checked(Inputs(texts, single=False), raw, res.task, res.model, res.limits)
+    if most is not None:  # each text cut to this many of its own tokens (or refused, with NONE), as Cohere does
+        request = replace(request, long_input=replace(request.long_input, text_tokens=most))
     return request, Asked(texts, types)
 
 
@@ -196,7 +193,7 @@ def _operation(s: Shapes, summary: str) -> dict[str, Any] | None:
             ),
             "truncate": nullable({"type": "string", "enum": list(TRUNCATE)}),
             "model": {"type": ["string", "null"]},
-            "max_tokens": nullable({"type": "integer", "minimum": s.max_length, "maximum": params.INT64}),
+            "max_tokens": nullable({"type": "integer", "minimum": 1, "maximum": params.INT64}),
             "priority": {"type": ["integer", "null"], "minimum": -params.INT64, "maximum": params.INT64},
         },
         ["texts"],

@@ -83,7 +83,7 @@ def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any]
     raw = params.only(given, ("top_n",))
     request = schemas.checked(Inputs(texts, single=False, query=query), raw, res.task, res.model, res.limits)
     if most is not None:  # each document cut to this many of its own tokens first, as Cohere cuts it
-        request = dataclasses.replace(request, long_input=dataclasses.replace(request.long_input, document_tokens=most))
+        request = dataclasses.replace(request, long_input=dataclasses.replace(request.long_input, text_tokens=most))
     return request, (documents, returned)
 
 
