@@ -113,6 +113,7 @@ class Inputs:
 
 
 Side = Literal["right", "left"]  # the end of a too-long text that is cut off
+SIDES: dict[str, Side] = {"right": "right", "left": "left"}  # the sides by name, for readers of a request
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +124,8 @@ class LongInput:
     end a cut text loses, "right" (its end: transformers' tokenizers' default) or "left" (its start, as TEI's
     truncation_direction Left and Cohere's truncate START ask). `text_tokens`: a request's own cap, below the
     model's maximum, on a text's own tokens (special tokens not counted): a single text, or a pair's second
-    member (a ranking's document), is cut to it first, or refused with "refuse" (Cohere's max_tokens and
-    max_tokens_per_doc; None: only the model's maximum)."""
+    member (a ranking's document), is cut to it first (a single text over it is refused with "refuse")
+    (Cohere's max_tokens and max_tokens_per_doc; None: only the model's maximum)."""
 
     mode: Literal["truncate", "refuse", "window"] = "truncate"
     stride: int = 0

@@ -26,6 +26,7 @@ from api.bulk.model import LONG_INPUTS
 from api.bulk.reader import FORMATS, Columns, input_format
 from api.bulk.writer import OUTPUT_FORMATS
 from api.config import Settings
+from tasks.base import SIDES
 from tasks.errors import InvalidRequest
 
 
@@ -62,7 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--truncation-direction",
-        choices=("right", "left"),
+        choices=tuple(SIDES),
         default="right",
         help="the end a text cut at the model's maximum loses: right (its end) or left (its start; its last tokens "
         "are read), as /predict's truncation_direction",

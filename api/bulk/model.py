@@ -23,12 +23,11 @@ from api.config import Settings
 from api.engine.backend import Backend
 from api.engine.opened import open_bundle
 from container.bundle import MODEL_FILE
-from tasks.base import Inputs, LongInput, Outputs, Side
+from tasks.base import SIDES, Inputs, LongInput, Outputs
 from tasks.errors import InputError, InvalidRequest
 from tasks.ops import length_batches
 
 LONG_INPUTS = ("truncate", "window", "refuse")  # the values of /predict's long_input (tasks.base.LongInput)
-SIDES: dict[str, Side] = {"right": "right", "left": "left"}  # --truncation-direction: the end a cut text loses
 
 
 @dataclass(slots=True)
@@ -79,8 +78,10 @@ class BulkModel:
         self.params = task.parse_params(raw, self.model)
         self.encoder = opened.encoder
         self.long_input, self.side = long_input, SIDES[side]
-        windows = LongInput.window(None, self.encoder.window_tokens)
-        self.reading = windows if long_input == "window" else LongInput("truncate", side=SIDES[side])
+        if long_input == "window":
+            self.reading = LongInput.window(None, self.encoder.window_tokens)
+        else:
+            self.reading = LongInput("truncate", side=self.side)
         # One-thread sessions, called from one model thread per core: how the bundle's batch budget was measured.
         target = settings.target or manifest.target
         self.backend = Backend(

@@ -110,8 +110,9 @@ class Corpus:
 
     def __init__(self, path: Path, columns: Columns, pairs: bool, fmt: str | None = None) -> None:
         self.path = path
-        self.format = fmt or input_format(path)
-        self.files = corpus_files(path, self.format)
+        listed = corpus_files(path, fmt)  # a folder is listed once: its files, and from them its format
+        self.format = fmt or (_one_format(path, listed) if path.is_dir() else input_format(path))
+        self.files = listed
         self.names = columns.values(pairs)
         self._files = [_File(f, self.format, columns, pairs, path if path.is_dir() else None) for f in self.files]
         first = self._files[0]
@@ -426,16 +427,21 @@ def input_format(path: Path) -> str:
     """The format the suffix of a file (or of every file of a folder) names (InputError when it names none, or a
     folder's name several)."""
     if path.is_dir():
-        found = sorted({SUFFIXES[f.suffix.lower()] for f in corpus_files(path)})
-        if len(found) > 1:
-            raise InputError(
-                f"the folder {path} holds files of {' and '.join(found)}; pass --input-format to read one kind"
-            )
-        return found[0]
+        return _one_format(path, corpus_files(path))
     fmt = SUFFIXES.get(path.suffix.lower())
     if fmt is None:
         raise InputError(f"cannot tell the format of {path} from its suffix; pass --input-format {'|'.join(FORMATS)}")
     return fmt
+
+
+def _one_format(folder: Path, files: list[Path]) -> str:
+    """The one format the suffixes of a folder's `files` name (InputError where they name several)."""
+    found = sorted({SUFFIXES[f.suffix.lower()] for f in files})
+    if len(found) > 1:
+        raise InputError(
+            f"the folder {folder} holds files of {' and '.join(found)}; pass --input-format to read one kind"
+        )
+    return found[0]
 
 
 def _first_line(exc: BaseException) -> str:

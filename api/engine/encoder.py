@@ -144,9 +144,8 @@ class Encoder:
     def _capped_singles(self, inputs: Inputs, truncate: bool, side: Side, cap: int) -> Encoded:
         """Single texts cut to `cap` of their own tokens (fewer than the model reads) on `side`, as a request's
         own cap asks; where the request refuses to cut, a text over it is refused."""
-        encode = self._whole.encode_batch if self._offsets else self._whole.encode_batch_fast
         encodings, truncated = [], []
-        for i, content in enumerate(encode(inputs.texts, add_special_tokens=False)):
+        for i, content in enumerate(self._encode(self._whole, inputs.texts, special=False)):
             if len(content) > cap and not truncate:
                 name = "inputs" if inputs.single else f"inputs[{i}]"
                 raise InputTooLong(  # the cap is Cohere's max_tokens, and the refusal its truncate NONE
@@ -170,12 +169,13 @@ class Encoder:
         so the length is tested first)."""
         return len(enc) >= self.max_length and bool(enc.overflowing)
 
-    def _encode(self, cut: Tokenizer, texts: list[str]) -> list[Encoding]:
+    def _encode(self, cut: Tokenizer, texts: list[str], special: bool = True) -> list[Encoding]:
+        """`texts` encoded by `cut`, offsets only where the task reads them; `special`: with special tokens."""
         if not self._offsets:
-            return cut.encode_batch_fast(texts)
+            return cut.encode_batch_fast(texts, add_special_tokens=special)
         if len(texts) == 1:
-            return [cut.encode(texts[0])]
-        return cut.encode_batch(texts)
+            return [cut.encode(texts[0], add_special_tokens=special)]
+        return cut.encode_batch(texts, add_special_tokens=special)
 
     def _start(self, text: str) -> str:
         """`text`, or where it is longer than `_start_at` characters its start: up to a space that follows
@@ -239,8 +239,7 @@ class Encoder:
     ) -> Encoded:
         """Pairs whose second members are first cut to `cap` of their own tokens (less than the pair's room),
         then cut as a pair to the model's maximum where the first member is long too."""
-        encode = self._whole.encode_batch if self._offsets else self._whole.encode_batch_fast
-        first, second = encode(firsts, add_special_tokens=False), encode(seconds, add_special_tokens=False)
+        first, second = self._encode(self._whole, firsts, False), self._encode(self._whole, seconds, False)
         encodings, truncated = [], []
         for i, (a, b) in enumerate(zip(first, second, strict=True)):
             over = len(a) + min(len(b), cap) > self._pair_budget

@@ -23,16 +23,12 @@ from api.engine.errors import ClientGone
 from api.engine.pipeline import PredictRequest
 from api.web.errors import UnsupportedEncoding
 from tasks import params
-from tasks.base import Inputs, LongInput, ModelInfo, Side, TaskSpec
+from tasks.base import SIDES, Inputs, LongInput, ModelInfo, Side, TaskSpec
 from tasks.errors import InputTooLong, InvalidRequest
 
 LONG_INPUT = ("truncate", "window")
-DIRECTIONS: dict[str, Side] = {
-    "Right": "right",
-    "right": "right",
-    "Left": "left",
-    "left": "left",
-}  # TEI's names, and hub's
+# truncation_direction's values: TEI's names (Right, Left), and the huggingface_hub client's (right, left).
+DIRECTIONS: dict[str, Side] = {name: side for key, side in SIDES.items() for name in (key.capitalize(), key)}
 COMMON: dict[str, params.Spec] = {
     "truncate": params.Boolean("cut inputs longer than the model's maximum (default true); false answers 413 instead"),
     "truncation_direction": params.Choice(
@@ -243,10 +239,17 @@ def for_cosines(raw: Mapping[str, object], task: TaskSpec) -> Mapping[str, objec
 
 
 def checked(
-    inputs: Inputs, raw: Mapping[str, object], task: TaskSpec, model: ModelInfo, limits: Limits, uncounted: int = 0
+    inputs: Inputs,
+    raw: Mapping[str, object],
+    task: TaskSpec,
+    model: ModelInfo,
+    limits: Limits,
+    uncounted: int = 0,
+    text_tokens: int | None = None,
 ) -> PredictRequest:
     """A request from its inputs and its parameters (the task's and COMMON), each checked. `uncounted`: leading
-    texts the body's shape adds (sentence similarity's source sentence), outside the max_inputs limit."""
+    texts the body's shape adds (sentence similarity's source sentence), outside the max_inputs limit;
+    `text_tokens`: the body's own cap on a text's tokens (Cohere's max_tokens, max_tokens_per_doc)."""
     check_limits(inputs, limits, uncounted)
     unknown = sorted(k for k in raw if k not in task.parameters and k not in COMMON)
     if unknown:
@@ -255,12 +258,13 @@ def checked(
     task_params = task.parse_params(params.only(raw, task.parameters), model)
     if task.prepare is not None:
         inputs = task.prepare(inputs, task_params)
-    return PredictRequest(inputs, long_input(raw, task, limits), task_params)
+    return PredictRequest(inputs, long_input(raw, task, limits, text_tokens), task_params)
 
 
-def long_input(raw: Mapping[str, object], task: TaskSpec, limits: Limits) -> LongInput:
+def long_input(raw: Mapping[str, object], task: TaskSpec, limits: Limits, text_tokens: int | None = None) -> LongInput:
     """What a request asks of its long texts, as one value: long_input (window, implied by a stride) reads
-    them whole, else truncate (the server's default) cuts them and truncate false refuses them."""
+    them whole, else truncate (the server's default) cuts them and truncate false refuses them, at the
+    model's maximum or at `text_tokens` of a text's own (see LongInput)."""
     truncate = COMMON["truncate"].read(raw, "truncate", limits.truncate)
     side = DIRECTIONS[COMMON["truncation_direction"].read(raw, "truncation_direction", "Right")]
     implied = "window" if raw.get("stride") is not None and task.windows else "truncate"
@@ -272,7 +276,7 @@ def long_input(raw: Mapping[str, object], task: TaskSpec, limits: Limits) -> Lon
         windows = LongInput.window(stride, limits.window_tokens, params.named(raw, "stride"))
         if mode == "window":
             return windows
-    return LongInput("truncate" if truncate else "refuse", side=side)
+    return LongInput("truncate" if truncate else "refuse", side=side, text_tokens=text_tokens)
 
 
 def check_limits(inputs: Inputs, limits: Limits, uncounted: int = 0) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -131,9 +131,8 @@ def _parse(body: bytes, res: Resources, v2: bool) -> tuple[PredictRequest, Asked
             )
         raw.update(TRUNCATE[truncate])
     most = params.integer(data, "max_tokens", None, minimum=1, nullable=True)
-    request = schemas.checked(Inputs(texts, single=False), raw, res.task, res.model, res.limits)
-    if most is not None:  # each text cut to this many of its own tokens (or refused, with NONE), as Cohere does
-        request = replace(request, long_input=replace(request.long_input, text_tokens=most))
+    # Each text cut to max_tokens of its own tokens (or refused, with NONE), as Cohere does.
+    request = schemas.checked(Inputs(texts, single=False), raw, res.task, res.model, res.limits, text_tokens=most)
     return request, Asked(texts, types)
 
 

@@ -14,7 +14,6 @@ least 1) never lengthens one; priority is accepted and ignored (one queue per wo
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from typing import Any
 
@@ -81,9 +80,9 @@ def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any]
     given = params.at_root({k: v for k, v in data.items() if v is not None})
     returned = params.boolean(given, "return_documents", False)
     raw = params.only(given, ("top_n",))
-    request = schemas.checked(Inputs(texts, single=False, query=query), raw, res.task, res.model, res.limits)
-    if most is not None:  # each document cut to this many of its own tokens first, as Cohere cuts it
-        request = dataclasses.replace(request, long_input=dataclasses.replace(request.long_input, text_tokens=most))
+    inputs = Inputs(texts, single=False, query=query)
+    # Each document cut to max_tokens_per_doc of its own tokens first, as Cohere cuts it.
+    request = schemas.checked(inputs, raw, res.task, res.model, res.limits, text_tokens=most)
     return request, (documents, returned)
 
 
