@@ -103,6 +103,8 @@ class Inputs:
     sent: the texts as the client sent them, where the task's prepare rewrote `texts` (None: as in texts).
     pairs: text pairs of a classifier (natural language inference, paraphrase): each text's second member,
       transformers' `text_pair` (None: single texts).
+    name: what the request calls its list of texts ("inputs", OpenAI's "input", Cohere's "texts" or
+      "documents"), so that a refusal names a text as the client wrote it.
     """
 
     texts: list[str]
@@ -110,6 +112,17 @@ class Inputs:
     query: str | None = None
     sent: list[str] | None = None
     pairs: list[str] | None = None
+    name: str = "inputs"
+
+    def named(self, i: int) -> str:
+        """What the request calls its i-th text (the field itself where it sent one text)."""
+        return self.name if self.single else f"{self.name}[{i}]"
+
+    @property
+    def query_named(self) -> str:
+        """What the request calls its query: the texts' neighbour ("inputs.documents" beside "inputs.query")."""
+        parent, dot, _ = self.name.rpartition(".")
+        return f"{parent}{dot}query"
 
 
 Side = Literal["right", "left"]  # the end of a too-long text that is cut off

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -126,7 +126,7 @@ def prepare(inputs: Inputs, p: Params) -> Inputs:
     """Prepend the prompt to every text, as sentence-transformers does before tokenizing."""
     if not p.prompt:
         return inputs
-    return Inputs([p.prompt + t for t in inputs.texts], inputs.single, inputs.query)
+    return replace(inputs, texts=[p.prompt + t for t in inputs.texts])
 
 
 def check_dimensions(asked: int, width: int) -> None:

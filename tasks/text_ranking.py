@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -118,7 +118,7 @@ def parse_inputs(value: object) -> Inputs:
     if name not in value:
         raise InvalidRequest("inputs.documents is missing; send the documents to rank")
     query = params.text(value["query"], "inputs.query")
-    return Inputs(params.text_list(value[name], f"inputs.{name}"), single=False, query=query)
+    return Inputs(params.text_list(value[name], f"inputs.{name}"), False, query, name=f"inputs.{name}")
 
 
 def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
@@ -138,7 +138,7 @@ def prepare(inputs: Inputs, p: Params) -> Inputs:
     if p.template is None or inputs.query is None:
         return inputs
     texts = [write_pair(p.template, p.instruction, inputs.query, d) for d in inputs.texts]
-    return Inputs(texts, inputs.single, None, sent=inputs.texts)
+    return replace(inputs, texts=texts, query=None, sent=inputs.texts)
 
 
 def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:

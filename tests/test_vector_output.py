@@ -182,7 +182,7 @@ async def test_cohere_max_tokens_cuts_each_text_at_its_own_tokens(server: httpx.
         got = np.array((await post(server, "/v2/embed", body))["embeddings"]["float"])
         assert np.abs(got - reference.encode(texts)).max() < TOL, truncate
     refused = await post(server, "/v2/embed", {"texts": texts, "max_tokens": 5, "truncate": "NONE"}, 413)
-    assert re.match(r"inputs\[0\] is \d+ tokens long, more than max_tokens \(5\); send truncate END", refused["error"])
+    assert re.match(r"texts\[0\] is \d+ tokens long, more than max_tokens \(5\); send truncate END", refused["error"])
     whole = await post(server, "/v2/embed", {"texts": texts, "max_tokens": 4096})
     assert whole["embeddings"] == (await post(server, "/v2/embed", {"texts": texts}))["embeddings"]
 

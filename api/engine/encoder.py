@@ -99,14 +99,9 @@ class Encoder:
         truncate = long_input.mode != "refuse"
         if inputs.query is not None:
             query = [inputs.query] * len(inputs.texts)
-            return self._pairs(
-                query, inputs.texts, truncate, long_input, lambda i: f"inputs.documents[{i}] with the query"
-            )
+            return self._pairs(query, inputs.texts, truncate, long_input, lambda i: f"{inputs.named(i)} with the query")
         if inputs.pairs is not None:
-            single = inputs.single
-            return self._pairs(
-                inputs.texts, inputs.pairs, truncate, long_input, lambda i: "inputs" if single else f"inputs[{i}]"
-            )
+            return self._pairs(inputs.texts, inputs.pairs, truncate, long_input, inputs.named)
         if long_input.mode == "window":
             return self._windows(inputs.texts, long_input.stride)
         cap = long_input.text_tokens
@@ -133,8 +128,7 @@ class Encoder:
                 overflows = self._overflows(enc)
             if overflows:
                 if not truncate:
-                    name = "inputs" if inputs.single else f"inputs[{i}]"
-                    raise self._too_long(name, len(self._whole.encode(whole[i])))
+                    raise self._too_long(inputs.named(i), len(self._whole.encode(whole[i])))
                 if side == "left":
                     enc = encodings[i] = self._keep_end(whole[i])
                 truncated[i] = True
@@ -147,10 +141,9 @@ class Encoder:
         encodings, truncated = [], []
         for i, content in enumerate(self._encode(self._whole, inputs.texts, special=False)):
             if len(content) > cap and not truncate:
-                name = "inputs" if inputs.single else f"inputs[{i}]"
                 raise InputTooLong(  # the cap is Cohere's max_tokens, and the refusal its truncate NONE
-                    f"{name} is {len(content)} tokens long, more than max_tokens ({cap}); send truncate END or "
-                    "START to cut it",
+                    f"{inputs.named(i)} is {len(content)} tokens long, more than max_tokens ({cap}); send truncate "
+                    "END or START to cut it",
                     limit=cap,
                 )
             truncated.append(len(content) > cap)

@@ -290,10 +290,10 @@ def check_limits(inputs: Inputs, limits: Limits, uncounted: int = 0) -> None:
         )
     cap = limits.max_input_chars
     if inputs.query is not None and len(inputs.query) > cap:
-        raise InputTooLong(f"inputs.query is {len(inputs.query)} characters; the limit is {cap}", limit=cap)
+        raise InputTooLong(f"{inputs.query_named} is {len(inputs.query)} characters; the limit is {cap}", limit=cap)
     members = [(inputs.texts, "")] if inputs.pairs is None else [(inputs.texts, ".text"), (inputs.pairs, ".text_pair")]
     for texts, member in members:
         for i, text in enumerate(texts):
             if len(text) > cap:
-                name = "inputs" if inputs.single else f"inputs.documents[{i}]" if inputs.query else f"inputs[{i}]"
-                raise InputTooLong(f"{name}{member} is {len(text)} characters; the limit is {cap}", limit=cap)
+                name = inputs.named(i) + member
+                raise InputTooLong(f"{name} is {len(text)} characters; the limit is {cap}", limit=cap)

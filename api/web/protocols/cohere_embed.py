@@ -132,7 +132,8 @@ def _parse(body: bytes, res: Resources, v2: bool) -> tuple[PredictRequest, Asked
         raw.update(TRUNCATE[truncate])
     most = params.integer(data, "max_tokens", None, minimum=1, nullable=True)
     # Each text cut to max_tokens of its own tokens (or refused, with NONE), as Cohere does.
-    request = schemas.checked(Inputs(texts, single=False), raw, res.task, res.model, res.limits, text_tokens=most)
+    inputs = Inputs(texts, single=False, name="texts")
+    request = schemas.checked(inputs, raw, res.task, res.model, res.limits, text_tokens=most)
     return request, Asked(texts, types)
 
 

@@ -200,7 +200,8 @@ def _texts(tensors: Sequence[dict[str, Any]], binary: memoryview, task: TaskSpec
             raise InvalidRequest('text-ranking takes two inputs, "query" (one string) and "documents"')
         if len(found["query"]) != 1:
             raise InvalidRequest('the "query" input holds exactly one string')
-        return Inputs(params.text_list(found["documents"], "documents"), False, params.text(found["query"][0], "query"))
+        documents = params.text_list(found["documents"], "documents")
+        return Inputs(documents, False, params.text(found["query"][0], "query"), name="documents")
     if task.text_pairs and len(found) == 2:  # transformers' pipeline names a pair's members text and text_pair
         if set(found) != set(PAIR):
             raise InvalidRequest(f'text pairs are two inputs named "text" and "text_pair"; got {", ".join(found)}')
@@ -214,7 +215,7 @@ def _texts(tensors: Sequence[dict[str, Any]], binary: memoryview, task: TaskSpec
         pair = ', or two, "text" and "text_pair", for text pairs' if task.text_pairs else ""
         raise InvalidRequest(f'this model takes one BYTES input of texts (e.g. "text"){pair}; got {len(found)}')
     name, texts = next(iter(found.items()))
-    return Inputs(params.text_list(texts, f"inputs[{name}]"), single=False)
+    return Inputs(params.text_list(texts, f"inputs[{name}]"), single=False, name=f"inputs[{name}]")
 
 
 def _parse(body: bytes, res: Resources, header: int | None) -> tuple[PredictRequest, Asked]:

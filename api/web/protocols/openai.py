@@ -52,7 +52,7 @@ def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, None]:
     # OpenAI's API (and its client, which decodes base64 itself) knows these two; quantized codes are on
     # /predict, /embed and Cohere's /v2/embed.
     params.choice(raw, "encoding_format", FLOATS, "float")
-    inputs = Inputs(single.texts, single=False)
+    inputs = Inputs(single.texts, single=False, name="input")
     return schemas.checked(inputs, raw, res.task, res.model, res.limits), None
 
 

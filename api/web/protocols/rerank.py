@@ -80,7 +80,7 @@ def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any]
     given = params.at_root({k: v for k, v in data.items() if v is not None})
     returned = params.boolean(given, "return_documents", False)
     raw = params.only(given, ("top_n",))
-    inputs = Inputs(texts, single=False, query=query)
+    inputs = Inputs(texts, single=False, query=query, name="documents")
     # Each document cut to max_tokens_per_doc of its own tokens first, as Cohere cuts it.
     request = schemas.checked(inputs, raw, res.task, res.model, res.limits, text_tokens=most)
     return request, (documents, returned)

@@ -97,7 +97,8 @@ def _rerank(body: bytes, res: Resources) -> tuple[PredictRequest, list[str] | No
     schemas.only_fields(data, RERANK_FIELDS)
     if "query" not in data or "texts" not in data:
         raise InvalidRequest('the body needs "query" and "texts"; send {"query": str, "texts": [str]}')
-    inputs = Inputs(params.text_list(data["texts"], "texts"), single=False, query=params.text(data["query"], "query"))
+    query = params.text(data["query"], "query")
+    inputs = Inputs(params.text_list(data["texts"], "texts"), single=False, query=query, name="texts")
     given = params.at_root({k: v for k, v in data.items() if v is not None})
     text = params.boolean(given, "return_text", False)
     raw = params.only(given, ("raw_scores", "truncate", "truncation_direction"))
