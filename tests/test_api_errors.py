@@ -189,20 +189,22 @@ async def test_a_refusal_names_a_text_as_its_route_does(tiny_bundle: ModelFactor
     caps = {"HARE_MAX_INPUT_CHARS": "10"}
     long, ok = "x" * 11, "fine"
     async with serve(tiny_bundle("feature-extraction"), **caps) as client:
-        for path, body, name in (
+        embeds: tuple[tuple[str, dict[str, Any], str], ...] = (
             ("/v1/embeddings", {"input": [ok, long]}, "input[1] is 11 characters"),
             ("/v2/embed", {"texts": [ok, long], "embedding_types": ["float"]}, "texts[1] is 11 characters"),
             ("/embed", {"inputs": [ok, long]}, "inputs[1] is 11 characters"),
-        ):
+        )
+        for path, body, name in embeds:
             refused(await client.post(path, json=body), 413, "InputTooLong", name)
     async with serve(tiny_bundle("text-ranking"), **caps) as client:
-        for path, body, name in (
+        ranks: tuple[tuple[str, dict[str, Any], str], ...] = (
             ("/v2/rerank", {"query": ok, "documents": [ok, long]}, "documents[1] is 11 characters"),
             ("/v2/rerank", {"query": long, "documents": [ok]}, "query is 11 characters"),
             ("/rerank", {"query": ok, "texts": [ok, long]}, "texts[1] is 11 characters"),
             ("/predict", {"inputs": {"query": ok, "texts": [long]}}, "inputs.texts[0] is 11 characters"),
             ("/predict", {"inputs": {"query": long, "documents": [ok]}}, "inputs.query is 11 characters"),
-        ):
+        )
+        for path, body, name in ranks:
             response = await client.post(path, json=body)
             refused(response, 413, "InputTooLong", name)
             assert response.json()["error"].startswith(name), (path, response.json())
