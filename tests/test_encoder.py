@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import random
 import string
+from collections.abc import Callable
 
 import pytest
 from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from api.engine.encoder import Encoder
 from container.defaults import default_model_dir
-from tasks.base import Inputs, LongInput
+from tasks.base import Inputs, LongInput, Side
 
 # Qwen2's (and Qwen3's) pre-tokenizer split: punctuation takes the newlines after it.
 QWEN_SPLIT = (
@@ -256,3 +257,88 @@ def test_a_text_cut_on_the_left_keeps_the_tokens_tokenizers_keeps(offsets: bool)
             assert (pair.ids, pair.type_ids) == (want.ids, want.type_ids), (name, first, second)
             (ranked,) = encoder.encode(Inputs([b * 30], single=False, query=a), left).sequences
             assert ranked.ids == reference.encode(a, b * 30).ids, (name, first, second)
+
+
+def ends_apart() -> list[tuple[str, Tokenizer]]:
+    """Tokenizers that read a text's end alone with a first word the whole text reads otherwise: a SentencePiece
+    kind that prepends "▁" to the text as Llama's normalizer does, and Qwen's byte-level BPE behind a normalizer
+    that strips the text's leading spaces (the end's first word loses its "Ġ" and its merges)."""
+    from tokenizers import normalizers
+
+    made = dict(splitting_tokenizers())
+    prepend = Tokenizer.from_str(made["unigram"].to_str())
+    prepend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    prepend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
+    strip = Tokenizer.from_str(made["qwen"].to_str())
+    strip.normalizer = normalizers.Strip(left=True, right=False)
+    strip.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    return [("prepend", prepend), ("strip", strip)]
+
+
+@pytest.mark.parametrize("offsets", [True, False])
+def test_a_long_text_cut_on_the_left_is_read_by_its_end_with_the_same_encoding(offsets: bool) -> None:
+    """truncation_direction Left on a text far longer than the model reads: its end alone is tokenized (where the
+    task reads no offsets, which would be into the end), with tokenizers' own left cut of the whole text."""
+    left = LongInput("truncate", side="left")
+    for name, tokenizer in splitting_tokenizers() + ends_apart():
+        reference = cutting(tokenizer, 32)
+        reference.enable_truncation(32, direction="left")
+        encoder = Encoder(Tokenizer.from_str(tokenizer.to_str()), 32, windows=False, offsets=offsets)
+        assert encoder._start_at == 32 * 16, name
+        read: list[str] = []  # the texts the encoder tokenized one by one
+
+        def logged(text: str, log: list[str] = read, content: Callable[[str], Encoding] = encoder._content) -> Encoding:
+            log.append(text)
+            return content(text)
+
+        encoder._content = logged  # type: ignore[method-assign]
+        for seed in range(2):
+            batch = long_texts(seed)
+            got = encoder.encode(Inputs(batch, single=False), left)
+            for text, enc in zip(batch, got.sequences, strict=True):
+                want = reference.encode(text)
+                assert fields(enc, offsets)[:4] == fields(want, offsets)[:4], name
+                assert not offsets or enc.offsets == want.offsets, name
+            assert got.truncated == [bool(reference.encode(t).overflowing) for t in batch], name
+        # Without offsets most long texts are read by their ends; with them, every one whole.
+        ends = [t for t in read if len(t) < 2 * 32 * 16]
+        assert len(ends) > 10 if not offsets else not ends, (name, len(ends))
+        # The rule apart from its margin: ends that begin anywhere, so that the cut falls within the tokens kept
+        # (an end begun mid-word, or a first word kept where it reads otherwise, fails here).
+        for text in long_texts(7)[12:15] if not offsets else ():
+            expected = reference.encode(text).ids
+            for encoder._start_at in range(40, 400, 7):
+                (enc,) = encoder.encode(Inputs([text], single=True), left).sequences
+                assert enc.ids == expected, (name, encoder._start_at, text[-80:])
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_long_document_cut_beside_its_query_or_to_a_token_cap_is_read_by_one_end(side: Side) -> None:
+    """A ranking's long document cut on either side, and texts and documents cut to a request's own token cap
+    (Cohere's max_tokens, max_tokens_per_doc), read by their ends give what the whole texts give."""
+    for name, tokenizer in splitting_tokenizers() + ends_apart():
+        encoder = Encoder(Tokenizer.from_str(tokenizer.to_str()), 32, windows=False)
+        whole = Encoder(Tokenizer.from_str(tokenizer.to_str()), 32, windows=False)
+        whole._start_at = 0  # every text read whole
+        documents = long_texts(3)[9:]
+        cases = [
+            (LongInput("truncate", side=side, text_tokens=9), Inputs(documents, single=False, query="what is naïve?")),
+            (LongInput("truncate", side=side, text_tokens=9), Inputs(documents, single=False)),
+        ]
+        if side == "left":  # the right side's: test_a_long_document_to_be_cut_beside_its_query_...
+            cases += [
+                (LongInput("truncate", side=side), Inputs(documents, single=False, query=q))
+                for q in ["what is naïve?", "a longer question " * 6]
+            ]
+        for long_input, inputs in cases:
+            want = whole.encode(inputs, long_input)
+            for encoder._start_at in (512, 40, 211):
+                got = encoder.encode(inputs, long_input)
+                for a, b in zip(got.sequences, want.sequences, strict=True):
+                    assert (a.ids, a.type_ids) == (b.ids, b.type_ids), (name, long_input, encoder._start_at)
+                assert (got.truncated, got.tokens) == (want.truncated, want.tokens), name

@@ -21,7 +21,11 @@ and normalizes characters in place (`_splits_at_spaces`: BERT's, byte-level BPE'
 pre-tokenizer is tried on a text of every kind of gap), the start's tokens are the whole text's first ones, so when
 the start alone overflows the maximum its cut is the text's cut; when it does not (long runs of spaces, words of
 hundreds of characters), the whole text is tokenized. A 1 MB text took 240-285 ms to tokenize for MiniLM's 256
-tokens. A text cut at its start instead (truncation_direction Left) is tokenized whole and its last tokens kept.
+tokens. A text cut at its start instead (truncation_direction Left) is read by its end the same way, from a space:
+the words after a space tokenize alike whatever precedes it, but for the end's first word (a normalizer's
+Prepend reads it as a text's first), so the end serves where its kept tokens leave that word out. Its offsets
+would be into the end, so a task that reads offsets reads such a text whole. The same ends serve a request's own
+cap on a text's tokens (Cohere's max_tokens, max_tokens_per_doc).
 """
 
 from __future__ import annotations
@@ -139,7 +143,8 @@ class Encoder:
         """Single texts cut to `cap` of their own tokens (fewer than the model reads) on `side`, as a request's
         own cap asks; where the request refuses to cut, a text over it is refused."""
         encodings, truncated = [], []
-        for i, content in enumerate(self._encode(self._whole, inputs.texts, special=False)):
+        contents = self._contents(inputs.texts, side, cap + 1) if truncate else self._whole_contents(inputs.texts)
+        for i, content in enumerate(contents):
             if len(content) > cap and not truncate:
                 raise InputTooLong(  # the cap is Cohere's max_tokens, and the refusal its truncate NONE
                     f"{inputs.named(i)} is {len(content)} tokens long, more than max_tokens ({cap}); send truncate "
@@ -153,7 +158,7 @@ class Encoder:
 
     def _keep_end(self, text: str) -> Encoding:
         """The encoding of `text`, too long for the model, that keeps its last tokens."""
-        content = self._content(text)
+        content = self._end_content(text, "left", self.window_tokens) or self._content(text)
         content.truncate(self.window_tokens, direction="left")
         return self._whole.post_process(content)
 
@@ -179,6 +184,17 @@ class Encoder:
         while end > 0 and text[end - 1].isspace():
             end = text.rfind(" ", 0, end)
         return text[:end] if end > 0 else text
+
+    def _end(self, text: str) -> str:
+        """`text`, or where it is longer than `_start_at` characters its end: from a space that follows something
+        else than whitespace, the last one that leaves `_start_at` characters after it (a text with none stays
+        whole)."""
+        if not self._start_at or len(text) <= self._start_at:
+            return text
+        begin = text.rfind(" ", 0, len(text) - self._start_at + 1)
+        while begin > 0 and text[begin - 1].isspace():
+            begin = text.rfind(" ", 0, begin)
+        return text[begin:] if begin > 0 else text
 
     def _plain_ascii(self, text: str) -> bool:
         """Whether BERT's normalizer would only lowercase `text` and no added token can be in it."""
@@ -209,12 +225,12 @@ class Encoder:
         # end is read by its start first, as a single text is: where the start alone fills the room, the pair is
         # cut from it.
         encode = self._whole.encode_batch if self._offsets else self._whole.encode_batch_fast
-        starts = [self._start(d) for d in seconds] if truncate and self._start_at and side == "right" else seconds
-        content = {i: self._content(s) for i, s in enumerate(starts) if s is not seconds[i]}
+        ends = (self._end_content(d, side, self._pair_budget) for d in seconds) if truncate else ()
+        content = {i: d for i, d in enumerate(ends) if d is not None}
         heads = {i: self._content(firsts[i]) for i in content}
-        # A start cuts the pair as the whole second member would where it fills the room and is the longer
-        # member: the cut then keeps the same number of its first tokens (`pair_lengths`).
-        filled = {i for i, d in content.items() if len(d) >= max(self._pair_budget, len(heads[i]))}
+        # An end (holding the room's tokens) cuts the pair as the whole second member would where it is the
+        # longer member: the cut then keeps the same number of its tokens at that end (`pair_lengths`).
+        filled = {i for i, d in content.items() if len(d) >= len(heads[i])}
         encodings = encode([(firsts[i], d) for i, d in enumerate(seconds) if i not in filled])
         for i in sorted(filled):
             encodings.insert(i, self._fit_pair(heads[i], content[i], side))
@@ -232,7 +248,8 @@ class Encoder:
     ) -> Encoded:
         """Pairs whose second members are first cut to `cap` of their own tokens (less than the pair's room),
         then cut as a pair to the model's maximum where the first member is long too."""
-        first, second = self._encode(self._whole, firsts, False), self._encode(self._whole, seconds, False)
+        first = self._whole_contents(firsts)
+        second = self._contents(seconds, side, cap + 1) if truncate else self._whole_contents(seconds)
         encodings, truncated = [], []
         for i, (a, b) in enumerate(zip(first, second, strict=True)):
             over = len(a) + min(len(b), cap) > self._pair_budget
@@ -246,6 +263,31 @@ class Encoder:
     def _content(self, text: str) -> Encoding:
         """`text`'s tokens without special tokens, never cut."""
         return self._whole.encode(text, add_special_tokens=False)
+
+    def _whole_contents(self, texts: list[str]) -> list[Encoding]:
+        return self._encode(self._whole, texts, special=False)
+
+    def _contents(self, texts: list[str], side: Side, tokens: int) -> list[Encoding]:
+        """Each text's tokens without special tokens, a long one's only those of its `side` end where they are
+        `tokens` or more of the whole text's there (`_end_content`): the rest in one batch."""
+        ends = {i: e for i, t in enumerate(texts) if (e := self._end_content(t, side, tokens)) is not None}
+        rest = iter(self._whole_contents([t for i, t in enumerate(texts) if i not in ends]))
+        return [ends[i] if i in ends else next(rest) for i in range(len(texts))]
+
+    def _end_content(self, text: str, side: Side, tokens: int) -> Encoding | None:
+        """The tokens (without special tokens) of only `text`'s `side` end, where the text is long enough to
+        have one (`_start`, `_end`) and the end holds at least `tokens` of the whole text's tokens at that end;
+        else None: read the whole text."""
+        if side == "right":
+            start = self._start(text)
+            content = None if start is text else self._content(start)
+            return content if content is not None and len(content) >= tokens else None
+        end = self._end(text)
+        if end is text or self._offsets:  # its offsets would be into the end
+            return None
+        content = self._content(end)
+        words = content.word_ids  # the end's first word may tokenize otherwise than within the text: not kept
+        return content if len(content) > tokens and words[-tokens] != words[0] else None
 
     def _fit_pair(self, first: Encoding, second: Encoding, side: Side = "right") -> Encoding:
         """Cut a pair (each member's content tokens; of the second, where longer, possibly only as many of its
