@@ -105,6 +105,8 @@ class Inputs:
       transformers' `text_pair` (None: single texts).
     name: what the request calls its list of texts ("inputs", OpenAI's "input", Cohere's "texts" or
       "documents"), so that a refusal names a text as the client wrote it.
+    names: each text's own name where the texts are not one list of the request's (a similarity request's
+      source sentence and sentences); () where `name` names them.
     """
 
     texts: list[str]
@@ -113,9 +115,12 @@ class Inputs:
     sent: list[str] | None = None
     pairs: list[str] | None = None
     name: str = "inputs"
+    names: tuple[str, ...] = ()
 
     def named(self, i: int) -> str:
         """What the request calls its i-th text (the field itself where it sent one text)."""
+        if self.names:
+            return self.names[i]
         return self.name if self.single else f"{self.name}[{i}]"
 
     @property

@@ -193,9 +193,13 @@ async def test_a_refusal_names_a_text_as_its_route_does(tiny_bundle: ModelFactor
             ("/v1/embeddings", {"input": [ok, long]}, "input[1] is 11 characters"),
             ("/v2/embed", {"texts": [ok, long], "embedding_types": ["float"]}, "texts[1] is 11 characters"),
             ("/embed", {"inputs": [ok, long]}, "inputs[1] is 11 characters"),
+            ("/predict", {"inputs": {"source_sentence": ok, "sentences": [ok, long]}}, "inputs.sentences[1] is 11"),
+            ("/similarity", {"inputs": {"source_sentence": long, "sentences": [ok]}}, "inputs.source_sentence is 11"),
         )
         for path, body, name in embeds:
-            refused(await client.post(path, json=body), 413, "InputTooLong", name)
+            response = await client.post(path, json=body)
+            refused(response, 413, "InputTooLong", name)
+            assert response.json()["error"].startswith(name), (path, response.json())
     async with serve(tiny_bundle("text-ranking"), **caps) as client:
         ranks: tuple[tuple[str, dict[str, Any], str], ...] = (
             ("/v2/rerank", {"query": ok, "documents": [ok, long]}, "documents[1] is 11 characters"),
