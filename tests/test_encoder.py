@@ -201,7 +201,7 @@ def test_a_long_document_to_be_cut_beside_its_query_is_read_by_its_start_with_th
         encoder = Encoder(Tokenizer.from_str(tokenizer.to_str()), 32, windows=False)
         whole = Encoder(Tokenizer.from_str(tokenizer.to_str()), 32, windows=False)
         whole._start_at = 0  # every document read whole: the encoding before starts were read first
-        documents = long_texts(3)[9:]
+        documents = long_texts(3)[9::2]  # every kind of long text, half of them: each read whole here is slow
         for query in ["what is naïve?", "a longer question " * 6]:
             want = whole.encode(Inputs(documents, single=False, query=query))
             for encoder._start_at in (512, *range(40, 400, 23)):
