@@ -23,7 +23,7 @@ the start alone overflows the maximum its cut is the text's cut; when it does no
 hundreds of characters), the whole text is tokenized. A 1 MB text took 240-285 ms to tokenize for MiniLM's 256
 tokens. A text cut at its start instead (truncation_direction Left) is read by its end the same way, from a space:
 the words after a space tokenize alike whatever precedes it, but for the end's first word (a normalizer's
-Prepend reads it as a text's first), so the end serves where its kept tokens leave that word out. Its offsets
+Prepend or Strip reads it as a text's first), so the end serves where its kept tokens leave that word out. Its offsets
 would be into the end, so a task that reads offsets reads such a text whole. The same ends serve a request's own
 cap on a text's tokens (Cohere's max_tokens, max_tokens_per_doc).
 """
@@ -221,9 +221,8 @@ class Encoder:
         if cap is not None and cap < self._pair_budget:
             return self._capped_pairs(firsts, seconds, truncate, side, cap, name)
         # No truncation here: tokenizers' pair truncation also builds every overflow combination, which
-        # explodes on long documents. Too-long pairs are cut by hand below; a long second member to be cut at its
-        # end is read by its start first, as a single text is: where the start alone fills the room, the pair is
-        # cut from it.
+        # explodes on long documents. Too-long pairs are cut by hand below; a long second member is read by the
+        # end it keeps first, as a single text is: where that end alone fills the room, the pair is cut from it.
         encode = self._whole.encode_batch if self._offsets else self._whole.encode_batch_fast
         ends = (self._end_content(d, side, self._pair_budget) for d in seconds) if truncate else ()
         content = {i: d for i, d in enumerate(ends) if d is not None}
