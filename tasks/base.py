@@ -105,8 +105,8 @@ class Inputs:
       transformers' `text_pair` (None: single texts).
     name: what the request calls its list of texts ("inputs", OpenAI's "input", Cohere's "texts" or
       "documents"), so that a refusal names a text as the client wrote it.
-    names: each text's own name where the texts are not one list of the request's (a similarity request's
-      source sentence and sentences); () where `name` names them.
+    lead: the name of a leading text outside that list (a similarity request's source sentence, before its
+      sentences), or None.
     """
 
     texts: list[str]
@@ -115,12 +115,12 @@ class Inputs:
     sent: list[str] | None = None
     pairs: list[str] | None = None
     name: str = "inputs"
-    names: tuple[str, ...] = ()
+    lead: str | None = None
 
     def named(self, i: int) -> str:
         """What the request calls its i-th text (the field itself where it sent one text)."""
-        if self.names:
-            return self.names[i]
+        if self.lead is not None:
+            return self.lead if i == 0 else f"{self.name}[{i - 1}]"
         return self.name if self.single else f"{self.name}[{i}]"
 
     @property

@@ -110,9 +110,8 @@ class Corpus:
 
     def __init__(self, path: Path, columns: Columns, pairs: bool, fmt: str | None = None) -> None:
         self.path = path
-        listed = corpus_files(path, fmt)  # a folder is listed once: its files, and from them its format
-        self.format = fmt or (_one_format(path, listed) if path.is_dir() else input_format(path))
-        self.files = listed
+        self.files = corpus_files(path, fmt)  # a folder is listed once: its files, and from them its format
+        self.format = fmt or (_one_format(path, self.files) if path.is_dir() else input_format(path))
         self.names = columns.values(pairs)
         self._files = [_File(f, self.format, columns, pairs, path if path.is_dir() else None) for f in self.files]
         first = self._files[0]

@@ -279,8 +279,10 @@ class Encoder:
         else None: read the whole text."""
         if side == "right":
             start = self._start(text)
-            content = None if start is text else self._content(start)
-            return content if content is not None and len(content) >= tokens else None
+            if start is text:
+                return None
+            content = self._content(start)
+            return content if len(content) >= tokens else None
         end = self._end(text)
         if end is text or self._offsets:  # its offsets would be into the end
             return None

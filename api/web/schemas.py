@@ -227,8 +227,8 @@ def similarity_inputs(value: Mapping[str, object], name: str = "inputs") -> Inpu
         raise InvalidRequest(f'{name} needs "source_sentence" and "sentences" for sentence similarity')
     source = params.text(value["source_sentence"], f"{name}.source_sentence")
     sentences = params.text_list(value["sentences"], f"{name}.sentences")
-    names = (f"{name}.source_sentence", *(f"{name}.sentences[{i}]" for i in range(len(sentences))))
-    return Inputs([source, *sentences], single=False, names=names)
+    texts = [source, *sentences]
+    return Inputs(texts, single=False, name=f"{name}.sentences", lead=f"{name}.source_sentence")
 
 
 def for_cosines(raw: Mapping[str, object], task: TaskSpec) -> Mapping[str, object]:
