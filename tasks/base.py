@@ -175,6 +175,8 @@ class Outputs:
       outputs (trimmed to the window's real tokens).
     truncated: per input, whether its text was cut to the model's maximum length.
     stride: tokens shared by consecutive windows (the request's LongInput).
+    begins: for an input read by its end alone (a long text cut on the left), the character of its text where
+      that end begins: its encodings' offsets are into the end.
     """
 
     inputs: Inputs
@@ -182,6 +184,7 @@ class Outputs:
     arrays: list[list[Array]]
     truncated: list[bool]
     stride: int = 0
+    begins: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,8 +69,9 @@ def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:
     token before aggregation, so an entity split by a window edge comes out whole."""
     answers: list[list[dict[str, Any]]] = []
     predicted: list[str] = []
-    for text, windows, rows, truncated in zip(out.inputs.texts, out.windows, out.arrays, out.truncated, strict=True):
-        tokens = content_tokens(windows, rows, out.stride)
+    zipped = zip(out.inputs.texts, out.windows, out.arrays, out.truncated, strict=True)
+    for i, (text, windows, rows, truncated) in enumerate(zipped):
+        tokens = content_tokens(windows, rows, out.stride, out.begins.get(i, 0))
         entities = aggregate(text, tokens, softmax(tokens.rows), p.strategy, model.labels, model.vocab, p.ignore)
         for e in entities:
             predicted.append(e.get("entity_group") or e["entity"])

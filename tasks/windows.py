@@ -32,8 +32,9 @@ class Tokens:
     rows: Array
 
 
-def content_tokens(windows: Sequence[Encoding], arrays: Sequence[Array], stride: int) -> Tokens:
-    """The tokens of a text read as `windows`, each overlap split at its middle.
+def content_tokens(windows: Sequence[Encoding], arrays: Sequence[Array], stride: int, begin: int = 0) -> Tokens:
+    """The tokens of a text read as `windows`, each overlap split at its middle; `begin`: the character of the
+    text where the part they read begins (an end read alone: Outputs.begins), which their offsets move by.
 
     A token shared by two windows takes its row from the window where it sits further from the edge: the
     first half of an overlap from the earlier window, the second half from the later one.
@@ -54,10 +55,14 @@ def content_tokens(windows: Sequence[Encoding], arrays: Sequence[Array], stride:
         enc_ids, enc_tokens, enc_offsets = enc.ids, enc.tokens, enc.offsets
         ids += [enc_ids[i] for i in kept]
         tokens += [enc_tokens[i] for i in kept]
-        offsets += [enc_offsets[i] for i in kept]
+        offsets += [enc_offsets[i] for i in kept] if not begin else [_moved(enc_offsets[i], begin) for i in kept]
         rows.append(out[kept])
     merged = np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
     return Tokens(ids, tokens, offsets, list(range(lead, lead + len(ids))), merged)
+
+
+def _moved(offsets: tuple[int, int], by: int) -> tuple[int, int]:
+    return offsets[0] + by, offsets[1] + by
 
 
 def combine_vectors(vectors: Sequence[Array], weights: Sequence[int], mode: str) -> Array:

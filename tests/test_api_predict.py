@@ -299,6 +299,20 @@ async def test_window_entities_cover_the_whole_text_with_true_offsets(fp32_bundl
     assert whole[:keep] == cut[:keep]
 
 
+async def test_entities_of_a_text_cut_on_the_left_point_into_the_text_as_sent(fp32_bundle: ModelFactory) -> None:
+    # LONG is read whole; four of it, too long to tokenize whole for 124 tokens, by its end alone. Both keep the
+    # same last tokens, so the same entities, apart by the characters the longer text has more before them.
+    longer = " ".join([LONG] * 4)
+    params = {"aggregation_strategy": "none", "ignore_labels": [], "truncation_direction": "Left"}
+    async with serve(fp32_bundle("token-classification")) as client:
+        short, long = await predict(client, [LONG, longer], **params)
+    assert short[0]["start"] > 0 and short[-1]["end"] == len(LONG)  # its last tokens
+    moved = len(longer) - len(LONG)
+    assert long == [{**e, "start": e["start"] + moved, "end": e["end"] + moved} for e in short]
+    for e in long:
+        assert e["word"].lstrip("#").lower() == longer[e["start"] : e["end"]].lower()
+
+
 # ---- embeddings ----------------------------------------------------------------------------------------
 
 

@@ -207,6 +207,25 @@ async def test_texts_cut_at_their_start_are_predicts_cut_so(fp32_bundle: ModelFa
         BulkModel(settings(bundle), {}, side="Middle")
 
 
+async def test_entities_of_texts_cut_at_their_start_point_into_the_rows(
+    fp32_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    bundle = fp32_bundle("token-classification")
+    longest = " ".join(texts(30, seed=6, longest=60))  # too long to tokenize whole: read by its end alone
+    good = [*texts(6, seed=5, longest=200), longest]
+    parameters = {"aggregation_strategy": "none", "ignore_labels": []}
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in good])
+    options = BulkOptions(source, tmp_path / "out.parquet", parameters=parameters, truncation_direction="left")
+    run_job(settings(bundle), options)
+    table = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    answers = await predict(bundle, good, truncation_direction="Left", **parameters)
+    for text, row, answer in zip(good, table, answers, strict=True):
+        assert [e["start"] for e in row["entities"]] == [e["start"] for e in answer]
+        assert [e["end"] for e in row["entities"]] == [e["end"] for e in answer]
+        assert all(e["word"].lstrip("#") == text[e["start"] : e["end"]].lower() for e in row["entities"])
+    assert table[-1]["truncated"] and table[-1]["entities"][-1]["end"] == len(longest)
+
+
 def test_the_ray_stage_takes_the_servers_default_for_long_texts(
     fp32_bundle: ModelFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -34,7 +34,8 @@ LONG_INPUTS = ("truncate", "window", "refuse")  # the values of /predict's long_
 class Work:
     """A chunk on its way through the model, per good row: its text as the task prepared it (what was
     tokenized), its sequences (one, or several windows; none for a row rejected as too long), whether it was
-    cut, and, once its batch has run, its answer item. sent: the texts as sent where prepare rewrote them."""
+    cut, and, once its batch has run, its answer item. sent: the texts as sent where prepare rewrote them;
+    begins: for a row read by its end alone, where that end begins (Outputs.begins)."""
 
     chunk: Chunk
     texts: list[str]
@@ -43,6 +44,7 @@ class Work:
     truncated: list[bool]
     items: list[Any]
     tokens: int
+    begins: dict[int, int]
     pending: int = 0  # model calls not yet answered (the job's count)
 
 
@@ -124,6 +126,7 @@ class BulkModel:
         windows: list[list[Encoding]] = [[] for _ in range(n)]
         sent: list[str] | None = None
         truncated = [False] * n
+        begins: dict[int, int] = {}
         for rows, inputs in self._requests(chunk):
             prepared = self.task.prepare(inputs, self.params) if self.task.prepare is not None else inputs
             encoded = self.encoder.encode(prepared, self.reading)
@@ -131,6 +134,8 @@ class BulkModel:
                 sent = sent or [""] * n
             for k, row in enumerate(rows):
                 texts[row], windows[row], truncated[row] = prepared.texts[k], encoded.windows[k], encoded.truncated[k]
+                if k in encoded.begins:
+                    begins[row] = encoded.begins[k]
                 if sent is not None and prepared.sent is not None:
                     sent[row] = prepared.sent[k]
         if self.long_input == "refuse":
@@ -140,7 +145,7 @@ class BulkModel:
                 chunk.rejects.append(Reject(chunk.positions[row], chunk.ids[row], reason))
                 windows[row] = []
         tokens = sum(len(s) for w in windows for s in w)
-        return Work(chunk, texts, sent, windows, truncated, [None] * n, tokens)
+        return Work(chunk, texts, sent, windows, truncated, [None] * n, tokens, begins)
 
     def batches(self, work: Work) -> list[list[int]]:
         """The chunk's rows in model calls: nearest lengths together, within the batch budget. A row read as
@@ -161,7 +166,8 @@ class BulkModel:
             at += len(w)
         sent = None if work.sent is None else [work.sent[r] for r in rows]
         inputs = Inputs([work.texts[r] for r in rows], single=False, sent=sent)
-        out = Outputs(inputs, windows, grouped, [work.truncated[r] for r in rows], self.reading.stride)
+        begins = {k: work.begins[r] for k, r in enumerate(rows) if r in work.begins}
+        out = Outputs(inputs, windows, grouped, [work.truncated[r] for r in rows], self.reading.stride, begins)
         body = self.task.postprocess(out, self.params, self.model).body
         for row, item in zip(rows, per_input(body, self.task, len(rows)), strict=True):
             work.items[row] = item

@@ -24,8 +24,8 @@ hundreds of characters), the whole text is tokenized. A 1 MB text took 240-285 m
 tokens. A text cut at its start instead (truncation_direction Left) is read by its end the same way, from a space:
 the words after a space tokenize alike whatever precedes it, but for the end's first word (a normalizer's
 Prepend or Strip reads it as a text's first), so the end serves where its kept tokens leave that word out. Its offsets
-would be into the end, so a task that reads offsets reads such a text whole. The same ends serve a request's own
-cap on a text's tokens (Cohere's max_tokens, max_tokens_per_doc).
+are into the end: where it begins in the text comes with it (Encoded.begins), for the spans of a task that reads
+offsets. The same ends serve a request's own cap on a text's tokens (Cohere's max_tokens, max_tokens_per_doc).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tokenizers import Encoding, Regex, Tokenizer, pre_tokenizers
@@ -62,12 +62,14 @@ _AT_SPACES = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Metaspace", 
 @dataclass(frozen=True, slots=True)
 class Encoded:
     """A request's sequences. windows: per input, its encodings; sequences: all of them, flat, in order;
-    tokens: real tokens over all sequences (special tokens included)."""
+    tokens: real tokens over all sequences (special tokens included); begins: for an input read by its end alone
+    (a single text cut on the left), the character of its text where that end begins: its offsets are into it."""
 
     windows: list[list[Encoding]]
     truncated: list[bool]
     sequences: list[Encoding]
     tokens: int
+    begins: dict[int, int] = field(default_factory=dict)
 
 
 class Encoder:
@@ -124,6 +126,7 @@ class Encoder:
             texts, cut = [t.lower() for t in texts] if self._lower else texts, self._plain
         encodings = self._encode(cut, texts)
         truncated = [False] * len(encodings)
+        begins: dict[int, int] = {}
         tokens = 0
         for i, enc in enumerate(encodings):
             overflows = self._overflows(enc)
@@ -134,16 +137,22 @@ class Encoder:
                 if not truncate:
                     raise self._too_long(inputs.named(i), len(self._whole.encode(whole[i])))
                 if side == "left":
-                    enc = encodings[i] = self._keep_end(whole[i])
+                    enc, begin = self._keep_end(whole[i])
+                    encodings[i] = enc
+                    if begin:  # read by its end alone
+                        begins[i] = begin
                 truncated[i] = True
             tokens += len(enc)
-        return Encoded([[e] for e in encodings], truncated, encodings, tokens)
+        return Encoded([[e] for e in encodings], truncated, encodings, tokens, begins)
 
     def _capped_singles(self, inputs: Inputs, truncate: bool, side: Side, cap: int) -> Encoded:
         """Single texts cut to `cap` of their own tokens (fewer than the model reads) on `side`, as a request's
         own cap asks; where the request refuses to cut, a text over it is refused."""
         encodings, truncated = [], []
-        contents = self._contents(inputs.texts, side, cap + 1) if truncate else self._whole_contents(inputs.texts)
+        if truncate:
+            contents, begins = self._contents(inputs.texts, side, cap + 1)
+        else:
+            contents, begins = self._whole_contents(inputs.texts), {}
         for i, content in enumerate(contents):
             if len(content) > cap and not truncate:
                 raise InputTooLong(  # the cap is Cohere's max_tokens, and the refusal its truncate NONE
@@ -154,13 +163,14 @@ class Encoder:
             truncated.append(len(content) > cap)
             content.truncate(cap, direction=side)
             encodings.append(self._whole.post_process(content))
-        return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings))
+        return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings), begins)
 
-    def _keep_end(self, text: str) -> Encoding:
-        """The encoding of `text`, too long for the model, that keeps its last tokens."""
-        content = self._end_content(text, "left", self.window_tokens) or self._content(text)
+    def _keep_end(self, text: str) -> tuple[Encoding, int]:
+        """The encoding of `text`, too long for the model, that keeps its last tokens, and the character where
+        the text it read begins (an end's)."""
+        content, begin = self._end_content(text, "left", self.window_tokens) or (self._content(text), 0)
         content.truncate(self.window_tokens, direction="left")
-        return self._whole.post_process(content)
+        return self._whole.post_process(content), begin
 
     def _overflows(self, enc: Encoding) -> bool:
         """Whether `enc` was cut at the maximum (only an encoding at the limit can have been; `overflowing` copies,
@@ -223,9 +233,10 @@ class Encoder:
         # No truncation here: tokenizers' pair truncation also builds every overflow combination, which
         # explodes on long documents. Too-long pairs are cut by hand below; a long second member is read by the
         # end it keeps first, as a single text is: where that end alone fills the room, the pair is cut from it.
+        # No task reads a pair's offsets (token classification, which reads offsets, reads no pairs): no begins.
         encode = self._whole.encode_batch if self._offsets else self._whole.encode_batch_fast
         ends = (self._end_content(d, side, self._pair_budget) for d in seconds) if truncate else ()
-        content = {i: d for i, d in enumerate(ends) if d is not None}
+        content = {i: d[0] for i, d in enumerate(ends) if d is not None}
         heads = {i: self._content(firsts[i]) for i in content}
         # An end (holding the room's tokens) cuts the pair as the whole second member would where it is the
         # longer member: the cut then keeps the same number of its tokens at that end (`pair_lengths`).
@@ -248,7 +259,7 @@ class Encoder:
         """Pairs whose second members are first cut to `cap` of their own tokens (less than the pair's room),
         then cut as a pair to the model's maximum where the first member is long too."""
         first = self._whole_contents(firsts)
-        second = self._contents(seconds, side, cap + 1) if truncate else self._whole_contents(seconds)
+        second = self._contents(seconds, side, cap + 1)[0] if truncate else self._whole_contents(seconds)
         encodings, truncated = [], []
         for i, (a, b) in enumerate(zip(first, second, strict=True)):
             over = len(a) + min(len(b), cap) > self._pair_budget
@@ -266,29 +277,31 @@ class Encoder:
     def _whole_contents(self, texts: list[str]) -> list[Encoding]:
         return self._encode(self._whole, texts, special=False)
 
-    def _contents(self, texts: list[str], side: Side, tokens: int) -> list[Encoding]:
+    def _contents(self, texts: list[str], side: Side, tokens: int) -> tuple[list[Encoding], dict[int, int]]:
         """Each text's tokens without special tokens, a long one's only those of its `side` end where they are
-        `tokens` or more of the whole text's there (`_end_content`): the rest in one batch."""
+        `tokens` or more of the whole text's there (`_end_content`): the rest in one batch. With them, where each
+        text read by its left end begins (Encoded.begins)."""
         ends = {i: e for i, t in enumerate(texts) if (e := self._end_content(t, side, tokens)) is not None}
         rest = iter(self._whole_contents([t for i, t in enumerate(texts) if i not in ends]))
-        return [ends[i] if i in ends else next(rest) for i in range(len(texts))]
+        contents = [ends[i][0] if i in ends else next(rest) for i in range(len(texts))]
+        return contents, {i: begin for i, (_, begin) in ends.items() if begin}
 
-    def _end_content(self, text: str, side: Side, tokens: int) -> Encoding | None:
+    def _end_content(self, text: str, side: Side, tokens: int) -> tuple[Encoding, int] | None:
         """The tokens (without special tokens) of only `text`'s `side` end, where the text is long enough to
-        have one (`_start`, `_end`) and the end holds at least `tokens` of the whole text's tokens at that end;
-        else None: read the whole text."""
+        have one (`_start`, `_end`) and the end holds at least `tokens` of the whole text's tokens at that end,
+        with the character where that end begins (its offsets are into it); else None: read the whole text."""
         if side == "right":
             start = self._start(text)
             if start is text:
                 return None
             content = self._content(start)
-            return content if len(content) >= tokens else None
+            return (content, 0) if len(content) >= tokens else None
         end = self._end(text)
-        if end is text or self._offsets:  # its offsets would be into the end
+        if end is text:
             return None
         content = self._content(end)
         words = content.word_ids  # the end's first word may tokenize otherwise than within the text: not kept
-        return content if len(content) > tokens and words[-tokens] != words[0] else None
+        return (content, len(text) - len(end)) if len(content) > tokens and words[-tokens] != words[0] else None
 
     def _fit_pair(self, first: Encoding, second: Encoding, side: Side = "right") -> Encoding:
         """Cut a pair (each member's content tokens; of the second, where longer, possibly only as many of its

@@ -76,7 +76,8 @@ class Pipeline:
         result = await self._wait(ticket, encoded, gone, pooling)
         answered = time.perf_counter()
         stride = request.long_input.stride
-        outputs = Outputs(inputs, encoded.windows, _regroup(result.outputs, encoded), encoded.truncated, stride)
+        grouped = _regroup(result.outputs, encoded)
+        outputs = Outputs(inputs, encoded.windows, grouped, encoded.truncated, stride, encoded.begins)
         answer = self.task.postprocess(outputs, request.params, self.model)
         done = time.perf_counter()
         inference = result.inference_seconds
