@@ -107,6 +107,8 @@ class Inputs:
       "documents"), so that a refusal names a text as the client wrote it.
     lead: the name of a leading text outside that list (a similarity request's source sentence, before its
       sentences), or None.
+    pair_name: where pairs came as two lists (KServe's "text" and "text_pair" tensors), the second's name, `name`
+      the first's; None: each pair one object (/predict's {"text", "text_pair"}), its members named within it.
     """
 
     texts: list[str]
@@ -116,12 +118,25 @@ class Inputs:
     pairs: list[str] | None = None
     name: str = "inputs"
     lead: str | None = None
+    pair_name: str | None = None
 
     def named(self, i: int) -> str:
         """What the request calls its i-th text (the field itself where it sent one text)."""
         if self.lead is not None:
             return self.lead if i == 0 else f"{self.name}[{i - 1}]"
         return self.name if self.single else f"{self.name}[{i}]"
+
+    def member_named(self, i: int, second: bool) -> str:
+        """What the request calls pair i's first (text) or second (text_pair) member."""
+        if self.pair_name is None:
+            return f"{self.named(i)}.{'text_pair' if second else 'text'}"
+        return f"{self.pair_name if second else self.name}[{i}]"
+
+    def pair_named(self, i: int) -> str:
+        """What the request calls pair i: its object, or its two members where they came as two lists."""
+        if self.pair_name is None:
+            return self.named(i)
+        return f"{self.member_named(i, False)} with {self.member_named(i, True)}"
 
     @property
     def query_named(self) -> str:

@@ -124,7 +124,8 @@ async def test_a_classifiers_pair_tensors_are_named_text_and_text_pair(tiny_bund
     def tensor(name: str, data: list[str]) -> dict[str, object]:
         return {"name": name, "shape": [len(data)], "datatype": "BYTES", "data": data}
 
-    async with serve(tiny_bundle("text-classification"), HARE_MODEL_NAME="tiny") as client:
+    caps = {"HARE_MODEL_NAME": "tiny", "HARE_MAX_INPUT_CHARS": "100"}
+    async with serve(tiny_bundle("text-classification"), **caps) as client:
         pair = await client.post(
             "/v2/models/tiny/infer", json={"inputs": [tensor("text", ["a"]), tensor("text_pair", ["b"])]}
         )
@@ -139,11 +140,24 @@ async def test_a_classifiers_pair_tensors_are_named_text_and_text_pair(tiny_bund
                 ('"text" holds 2 strings and "text_pair" 1',),
             ),
             ([tensor("text", ["a"]), tensor("text_pair", [""])], 400, ("inputs[text_pair][0]",)),
+            # A refusal names a member as the tensors hold it, and a pair by both.
+            ([tensor("text", ["a", "b" * 101]), tensor("text_pair", ["c", "d"])], 413, ("inputs[text][1] is 101",)),
+            (
+                [tensor("text", ["a", "b"]), tensor("text_pair", ["c", "d" * 101])],
+                413,
+                ("inputs[text_pair][1] is 101",),
+            ),
             ([tensor("a", ["a"]), tensor("b", ["b"]), tensor("c", ["c"])], 422, ('"text_pair"', "got 3")),
         ]:
             refused = await client.post("/v2/models/tiny/infer", json={"inputs": inputs})
             assert refused.status_code == status, refused.text
             assert all(w in refused.json()["error"] for w in words), refused.text
+        too_long = [tensor("text", ["!" * 90]), tensor("text_pair", ["?" * 90])]  # 180 tokens, over 126
+        refused = await client.post(
+            "/v2/models/tiny/infer", json={"inputs": too_long, "parameters": {"truncate": False}}
+        )
+        assert refused.status_code == 413, refused.text
+        assert refused.json()["error"].startswith("inputs[text][0] with inputs[text_pair][0] is 18"), refused.text
 
 
 @pytest.mark.parametrize(

@@ -107,7 +107,7 @@ class Encoder:
             query = [inputs.query] * len(inputs.texts)
             return self._pairs(query, inputs.texts, truncate, long_input, lambda i: f"{inputs.named(i)} with the query")
         if inputs.pairs is not None:
-            return self._pairs(inputs.texts, inputs.pairs, truncate, long_input, inputs.named)
+            return self._pairs(inputs.texts, inputs.pairs, truncate, long_input, inputs.pair_named)
         if long_input.mode == "window":
             return self._windows(inputs.texts, long_input.stride)
         cap = long_input.text_tokens

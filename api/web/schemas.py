@@ -292,9 +292,9 @@ def check_limits(inputs: Inputs, limits: Limits, uncounted: int = 0) -> None:
     cap = limits.max_input_chars
     if inputs.query is not None and len(inputs.query) > cap:
         raise InputTooLong(f"{inputs.query_named} is {len(inputs.query)} characters; the limit is {cap}", limit=cap)
-    members = [(inputs.texts, "")] if inputs.pairs is None else [(inputs.texts, ".text"), (inputs.pairs, ".text_pair")]
-    for texts, member in members:
+    members = [(inputs.texts, None)] if inputs.pairs is None else [(inputs.texts, False), (inputs.pairs, True)]
+    for texts, second in members:
         for i, text in enumerate(texts):
             if len(text) > cap:
-                name = inputs.named(i) + member
+                name = inputs.named(i) if second is None else inputs.member_named(i, second)
                 raise InputTooLong(f"{name} is {len(text)} characters; the limit is {cap}", limit=cap)

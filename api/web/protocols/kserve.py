@@ -208,9 +208,9 @@ def _texts(tensors: Sequence[dict[str, Any]], binary: memoryview, task: TaskSpec
         first, second = (found[name] for name in PAIR)
         if len(first) != len(second):
             raise InvalidRequest(f'"text" holds {len(first)} strings and "text_pair" {len(second)}: one per pair')
-        return Inputs(
-            params.text_list(first, "inputs[text]"), False, pairs=params.text_list(second, "inputs[text_pair]")
-        )
+        text, pair = (f"inputs[{name}]" for name in PAIR)
+        texts, pairs = params.text_list(first, text), params.text_list(second, pair)
+        return Inputs(texts, False, pairs=pairs, name=text, pair_name=pair)
     if len(found) != 1:
         pair = ', or two, "text" and "text_pair", for text pairs' if task.text_pairs else ""
         raise InvalidRequest(f'this model takes one BYTES input of texts (e.g. "text"){pair}; got {len(found)}')
