@@ -290,7 +290,7 @@ async def test_the_openapi_paths_are_the_route_table(splade_bundle: Path) -> Non
         await assert_paths_are_the_route_table(client)
 
 
-@pytest.mark.parametrize("kind", ["splade", "bge-m3"])
+@pytest.mark.parametrize("kind", ["splade", pytest.param("bge-m3", marks=pytest.mark.slow)])  # as test_openapi's
 def test_schemathesis_finds_nothing(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """The OpenAPI document of each kind of sparse bundle is exact (tests/test_openapi.py's fuzzing)."""
     from tests.test_openapi import assert_schemathesis_finds_nothing
