@@ -54,14 +54,14 @@ def fields(e: Encoding, offsets: bool) -> tuple[object, ...]:
     return (e.ids, e.type_ids, e.attention_mask, e.special_tokens_mask, len(e.overflowing), *spans)
 
 
-def spans(e: Encoding, begin: int = 0) -> list[tuple[int, int] | None]:
-    """A content token's offsets into the text as sent, where the encoding read it from `begin` (an end read
-    alone: Encoded.begins); None for a special token."""
+def spans(e: Encoding, begin: int = 0) -> list[tuple[int, int]]:
+    """Each content token's offsets into the text as sent, where the encoding read it from `begin` (an end read
+    alone: Encoded.begins); a special token's as they are (in no text)."""
     marks = zip(e.offsets, e.special_tokens_mask, strict=True)
-    return [None if special else (start + begin, end + begin) for (start, end), special in marks]
+    return [(start, end) if special else (start + begin, end + begin) for (start, end), special in marks]
 
 
-def text_spans(got: Encoded) -> list[list[tuple[int, int] | None]]:
+def text_spans(got: Encoded) -> list[list[tuple[int, int]]]:
     """Each single text's spans (one sequence each) as the task reads them."""
     return [spans(e, got.begins.get(i, 0)) for i, e in enumerate(got.sequences)]
 
