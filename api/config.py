@@ -242,8 +242,9 @@ class Settings:
     refusal_interval_ms: float = _setting(
         "HARE_REFUSAL_INTERVAL_MS",
         _float(0),
-        "while admission refuses, the shortest time between two new connections one worker accepts (with "
-        "HARE_REFUSALS_PER_ANSWER 0, the pace itself; 0 and 0: accept every connection at once)",
+        "while admission refuses, one worker accepts at most one new connection per this interval, on average "
+        "(the event loop's timers count milliseconds: below one, a few at once; with HARE_REFUSALS_PER_ANSWER 0, "
+        "the pace itself; 0 and 0: accept every connection at once)",
         0.5,
     )
     truncate: bool = _setting(

@@ -55,6 +55,7 @@ from uvicorn_worker import UvicornWorker
 from api.engine.cores import NOT_ACCEPTING
 from api.engine.errors import Overloaded
 from api.process.onewrite import coalescing
+from api.process.pace import Pace
 from api.process.refuser import LINGER_S, Refuser
 from api.web.errors import raw_answer
 from api.web.state import Resources
@@ -227,7 +228,7 @@ class PacedServer(Server):
         refusal = self._refusal()
         return None if refusal is None else raw_answer(refusal)
 
-    def _pace(self) -> float:
+    def _interval(self) -> float:
         """Seconds between two connections this worker accepts while refusing: its share of the refusals
         per answer times the measured capacity, and never below the configured interval."""
         res = self._resources()
@@ -307,16 +308,16 @@ class PacedServer(Server):
         refuser = Refuser(self._canned, self._hand_off, self._count_refusal)
         canned = res is not None and res.settings.refuse_in_accept
         sweeper = asyncio.create_task(self._sweep(refuser)) if canned else None
-        last_refused = 0.0
+        pace = Pace()
         refused_in_a_row = 0
         deferred_at: float | None = None  # when this worker began leaving the waiting connection to another
         try:
             while True:
                 refusing = self._refusal() is not None
-                interval = self._pace() if refusing else 0.0
+                interval = self._interval() if refusing else 0.0
                 now = time.monotonic()
-                wait = last_refused + interval - now
-                if refusing and interval and wait > 0:
+                wait = pace.wait(interval, now) if refusing else 0.0
+                if wait:
                     await asyncio.sleep(wait)
                     continue  # admission may have opened meanwhile
                 leave = 0.0 if refusing else self._leave_for()
@@ -340,8 +341,8 @@ class PacedServer(Server):
                     continue
                 deferred_at = None
                 conn.setblocking(False)
-                if refusing:
-                    last_refused = time.monotonic()  # this one will most likely be refused
+                if refusing:  # this one will most likely be refused
+                    pace.took(interval, time.monotonic())
                 if refusing and canned:
                     refuser.take(conn)  # its first bytes decide: a canned 429, or uvicorn
                     refused_in_a_row += 1
