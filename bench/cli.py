@@ -146,6 +146,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="token counts of the p99/p50 phases at users = cores and 16 users",
     )
     over.add_argument("--no-tail", action="store_true", help="skip the p99/p50 phases")
+    over.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="passes of capacity, open loop, flood and recovery on the same server; each goal judged on the "
+        "median of its rounds (default 1)",
+    )
     _common(over)
 
     peers = sub.add_parser(

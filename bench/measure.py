@@ -111,9 +111,12 @@ def headline(args: argparse.Namespace) -> int:
 def overload(args: argparse.Namespace) -> int:
     from bench.overload import OverloadOptions, run_overload
 
+    if args.rounds < 1:
+        raise InputError(f"--rounds: at least 1 (got {args.rounds})")
     tail = () if args.no_tail else tuple(args.tail)
+    serve_args = tuple(args.serve_arg)
     options = OverloadOptions(
-        args.bundle, args.seq, args.factor, args.flood, args.duration, args.soak, tuple(args.serve_arg), tail
+        args.bundle, args.seq, args.factor, args.flood, args.duration, args.soak, serve_args, tail, args.rounds
     )
     with cancellable() as stop:
         run_overload(options, open_store(args), stop)
