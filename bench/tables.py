@@ -127,8 +127,8 @@ def points_table(points: Sequence[Point], title: str = "") -> Table:
     """The points in POINT_COLUMNS, after a phase column when they are a scenario's phases (`hare bench overload`)."""
     table = Table(title=title, caption=POINTS_CAPTION)
     phases = any("scenario" in p.extra for p in points)
-    if phases:
-        table.add_column("phase")
+    if phases:  # whole, however narrow the terminal: `flood` and `flood#2` must not both read `flo…`
+        table.add_column("phase", no_wrap=True, min_width=max(len(str(p.extra.get("scenario", ""))) for p in points))
     for col in POINT_COLUMNS:
         table.add_column(col, justify="left" if col in ("target", "load") else "right")
     for p in points:

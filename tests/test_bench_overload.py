@@ -3,6 +3,7 @@ and every goal is printed with its figure (with rounds, on the median of its rou
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -11,11 +12,12 @@ import threading
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from bench.overload import OverloadOptions, evaluate, run_overload, stored_goals
 from bench.servers import group_pss_mb, group_rss_mb
 from bench.store import Point, Store
-from bench.tables import POINT_COLUMNS, point_row
+from bench.tables import POINT_COLUMNS, point_row, points_table
 from container.machine import physical_cores
 from hare.cli import main as hare
 from tests.conftest import ModelFactory
@@ -50,6 +52,10 @@ def test_every_phase_is_stored_and_every_goal_printed(
     # ... and the stored rows show it, with the CPU per answer (`hare bench show`, the results page).
     rows = {k: dict(zip(POINT_COLUMNS, point_row(p), strict=True)) for k, p in points.items()}
     assert all(row["server cpu"] != "-" and row["server ms/req"] != "-" for row in rows.values()), rows
+    shown = Console(width=100, record=True, file=io.StringIO())
+    shown.print(points_table(store.points(run_id)))
+    text = shown.export_text()
+    assert all(name in text for name in points), text  # each phase's name whole
     assert "µs CPU each" in printed and "unanswered" in printed
     # The whole server's memory beside the largest process's: every process's PSS summed, stored with the run.
     pss = store.run(run_id).summary["pss_mb"]
