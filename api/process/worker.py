@@ -10,8 +10,8 @@ a refusal costs the server as little as possible and keeps up with the clients w
   accepted answer came 10-30 s after its client sent it.
 - Paced refusals (HARE_REFUSALS_PER_ANSWER, HARE_REFUSAL_INTERVAL_MS): while admission refuses, the workers
   together accept up to 3 new connections a second for each answer a second the machine is measured to give
-  (never two sooner than the interval apart). A greedy client is back 10 ms after its 429, so refusing every
-  connection at once lets a flood of them spend the cores on refusals (the server's, the clients' and the
+  (one worker at most one per interval on average: pace.py). A greedy client is back 10 ms after its 429, so
+  refusing every connection at once lets a flood of them spend the cores on refusals (the server's, the clients' and the
   kernel's: about 0.7 ms of CPU each on the build machine, against 25 ms for an answer at 128 tokens);
   paced, the rest of a flood waits in the kernel's listen backlog at no cost. Open-loop arrivals up to 4x
   capacity are all refused at once; a fixed pace was either too slow for short requests (hundreds of
