@@ -111,8 +111,7 @@ def headline(args: argparse.Namespace) -> int:
 def overload(args: argparse.Namespace) -> int:
     from bench.overload import OverloadOptions, run_overload
 
-    if args.rounds < 1:
-        raise InputError(f"--rounds: at least 1 (got {args.rounds})")
+    _check_rounds(args.rounds)
     tail = () if args.no_tail else tuple(args.tail)
     serve_args = tuple(args.serve_arg)
     options = OverloadOptions(
@@ -170,8 +169,7 @@ def bulk(args: argparse.Namespace) -> int:
         raise InputError(f"unknown peers {', '.join(unknown)}; choose among {', '.join(PEERS)}")
     if args.rows < 8:
         raise InputError("--rows: at least 8 texts (hare run also runs on a quarter of them)")
-    if args.rounds < 1:
-        raise InputError(f"--rounds: at least 1 (got {args.rounds})")
+    _check_rounds(args.rounds)
     read_manifest(args.bundle)  # a folder that is no bundle is refused before the corpus is made
     peers = tuple(p for p in PEERS if p not in args.skip)
     model_dir = args.model_dir or default_model_dir()
@@ -221,3 +219,9 @@ def ceiling(args: argparse.Namespace) -> int:
                 f"client cpu {s.cpu_s / s.window_s:.2f} cores = {s.cpu_s / max(s.ok, 1) * 1e6:.0f} µs per request"
             )
     return 0
+
+
+def _check_rounds(rounds: int) -> None:
+    """`--rounds` of overload and bulk: at least one pass, refused before anything starts."""
+    if rounds < 1:
+        raise InputError(f"--rounds: at least 1 (got {rounds})")
