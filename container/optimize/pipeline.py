@@ -78,25 +78,30 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
         src = source.inspect_source(model_dir, opts.task, opts.allow_pickle, opts.trust_remote_code)
         if adapter in src.prompts:  # sentence-transformers' prompt of the same name goes with the adapter
             src = replace(src, default_prompt_name=adapter)
-        int8_path = describe()["int8_path"]
-        levels = opts.int8_levels or weight_levels(int8_path)
-        attention = fuse.attention_shape(src.config)
-        on_cpu = opts.target == "cpu"
-        candidates = variants.variants_for(
-            opts.target,
-            attention=attention,
-            levels=levels,
-            bf16=bf16,
-            openvino=on_cpu and openvino_available(),
-            int8_units=int8_path in grouped_int8.RUNS_ON,
-        )
-        manifest = _compose(opts, src, variants.plan(candidates, opts.only), folder, console)
+        tried = candidates(opts.target, fuse.attention_shape(src.config), opts.int8_levels)
+        manifest = _compose(opts, src, variants.plan(tried, opts.only), folder, console)
         if opts.out.exists():
             shutil.rmtree(opts.out)
         os.replace(folder / "bundle", opts.out)
         return manifest
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def candidates(target: str, attention: tuple[int, int] = (0, 0), levels: int | None = None) -> list[variants.Variant]:
+    """The variants a build for `target` can try on this machine (variants.variants_for): OpenVINO's where it is
+    installed and the CPU computes bf16 or has int8 dot-product units, int8 weights of `levels` a side (None:
+    what this CPU's int8 kernel adds exactly). `attention`: the model's (heads, hidden) for the fusion."""
+    int8_path = describe()["int8_path"]
+    on_cpu = target == "cpu"
+    return variants.variants_for(
+        target,
+        attention=attention,
+        levels=levels or weight_levels(int8_path),
+        bf16=on_cpu and bf16_capable(),
+        openvino=on_cpu and openvino_available(),
+        int8_units=int8_path in grouped_int8.RUNS_ON,
+    )
 
 
 def _compose(
