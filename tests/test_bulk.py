@@ -3,6 +3,7 @@ answers row by row, bad rows go to the rejects with their reason, and a bad file
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
 import json
@@ -335,6 +336,22 @@ def test_an_input_without_rows_gives_an_output_without_rows(fp32_bundle: ModelFa
     (tmp_path / "in.csv").write_text("text\n")
     run_job(settings(fp32_bundle("feature-extraction")), BulkOptions(tmp_path / "in.csv", tmp_path / "o.parquet"))
     assert pq.read_table(tmp_path / "o.parquet").num_rows == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("ids-first.csv", "id,text\nk1,first\nk2,second\n"),
+        ("text-first.csv", "text,id\nfirst,k1\nsecond,k2\n"),
+        ("in.jsonl", '{"id": "k1", "text": "first"}\n{"id": "k2", "text": "second"}\n'),
+    ],
+)
+def test_a_file_that_starts_with_a_byte_order_mark_reads_as_without(name: str, content: str, tmp_path: Path) -> None:
+    # Excel's "CSV UTF-8" and Windows editors write one: its header's first column kept its name, and its first
+    # JSON line was a row.
+    (tmp_path / name).write_bytes(codecs.BOM_UTF8 + content.encode())
+    [chunk] = Corpus(tmp_path / name, Columns(), pairs=False).chunks(100, 100)
+    assert chunk.ids == ["k1", "k2"] and chunk.values == [["first", "second"]] and not chunk.rejects
 
 
 def test_undecodable_csv_values_are_rejected_rows(tmp_path: Path) -> None:

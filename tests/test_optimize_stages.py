@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import warnings
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from tokenizers import Encoding, Tokenizer
 
 from container.optimize import export, fuse, masks, quantize, source, textset, tokenizer, validate
 from container.runtime import OnnxModel
+from tasks.errors import InputError
 from tasks.ops import pad_batch
 from tasks.registry import get_task
 from tests.conftest import ExportFactory, ModelFactory, TorchWork
@@ -354,6 +356,13 @@ def test_validation_file_formats(tmp_path: Path) -> None:
     assert [(s.text, s.pair, s.group) for s in samples] == [("q1", "a", 0), ("q1", "b", 0), ("q2", "c", 1)]
     with pytest.raises(Exception, match="ranking needs JSONL"):
         textset.file_samples(plain, pairs=True)
+    # Saved by a Windows tool: the byte order mark does not begin the first text (nor hide its JSON).
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(codecs.BOM_UTF8 + b'{"text": "first"}\n{"text": "second"}\n')
+    assert [s.text for s in textset.file_samples(marked, pairs=False)] == ["first", "second"]
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    with pytest.raises(InputError, match="is not UTF-8 text"):
+        textset.file_samples(tmp_path / "latin1.txt", pairs=False)
 
 
 @pytest.mark.parametrize("arch", ["bert", "distilbert"])

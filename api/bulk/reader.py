@@ -14,6 +14,7 @@ positions when the files have no id column.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 from collections.abc import Iterator
@@ -204,6 +205,7 @@ class _File:
 
     def _open_jsonl(self) -> Iterator[_Piece]:
         with self.path.open("rb") as file:
+            _skip_bom(file)
             first = self._first_object(file)
         self._id = self._id_column(list(first))
         if self._id is not None:
@@ -228,7 +230,7 @@ class _File:
         with self.path.open("rb") as file:
             ids: list[Any] = []
             values: list[list[Any]] = [[] for _ in self.names]
-            read = 0
+            read = _skip_bom(file)
             for line in file:
                 read += len(line)
                 if not line.strip():
@@ -254,7 +256,8 @@ class _File:
                 yield _Piece(ids if self._id is not None else None, values, read)
 
     def _open_csv(self) -> Iterator[_Piece]:
-        with self.path.open(newline="", encoding="utf-8", errors="replace") as f:
+        # utf-8-sig: the header without a byte order mark, as Arrow's reader (below) reads it.
+        with self.path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
             header = next(csv.reader(f), None)
         if not header:
             raise InputError(f"{self.path} is empty; CSV input needs a header line naming its columns")
@@ -445,3 +448,12 @@ def _one_format(folder: Path, files: list[Path]) -> str:
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _skip_bom(file: io.BufferedReader) -> int:
+    """Move `file` past a UTF-8 byte order mark at its start (Excel's "CSV UTF-8" and Windows editors write
+    one, Arrow's readers skip it, orjson refuses a line that starts with it); returns the bytes skipped."""
+    if file.read(len(codecs.BOM_UTF8)) == codecs.BOM_UTF8:
+        return len(codecs.BOM_UTF8)
+    file.seek(0)
+    return 0

@@ -155,9 +155,13 @@ def file_samples(path: Path, pairs: bool) -> list[Sample]:
     """The user's set: one text per line, or JSONL of {"text"} or {"query", "document"|"documents"}."""
     if not path.is_file():
         raise InputError(f"validation file {path} does not exist")
+    try:  # utf-8-sig: without the byte order mark Windows tools put first, which would begin the first text
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InputError(f"validation file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     samples: list[Sample] = []
     queries: dict[str, int] = {}
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
+    for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         if not line.lstrip().startswith("{"):
