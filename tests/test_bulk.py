@@ -414,6 +414,67 @@ def test_an_output_where_no_folder_can_be_made_stops_with_one_sentence(
     assert code == 2 and f"cannot write {out}: Not a directory" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("output", "args", "said"),
+    [
+        ("a-folder", ["--overwrite"], "is a folder; name a file to write"),  # it ran the whole job, then failed
+        ("o.csv", [], "writes Parquet or JSONL, not CSV"),  # it wrote Parquet into o.csv
+        ("o.parquet", ["-p", "dimensions=100000"], "dimensions"),  # it left a work folder that refused the fix
+    ],
+)
+def test_a_bad_output_stops_before_any_work_and_leaves_nothing_in_the_way(
+    fp32_bundle: ModelFactory,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    output: str,
+    args: list[str],
+    said: str,
+) -> None:
+    (tmp_path / "in.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "a-folder").mkdir()
+    bundle = fp32_bundle("feature-extraction")
+    capsys.readouterr()
+    code = hare(["run", str(bundle), "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / output), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-folder", "in.jsonl"]
+    assert hare(["run", str(bundle), "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.parquet"), "-q"]) == 0
+
+
+def test_a_job_stopped_before_its_first_part_leaves_no_job_to_resume(
+    fp32_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An id column that is not UTF-8 stops the job at its first chunk, after its work folder was made; the
+    # corrected file is another input, which that folder refused ("run the same command as before").
+    source, out = tmp_path / "in.csv", tmp_path / "o.parquet"
+    source.write_bytes(b"id,text\nabc,hello\ncaf\xe9,world\n")
+    bundle = fp32_bundle("feature-extraction")
+    command = ["run", str(bundle), "-i", str(source), "-o", str(out), "-q"]
+    assert hare(command) == 2 and "invalid UTF8" in capsys.readouterr().err
+    source.write_bytes("id,text\nabc,hello\ncafé,world\n".encode())
+    assert hare(command) == 0, capsys.readouterr().err
+    assert pq.read_table(out).column("id").to_pylist() == ["abc", "café"]
+
+
+def test_ids_json_has_no_form_for_are_written_as_text(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    ids = pa.array([b"doc-1", b"\xff-2"])
+    pq.write_table(pa.table({"id": ids, "text": ["a", ""]}), tmp_path / "in.parquet")
+    out = tmp_path / "o.jsonl"
+    run_job(settings(fp32_bundle("feature-extraction")), BulkOptions(tmp_path / "in.parquet", out))
+    assert [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()] == ["doc-1"]
+    assert orjson.loads((tmp_path / "o.rejects.jsonl").read_bytes())["id"] == "\\xff-2"
+
+
+def test_an_input_without_rows_gives_the_output_columns(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    # Spark writes empty partitions as empty files: a folder of them beside others is read past.
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "part-0.jsonl").write_text("")
+    (tmp_path / "in" / "part-1.jsonl").write_text('{"id": "k", "text": ""}\n')
+    run_job(settings(fp32_bundle("feature-extraction")), BulkOptions(tmp_path / "in", tmp_path / "o.parquet"))
+    schema = pq.read_schema(tmp_path / "o.parquet")
+    assert schema.names == ["id", "embeddings", "truncated"] and schema.field("id").type == pa.string()
+
+
 def test_a_parquet_column_that_is_not_text_stops(tmp_path: Path) -> None:
     pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "in.parquet")
     with pytest.raises(Exception, match=r"column text of .* holds int64, not text"):

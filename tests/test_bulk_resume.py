@@ -16,9 +16,11 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from api.bulk import checkpoint
 from api.bulk.job import BulkOptions, run_job
 from api.config import Settings
-from tests.conftest import ModelFactory
+from container.optimize import pipeline
+from tests.conftest import ModelFactory, TorchWork, quick_bundle
 
 ROWS, CHUNK = 3000, 50
 
@@ -100,8 +102,65 @@ def test_another_job_in_the_folder_is_refused(fp32_bundle: ModelFactory, tmp_pat
         run_job(settings, BulkOptions(source, out, chunk_rows=CHUNK + 1, max_chars=2000))
     with pytest.raises(Exception, match="holds an unfinished job with another truncation_direction"):
         run_job(settings, BulkOptions(source, out, chunk_rows=CHUNK, max_chars=2000, truncation_direction="left"))
-    with pytest.raises(Exception, match="already exists; delete it or pass --overwrite"):
-        run_job(settings, BulkOptions(source, tmp_path / "in.jsonl", chunk_rows=CHUNK))
+    with pytest.raises(Exception, match="is the input or inside it"):
+        run_job(settings, BulkOptions(source, tmp_path / "in.jsonl", chunk_rows=CHUNK, overwrite=True))
+
+
+def test_a_second_job_on_the_same_output_is_refused_while_the_first_runs(
+    fp32_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    # Both once wrote the same parts and merged through the same temporary file: a corrupt output behind exit 0.
+    # The first job here is one killed midway whose folder this process then holds, as a running job does.
+    bundle = fp32_bundle("feature-extraction")
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": f"row {i}"}) + b"\n" for i in range(ROWS)))
+    out, folder = tmp_path / "out.parquet", tmp_path / "out.parquet.parts"
+    command = hare_run(bundle, source, out)
+    kill_after(command, folder, 1)
+    job = orjson.loads((folder / checkpoint.JOB_FILE).read_bytes())
+    with checkpoint.open_folder(out, job, overwrite=False) as running:
+        assert running.resumed
+        second = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and "another hare run is writing" in second.stderr, second.stderr
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    assert pq.read_table(out).column("id").to_pylist() == [f"d{i}" for i in range(ROWS)]
+
+
+@pytest.fixture(scope="module")
+def openvino_bundle(tiny_model: ModelFactory, torch_work: TorchWork, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny embedding bundle that OpenVINO runs (bf16, the offer forced as tests/test_openvino.py does)."""
+    pytest.importorskip("openvino")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pipeline, "bf16_capable", lambda: True)
+        out = tmp_path_factory.mktemp("openvino") / "bundle"
+        return quick_bundle(tiny_model("feature-extraction"), "feature-extraction", out, ["bf16"], torch_work)
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_ctrl_c_stops_the_job_cleanly_and_the_same_command_finishes_it(
+    runtime: str, fp32_bundle: ModelFactory, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # With its model threads left in OpenVINO's calls as the interpreter exited, the process aborted (SIGABRT,
+    # "terminate called without an active exception").
+    bundle = (
+        fp32_bundle("feature-extraction") if runtime == "onnxruntime" else request.getfixturevalue("openvino_bundle")
+    )
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(orjson.dumps({"text": f"row {i} " * 30}) + b"\n" for i in range(ROWS)))
+    out, folder = tmp_path / "out.parquet", tmp_path / "out.parquet.parts"
+    command = hare_run(bundle, source, out)
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as process:
+        deadline = time.monotonic() + 120
+        while len(list(folder.glob("part-*"))) < 2 and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.01)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and "terminate" not in err, (process.returncode, err)
+    assert not out.exists()
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0 and "done by an earlier run" in finished.stdout, finished.stderr
+    assert pq.read_table(out).column("id").to_pylist() == list(range(ROWS))
 
 
 def test_a_folder_changed_since_the_kill_is_another_input(fp32_bundle: ModelFactory, tmp_path: Path) -> None:

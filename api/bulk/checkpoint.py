@@ -12,8 +12,9 @@ every chunk is done the parts are merged into OUTPUT and the folder removed.
 
 from __future__ import annotations
 
+import fcntl
 import json
-import shutil
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,43 +37,110 @@ def describe_input(path: Path, files: list[Path]) -> dict[str, Any]:
     return {"path": str(path.resolve()), "files": [[name, s.st_size, s.st_mtime_ns] for name, s in found]}
 
 
-def open_folder(output: Path, job: dict[str, Any], overwrite: bool) -> tuple[Path, bool]:
-    """The work folder for `job` (made if new) and whether it was there already (a resumed run)."""
+class WorkFolder:
+    """A job's work folder, locked while the job runs (`with`): a second `hare run` on the same output is
+    refused rather than writing the same parts and merging into the same temporary file. The lock is the
+    kernel's (flock on the folder), so a process killed at any point holds it no longer."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.resumed = False
+        self._fd: int | None = fd
+
+    def __enter__(self) -> WorkFolder:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        """Remove the folder once its parts are merged: the parts first, job.json last, so a run killed midway
+        still finds a folder it can resume (and rewrite the missing parts)."""
+        for path in sorted(self.path.iterdir()):
+            if path.name != JOB_FILE:
+                path.unlink()
+        (self.path / JOB_FILE).unlink()
+        self.path.rmdir()
+
+
+def open_folder(output: Path, job: dict[str, Any], overwrite: bool) -> WorkFolder:
+    """The work folder for `job`, locked: made if new, resumed (`resumed`) if it holds the same job. A folder
+    that holds no committed part (its run stopped before its first chunk was written, or was refused after
+    the folder was made) is taken over by this job; one with parts of another job stops it with a sentence."""
     folder = work_folder(output)
-    found = folder / JOB_FILE
-    if found.is_file():
+    while True:
+        if not folder.is_dir():
+            if output.exists() and not overwrite:
+                raise InputError(f"{output} already exists; delete it or pass --overwrite")
+            try:
+                folder.mkdir(parents=True)
+            except FileExistsError:  # another run made it just now: the lock decides
+                pass
+            except OSError as exc:
+                raise InputError(
+                    f"cannot write {output}: {exc.strerror} ({exc.filename}); give an output in a folder this "
+                    "user can write"
+                ) from exc
+        work = _locked(folder, output)
+        if work is None:  # merged and removed by the run that held it: look again
+            continue
         try:
-            before = json.loads(found.read_text())
-        except ValueError:
-            before = None
-        if before != job:
-            changed = sorted(k for k in job if not isinstance(before, dict) or before.get(k) != job[k])
-            raise InputError(
-                f"{folder} holds an unfinished job with another {', '.join(changed) or 'description'}; run the "
-                f"same command as before to finish it, or delete {folder} to start over"
-            )
-        return folder, True
-    if output.exists() and not overwrite:
-        raise InputError(f"{output} already exists; delete it or pass --overwrite")
-    if folder.exists():  # a folder from a run killed before it wrote job.json: nothing of it can be trusted
-        shutil.rmtree(folder)
+            before = _job(folder)
+            if before == job:
+                work.resumed = True
+                return work
+            if any(folder.glob("part-*")):
+                changed = sorted(k for k in job if before is None or before.get(k) != job[k])
+                raise InputError(
+                    f"{folder} holds an unfinished job with another {', '.join(changed) or 'description'}; run the "
+                    f"same command as before to finish it, or delete {folder} to start over"
+                )
+            if output.exists() and not overwrite:
+                raise InputError(f"{output} already exists; delete it or pass --overwrite")
+            for stale in folder.iterdir():  # nothing of a run without a committed part is worth keeping
+                stale.unlink()
+            tmp = folder / (JOB_FILE + ".tmp")
+            tmp.write_text(json.dumps(job, indent=1, sort_keys=True))
+            tmp.replace(folder / JOB_FILE)
+            return work
+        except BaseException:
+            work.release()
+            raise
+
+
+def _locked(folder: Path, output: Path) -> WorkFolder | None:
+    """`folder` locked by this process (InputError if another holds it), or None if it was removed between
+    its opening and its locking."""
     try:
-        folder.mkdir(parents=True)
-    except OSError as exc:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
         raise InputError(
-            f"cannot write {output}: {exc.strerror} ({exc.filename}); give an output in a folder this user can write"
-        ) from exc
-    tmp = found.with_name(JOB_FILE + ".tmp")
-    tmp.write_text(json.dumps(job, indent=1, sort_keys=True))
-    tmp.replace(found)
-    return folder, False
+            f"another hare run is writing {output} ({folder} is in use); wait for it to finish, or give another output"
+        ) from None
+    try:
+        same = os.stat(folder).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        same = False
+    if not same:
+        os.close(fd)
+        return None
+    return WorkFolder(folder, fd)
 
 
-def close_folder(folder: Path) -> None:
-    """Remove the work folder once its parts are merged: the parts first, job.json last, so a run killed
-    midway still finds a folder it can resume (and rewrite the missing parts)."""
-    for path in sorted(folder.iterdir()):
-        if path.name != JOB_FILE:
-            path.unlink()
-    (folder / JOB_FILE).unlink()
-    folder.rmdir()
+def _job(folder: Path) -> dict[str, Any] | None:
+    """The job a folder's job.json describes (None: none, or unreadable)."""
+    try:
+        before = json.loads((folder / JOB_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return before if isinstance(before, dict) else None

@@ -216,8 +216,11 @@ def report(summary: Summary) -> Table:
     if summary.resumed:
         table.add_row("resumed", f"{summary.skipped:,} rows were done by an earlier run")
     table.add_row("rejected", f"{summary.rejected:,}" + (f" -> {summary.rejects}" if summary.rejected else ""))
-    for reason, count in summary.reasons.most_common(5):
+    kinds = summary.reasons.most_common()
+    for reason, count in kinds[:5]:
         table.add_row("", f"{count:,} {reason}")
+    if len(kinds) > 5:
+        table.add_row("", f"{sum(c for _, c in kinds[5:]):,} for {len(kinds) - 5} other reasons (in the rejects file)")
     table.add_row("time", f"{summary.seconds:,.1f} s, {summary.rate:,.1f} rows/s, {summary.tokens:,} tokens")
     return table
 

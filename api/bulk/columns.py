@@ -46,7 +46,16 @@ class Answers:
         """The rows as JSON lines, numbers as /predict writes them (float32 vectors at float32 precision)."""
         for row_id, item, cut in zip(self.ids, self.items, self.truncated, strict=True):
             fields = item if isinstance(item, dict) else {self.name: item}
-            yield orjson.dumps({"id": row_id, **fields, "truncated": cut}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+            row = {"id": row_id, **fields, "truncated": cut}
+            yield orjson.dumps(row, default=json_id, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+
+
+def json_id(value: Any) -> str:
+    """An id orjson has no form for, as text: a Parquet binary id as its UTF-8 (bytes that are not, escaped),
+    a decimal as its digits."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return str(value)
 
 
 def per_input(body: Any, task: TaskSpec, n: int) -> list[Any]:

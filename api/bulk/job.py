@@ -29,6 +29,7 @@ from api.bulk.model import BulkModel, Work
 from api.bulk.reader import Chunk, Columns, Corpus
 from api.bulk.writer import Parts, output_format
 from api.config import Settings
+from tasks.errors import InputError
 
 IN_FLIGHT = 4  # chunks between reading and writing: one tokenized ahead, two on the model, one being written
 CHUNK_ROWS = 4096  # rows per chunk: the unit of resuming, and of length-sorting (more rows, less padding)
@@ -100,6 +101,7 @@ class Progress:
 def run_job(settings: Settings, options: BulkOptions, progress: Progress | None = None) -> Summary:
     """Run `options.input` through the bundle of `settings` into `options.output`; see the module docstring."""
     progress = progress or Progress()
+    _check_output(options.input, options.output)
     model = BulkModel(settings, options.parameters, options.long_input, options.truncation_direction)
     model.check(options.columns)
     corpus = Corpus(options.input, options.columns, model.task.pairs, options.input_format)
@@ -119,20 +121,29 @@ def run_job(settings: Settings, options: BulkOptions, progress: Progress | None 
     }
     if model.side != "right":  # only where asked: a job begun before the option existed resumes as it was
         job["truncation_direction"] = model.side
-    folder, resumed = checkpoint.open_folder(options.output, job, options.overwrite)
-    parts = Parts(folder, fmt)
-    done = parts.done()
-    model.probe()
-    streams = options.streams or model.streams
-    summary = Summary(options.output, options.rejects_path, resumed=resumed)
-    progress.start(corpus.size, "rows" if corpus.format == "parquet" else "bytes", streams, model.batching)
-    start, cpu = time.perf_counter(), time.process_time()
-    pipeline = _Pipeline(model, parts, corpus.id_type, streams, progress, summary)
-    chunks = pipeline.run(corpus.chunks(options.chunk_rows, max_chars, done))
-    summary.seconds, summary.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
-    summary.rejected = parts.merge(chunks, options.output, summary.rejects)
-    checkpoint.close_folder(folder)
+    schema = model.probe(corpus.id_type)  # before the work folder: a job refused here leaves nothing behind
+    with checkpoint.open_folder(options.output, job, options.overwrite) as work:
+        parts = Parts(work.path, fmt)
+        done = parts.done()
+        streams = options.streams or model.streams
+        summary = Summary(options.output, options.rejects_path, resumed=work.resumed)
+        progress.start(corpus.size, "rows" if corpus.format == "parquet" else "bytes", streams, model.batching)
+        start, cpu = time.perf_counter(), time.process_time()
+        pipeline = _Pipeline(model, parts, corpus.id_type, streams, progress, summary)
+        chunks = pipeline.run(corpus.chunks(options.chunk_rows, max_chars, done))
+        summary.seconds, summary.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+        summary.rejected = parts.merge(chunks, options.output, summary.rejects, schema)
+        work.close()
     return summary
+
+
+def _check_output(source: Path, output: Path) -> None:
+    """Refuse an output that would replace the input, be read as part of it, or that names a folder."""
+    source, target = source.resolve(), output.resolve()
+    if target == source or source in target.parents:
+        raise InputError(f"the output {output} is the input or inside it; give an output outside {source}")
+    if output.is_dir():
+        raise InputError(f"the output {output} is a folder; name a file to write, such as {output / 'out.parquet'}")
 
 
 class _Pipeline:
@@ -167,6 +178,10 @@ class _Pipeline:
             _join(writer)
         except BaseException:  # Ctrl-C: stop the threads, leave the committed parts for the next run
             self.stop.set()
+            # Each ends within a model call: one still inside it when the interpreter exits aborts the process
+            # ("terminate called without an active exception").
+            for thread in (reader, *model, writer):
+                _join(thread)
             raise
         if self.error is not None:
             raise self.error
@@ -251,5 +266,6 @@ def _join(thread: threading.Thread) -> None:
 
 
 def _reason_kind(reason: str) -> str:
-    """A reason without its particulars (a parser's message, lengths, line numbers), for the summary's counts."""
-    return " ".join(w for w in reason.split(":")[0].split() if not any(c.isdigit() for c in w))
+    """A reason without its particulars (a parser's message; lengths and line numbers as N), for the summary's
+    counts: "line N of a.csv has N fields, the header N"."""
+    return " ".join("N" if any(c.isdigit() for c in w) else w for w in reason.split(":")[0].split())

@@ -110,13 +110,14 @@ class BulkModel:
         if columns.text_pair is not None and not self.task.text_pairs:
             raise InputError(f"{self.task.name} reads single texts: --text-pair-column is text-classification's")
 
-    def probe(self) -> None:
+    def probe(self, id_type: pa.DataType) -> pa.Schema:
         """One text through the whole path before the job starts, so that parameters the model cannot answer
-        (dimensions above its width) stop it at once rather than at its first chunk."""
-        chunk = Chunk(0, 0, 1, 0, ids=[0], positions=[0], values=[["hello"]] * (2 if self.task.pairs else 1))
+        (dimensions above its width) stop it at once rather than at its first chunk; returns the output's
+        schema (ids of `id_type`), so that every output has every column (api/bulk/writer.py, Parts.merge)."""
+        chunk = Chunk(0, 0, 1, 0, ids=[None], positions=[0], values=[["hello"]] * (2 if self.task.pairs else 1))
         work = self.encode(chunk)
         self.run(work, [0])
-        self.answer(work, pa.int64())
+        return self.answer(work, id_type).table().schema
 
     def encode(self, chunk: Chunk) -> Work:
         """Tokenize the chunk's good rows as /predict's requests would be (all texts as one request; for

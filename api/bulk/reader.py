@@ -406,8 +406,8 @@ def _text_id(value: Any) -> str | None:
 
 def corpus_files(path: Path, fmt: str | None = None) -> list[Path]:
     """The files of the input `path`: itself, or a folder's files (its subfolders' too) whose suffix names a
-    format (`fmt`, where given), in name order, hidden ones and those whose name starts with "_" (Spark's
-    _SUCCESS) left out."""
+    format (`fmt`, where given), in name order, hidden ones, those whose name starts with "_" (Spark's
+    _SUCCESS) and empty ones (Spark's empty partitions) left out."""
     if path.is_file():
         return [path]
     if not path.is_dir():
@@ -422,7 +422,9 @@ def corpus_files(path: Path, fmt: str | None = None) -> list[Path]:
     if not files:
         names = ", ".join(f"*{s}" for s, named in SUFFIXES.items() if fmt in (None, named))
         raise InputError(f"the folder {path} holds no file named {names}")
-    return files
+    if not (full := [f for f in files if f.stat().st_size > 0]):
+        raise InputError(f"every file of the folder {path} is empty: there are no rows to run")
+    return full
 
 
 def input_format(path: Path) -> str:

@@ -19,8 +19,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from api.bulk.columns import Answers
+from api.bulk.columns import Answers, json_id
 from api.bulk.reader import Reject
+from tasks.errors import InputError
 
 OUTPUT_FORMATS = ("parquet", "jsonl")
 TMP = ".tmp"
@@ -30,6 +31,8 @@ def output_format(path: Path, asked: str | None) -> str:
     """The output's format: as asked, else JSONL for a .jsonl/.ndjson/.json name, else Parquet."""
     if asked:
         return asked
+    if path.suffix.lower() in (".csv", ".tsv"):
+        raise InputError(f"{path}: hare run writes Parquet or JSONL, not CSV; name the output .parquet or .jsonl")
     return "jsonl" if path.suffix.lower() in (".jsonl", ".ndjson", ".json") else "parquet"
 
 
@@ -63,15 +66,17 @@ class Parts:
             _commit(self.part(index), lambda f: f.writelines(answers.lines()))
         return self.part(index).stat().st_size
 
-    def merge(self, chunks: int, output: Path, rejects: Path) -> int:
+    def merge(self, chunks: int, output: Path, rejects: Path, schema: pa.Schema) -> int:
         """Parts 0..chunks-1 into `output` and their rejects into `rejects` (removed if none), each written
         beside and renamed over; returns the rejected rows. Parquet parts are streamed a row group at a time,
-        their schemas unified (a chunk whose outputs were all empty lists has null-typed lists)."""
+        their schemas unified with `schema`, the output's as the model answers (a chunk whose outputs were all
+        empty lists has null-typed lists, one whose rows were all rejected no answer column): an input without
+        a row to answer gives a file with the columns a reader expects."""
         parts = [self.part(i) for i in range(chunks)]
         if self.format == "parquet":
-            schemas = [pq.read_schema(p) for p in parts] or [pa.schema([("id", pa.int64())])]  # an empty input
-            schema = pa.unify_schemas(schemas, promote_options="permissive")
-            _commit(output, lambda f: _merge_parquet(parts, schema, f))
+            schemas = [schema, *(pq.read_schema(p) for p in parts)]
+            unified = pa.unify_schemas(schemas, promote_options="permissive")
+            _commit(output, lambda f: _merge_parquet(parts, unified, f))
         else:
             _commit(output, lambda f: _concatenate(parts, f))
         found = [self.rejects(i) for i in range(chunks) if self.rejects(i).is_file()]
@@ -123,4 +128,4 @@ def _concatenate(parts: list[Path], out: Any) -> None:
 
 def _reject_line(reject: Reject) -> bytes:
     line = {"row": reject.row, "id": reject.id, "reason": reject.reason}
-    return orjson.dumps(line, default=str) + b"\n"  # default: ids orjson has no form for (bytes) as text
+    return orjson.dumps(line, default=json_id) + b"\n"
