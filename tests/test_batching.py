@@ -233,6 +233,33 @@ async def test_requests_whose_caller_left_are_skipped() -> None:
     await batcher.close()
 
 
+async def test_a_request_whose_caller_left_leaves_no_work_on_the_machines_page(tmp_path: Path) -> None:
+    # Its sequences left the queue when their turn came, unpublished: the page kept them as work, so admission
+    # (which reads the page) refused every later request, and nothing that could publish ever ran again.
+    gate = threading.Event()
+
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
+        gate.wait(5)
+        return echo([])(batch, width, pooling)
+
+    pool = CorePool(1, tmp_path)
+    batcher: Batcher[str] = Batcher(run, policy(max_items=1), pool=pool)
+    batcher.start()
+    first = asyncio.ensure_future(ask(batcher, ["first"]))
+    await asyncio.sleep(0.05)
+    gone = asyncio.ensure_future(ask(batcher, ["gone " * 200] * 4))
+    await asyncio.sleep(0.01)
+    assert pool.queued() >= 4 * 1000  # its four sequences wait behind the first
+    gone.cancel()
+    gate.set()
+    await first
+    await asyncio.sleep(0.05)
+    assert pool.queued() == 0 and batcher.backlog == 0
+    assert batcher.refusal() is None
+    await batcher.close()
+    pool.close()
+
+
 async def test_admission_refuses_beyond_capacity_at_once() -> None:
     batcher = make(echo([]), capacity=2)
     with batcher.admit(), batcher.admit():

@@ -345,10 +345,12 @@ class Batcher(Generic[T]):
             log.exception("batching error")
             self._fail_pending(InferenceFailed("the server could not batch this request; see the server log"))
             return
-        if not batch:
-            return
+        # Published even when empty: taking drops the sequences of requests whose callers left, and the page
+        # must lose them too, or admission (which reads it) refuses every request while nothing runs to publish.
         self._publish()
         self._report_depth()
+        if not batch:
+            return
         jobs = list(dict.fromkeys(e.job for e in batch))
         start = time.perf_counter()
         for job in jobs:
