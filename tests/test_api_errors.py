@@ -108,6 +108,16 @@ async def test_bad_input_table(
     refused(await classifier.post("/predict", content=body), status, kind, *words)
 
 
+async def test_a_stride_over_half_a_window_is_refused(classifier: AppClient) -> None:
+    # Nearer a whole window each window moved a token or two: 2.6 KB of text became 147,200 tokens to run.
+    half = classifier.resources.limits.window_tokens // 2
+    text = "word " * 300
+    answer = await classifier.post("/predict", json={"inputs": text, "parameters": {"stride": half}})
+    assert answer.status_code == 200 and int(answer.headers["x-compute-tokens"]) < 4 * 300
+    over = await classifier.post("/predict", json={"inputs": text, "parameters": {"stride": half + 1}})
+    refused(over, 422, "InvalidRequest", "parameters.stride", f"from 0 to {half}", "half")
+
+
 async def test_bodies_over_the_cap_are_refused_before_reading(classifier: AppClient) -> None:
     huge = b'{"inputs": "' + b"a" * (10 * 2**20) + b'"}'
     refused(await classifier.post("/predict", content=huge), 413, "InputTooLong", "bytes")

@@ -185,7 +185,7 @@ async def test_openapi_and_docs(ner: AppClient) -> None:
     assert {"aggregation_strategy", "ignore_labels", "truncate", "long_input", "stride"} <= set(properties)
     # Derived from the specs the server reads with, and from its limits and error table.
     assert properties["aggregation_strategy"]["enum"] == ["none", "simple", "first", "average", "max"]
-    assert properties["stride"]["maximum"] == ner.resources.limits.window_tokens - 1
+    assert properties["stride"]["maximum"] == ner.resources.limits.window_tokens // 2
     assert params["additionalProperties"] is False
     assert set(predict["responses"]) == {"200", "400", "401", "413", "415", "422", "429", "500", "503"}
     assert "retry-after" in predict["responses"]["429"]["headers"]

@@ -20,6 +20,7 @@ from api.web.schemas import COMMON
 from api.web.state import Resources
 from container.runtime import InferenceFailed
 from tasks import params
+from tasks.base import max_stride
 from tasks.errors import HareError, InputError, InputTooLong, InvalidRequest
 
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -127,7 +128,7 @@ class Shapes:
         self.text = {"type": "string", "minLength": 1, "maxLength": limits.max_input_chars}
         self.texts = {"type": "array", "items": self.text, "minItems": 1, "maxItems": limits.max_inputs}
         self.bounds: dict[str, Any] = {
-            "stride": limits.window_tokens - 1,
+            "stride": max_stride(limits.window_tokens),
             "prompts": list(res.model.prompts),
             "pair_template": bool(res.model.pair_template),
             "heads": list(res.model.heads),

@@ -43,8 +43,8 @@ COMMON: dict[str, params.Spec] = {
         options=LONG_INPUT,
     ),
     "stride": params.Integer(
-        "tokens shared by neighbouring windows (default: a quarter of a window), less than a window's content "
-        'tokens; given alone it implies long_input "window", and long_input "truncate" ignores it',
+        "tokens shared by neighbouring windows (default: a quarter of a window), at most half a window's "
+        'content tokens; given alone it implies long_input "window", and long_input "truncate" ignores it',
         minimum=0,
         bound="stride",
     ),
