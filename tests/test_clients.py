@@ -147,8 +147,14 @@ def check_openai(client: openai.OpenAI, url: str) -> None:
     assert np.linalg.norm(packed.data[0].embedding) == pytest.approx(1.0, abs=1e-5)  # re-normalized
     assert [m.id for m in client.models.list()] == [NAME]
     assert client.models.retrieve(NAME).owned_by == "hare"
-    with pytest.raises(openai.NotFoundError):
+    # The client shows what to fix, as for OpenAI's own refusals (on hare's shape: "Error code: 400" alone).
+    with pytest.raises(openai.NotFoundError, match=r"Error code: 404 - .*gpt-4"):
         client.models.retrieve("gpt-4")
+    with pytest.raises(openai.BadRequestError, match=r"Error code: 400 - .*empty"):
+        client.embeddings.create(model=NAME, input="")
+    with pytest.raises(openai.UnprocessableEntityError, match=r"Error code: 422 - .*dimensions") as refused:
+        client.embeddings.create(model=NAME, input=TEXTS[0], dimensions=10_000)
+    assert refused.value.type == "InvalidRequest"
 
 
 # Cohere v1 and v2, Jina's shape

@@ -1,6 +1,7 @@
 """The HTTP face's errors, the one table from hare's whole error tree to HTTP statuses, and the one way an
 error becomes an answer: {"error": "<what to fix>", "type": "<ErrorClass>"} (plus "error_type", the same name,
-as issue 3 spelled the field), with the headers its class calls for.
+as issue 3 spelled the field; on OpenAI's routes OpenAI's {"error": {"message", "type", "param", "code"}}), with the
+headers its class calls for.
 
 HareError (tasks/errors.py)                       500
 ├── InputError (tasks/errors.py)                  400
@@ -82,13 +83,20 @@ def status_of(exc: HareError) -> int:
     return 500
 
 
-def body(message: str, kind: str) -> bytes:
-    """The one JSON shape of every error answer."""
+# OpenAI's routes. Its clients read an error's text from {"error": {"message"}} alone (openai 3.54 raised
+# "Error code: 400" and nothing more on hare's shape), so these answer OpenAI's shape, the same message and type.
+OPENAI_ROUTES = ("/v1/embeddings", "/v1/models")
+
+
+def body(message: str, kind: str, path: str = "") -> bytes:
+    """The JSON of an error answer: hare's one shape, or on OpenAI's routes (`path`) OpenAI's."""
+    if path.startswith(OPENAI_ROUTES):
+        return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
     return orjson.dumps({"error": message, "type": kind, "error_type": kind})
 
 
-def answer(exc: HareError) -> tuple[int, dict[str, str], bytes]:
-    """What `exc` answers: its status, the headers its class calls for, and the body."""
+def answer(exc: HareError, path: str = "") -> tuple[int, dict[str, str], bytes]:
+    """What `exc` answers on `path`: its status, the headers its class calls for, and the body."""
     headers = {}
     if isinstance(exc, Overloaded):
         # A refused client that hammers on must reconnect (accept() is cheap, and the backlog bounds it)
@@ -96,12 +104,12 @@ def answer(exc: HareError) -> tuple[int, dict[str, str], bytes]:
         headers = {"retry-after": str(exc.details.get("retry_after", 1)), "connection": "close"}
     elif isinstance(exc, Unauthorized):
         headers = {"www-authenticate": "Bearer"}
-    return status_of(exc), headers, body(exc.message, type(exc).__name__)
+    return status_of(exc), headers, body(exc.message, type(exc).__name__, path)
 
 
-def error_response(exc: HareError) -> Response:
+def error_response(exc: HareError, path: str = "") -> Response:
     """`answer` as a Starlette response."""
-    status, headers, content = answer(exc)
+    status, headers, content = answer(exc, path)
     return Response(content, status_code=status, headers=headers, media_type=JSON)
 
 
@@ -140,7 +148,7 @@ class RefuseEarly:
             if res is not None and refusal is not None:
                 res.metrics.errors.labels(type(refusal).__name__).inc()
                 await drop_body(scope, receive, res.limits.max_body_bytes)
-                await error_response(refusal)(scope, receive, send)
+                await error_response(refusal, scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -166,7 +174,7 @@ async def on_hare_error(request: Request, exc: Exception) -> Response:
     if status_of(exc) >= 500:
         log.error("%s %s: %s: %s", request.method, request.url.path, kind, exc.message, exc_info=exc.__cause__)
     _count(request, kind)
-    return error_response(exc)
+    return error_response(exc, request.url.path)
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -180,13 +188,15 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
         message = exc.detail
     kind = HTTPStatus(exc.status_code).phrase.replace(" ", "")
     _count(request, kind)
-    return Response(body(message, kind), status_code=exc.status_code, headers=exc.headers, media_type=JSON)
+    content = body(message, kind, request.url.path)
+    return Response(content, status_code=exc.status_code, headers=exc.headers, media_type=JSON)
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
     """A bug: 500 without details (Starlette re-raises afterwards, so the server logs the traceback)."""
     _count(request, "InternalError")
-    return Response(body("internal error; the server log has the details", "InternalError"), 500, media_type=JSON)
+    content = body("internal error; the server log has the details", "InternalError", request.url.path)
+    return Response(content, 500, media_type=JSON)
 
 
 HANDLERS = {HareError: on_hare_error, HTTPException: on_http_error, Exception: on_unexpected}

@@ -20,6 +20,23 @@ ERROR_SCHEMA = {
     "required": ["error", "type"],
     "properties": {"error": {"type": "string"}, "type": {"type": "string"}, "error_type": {"type": "string"}},
 }
+# api/web/errors.py's body on OpenAI's routes.
+OPENAI_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
 
 
 def paths(res: Resources) -> dict[str, Any]:
@@ -61,7 +78,7 @@ def spec(res: Resources) -> dict[str, Any]:
         "paths": paths(res),
         "security": security,
         "components": {
-            "schemas": {"Error": ERROR_SCHEMA},
+            "schemas": {"Error": ERROR_SCHEMA, "OpenAIError": OPENAI_ERROR_SCHEMA},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }

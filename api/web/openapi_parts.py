@@ -24,6 +24,7 @@ from tasks.base import max_stride
 from tasks.errors import HareError, InputError, InputTooLong, InvalidRequest
 
 ERROR = {"$ref": "#/components/schemas/Error"}
+OPENAI_ERROR = {"$ref": "#/components/schemas/OpenAIError"}  # the error shape of OpenAI's routes
 # What each kind of route can fail with (their statuses come from api/web/errors.py's table).
 INFER_ERRORS: tuple[type[HareError], ...] = (
     InputError,
@@ -63,11 +64,12 @@ def response(schema: Mapping[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def errors(kinds: Iterable[type[HareError]]) -> dict[str, Any]:
-    """The error responses for `kinds`, by the status the error table gives each (429 with Retry-After)."""
+def errors(kinds: Iterable[type[HareError]], shape: Mapping[str, Any] = ERROR) -> dict[str, Any]:
+    """The error responses for `kinds`, by the status the error table gives each (429 with Retry-After), their
+    body of `shape`."""
     answers: dict[str, Any] = {}
     for status in sorted({STATUS[k] for k in kinds}):
-        answer = response(ERROR, WHY[status])
+        answer = response(shape, WHY[status])
         if status == STATUS[Overloaded]:
             answer["headers"] = {"retry-after": {"required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
         answers[str(status)] = answer
@@ -86,19 +88,25 @@ def ok(schema: Mapping[str, Any], description: str, compute: bool = True) -> dic
 
 
 def post(
-    summary: str, body: Mapping[str, Any], done: dict[str, Any], kinds: Iterable[type[HareError]]
+    summary: str,
+    body: Mapping[str, Any],
+    done: dict[str, Any],
+    kinds: Iterable[type[HareError]],
+    shape: Mapping[str, Any] = ERROR,
 ) -> dict[str, Any]:
-    """An operation taking a required JSON body, answering `done` (200) or the errors of `kinds`."""
+    """An operation taking a required JSON body, answering `done` (200) or the errors of `kinds` (`shape`)."""
     return {
         "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-        "responses": {"200": done, **errors(kinds)},
+        "responses": {"200": done, **errors(kinds, shape)},
     }
 
 
-def get(summary: str, done: dict[str, Any], kinds: Iterable[type[HareError]] = ()) -> dict[str, Any]:
-    """An operation without a body, answering `done` (200) or the errors of `kinds`."""
-    return {"summary": summary, "responses": {"200": done, **errors(kinds)}}
+def get(
+    summary: str, done: dict[str, Any], kinds: Iterable[type[HareError]] = (), shape: Mapping[str, Any] = ERROR
+) -> dict[str, Any]:
+    """An operation without a body, answering `done` (200) or the errors of `kinds` (`shape`)."""
+    return {"summary": summary, "responses": {"200": done, **errors(kinds, shape)}}
 
 
 def closed(properties: Mapping[str, Any], required: Iterable[str] = (), **extra: Any) -> dict[str, Any]:

@@ -19,7 +19,17 @@ from starlette.responses import Response
 from api.engine.pipeline import PredictRequest
 from api.web import schemas
 from api.web.errors import NotFound
-from api.web.openapi_parts import INFER_ERRORS, MODEL_ERRORS, Shapes, closed, get, ok, post, response
+from api.web.openapi_parts import (
+    INFER_ERRORS,
+    MODEL_ERRORS,
+    OPENAI_ERROR,
+    Shapes,
+    closed,
+    get,
+    ok,
+    post,
+    response,
+)
 from api.web.protocols.base import embeddings as needs_embeddings
 from api.web.protocols.base import guarded, infer, json_response, reply
 from api.web.state import Resources
@@ -130,7 +140,7 @@ def embeddings_operation(s: Shapes) -> dict[str, Any] | None:
         },
         ["object", "data", "model", "usage"],
     )
-    return post("OpenAI's embeddings API", body, ok(answer, "the embeddings"), INFER_ERRORS)
+    return post("OpenAI's embeddings API", body, ok(answer, "the embeddings"), INFER_ERRORS, OPENAI_ERROR)
 
 
 def models_operation(s: Shapes) -> dict[str, Any]:
@@ -139,8 +149,10 @@ def models_operation(s: Shapes) -> dict[str, Any]:
         "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": MODEL}},
         "required": ["object", "data"],
     }
-    return get("OpenAI's model list: this server's one model", response(listed, "the model"), MODEL_ERRORS)
+    return get(
+        "OpenAI's model list: this server's one model", response(listed, "the model"), MODEL_ERRORS, OPENAI_ERROR
+    )
 
 
 def model_operation(s: Shapes) -> dict[str, Any]:
-    return get("OpenAI's model", response(MODEL, "the model"), MODEL_ERRORS)
+    return get("OpenAI's model", response(MODEL, "the model"), MODEL_ERRORS, OPENAI_ERROR)
