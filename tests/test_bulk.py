@@ -277,6 +277,10 @@ def test_chunks_are_the_same_rows_however_the_file_is_read(tmp_path: Path) -> No
         (0, 0, 300, False), (1, 300, 300, True), (2, 600, 300, False), (3, 900, 100, False)
     ]  # fmt: skip
     assert chunks[2].ids == [f"i{i}" for i in range(600, 900)] and chunks[3].values[0][-1] == "row 999"
+    # Progress: chunks smaller than the reader's pieces stand where their rows end, not all at the piece's end.
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    ends = [c.end for c in Corpus(source, Columns(), pairs=False).chunks(100, 100)]
+    assert ends == sorted(set(ends)) and ends[-1] == source.stat().st_size and ends[4] < 0.6 * ends[-1]
 
 
 async def test_a_folder_of_shards_is_one_corpus(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
@@ -352,6 +356,15 @@ def test_a_file_that_starts_with_a_byte_order_mark_reads_as_without(name: str, c
     (tmp_path / name).write_bytes(codecs.BOM_UTF8 + content.encode())
     [chunk] = Corpus(tmp_path / name, Columns(), pairs=False).chunks(100, 100)
     assert chunk.ids == ["k1", "k2"] and chunk.values == [["first", "second"]] and not chunk.rejects
+
+
+def test_a_csv_row_longer_than_a_megabyte_is_a_reject_not_the_end_of_the_job(tmp_path: Path) -> None:
+    # Arrow's reader parsed 1 MiB at a time and stopped the job at a longer row ("straddling object").
+    rows = "".join(f"r{i},row {i}\n" for i in range(100))
+    (tmp_path / "in.csv").write_text(f"id,text\n{rows}big,{'x' * 2**21}\nafter,hi\n")
+    [chunk] = Corpus(tmp_path / "in.csv", Columns(), pairs=False).chunks(1000, 1000)
+    assert chunk.ids == [f"r{i}" for i in range(100)] + ["after"]
+    assert [(r.id, r.reason.split(",")[0]) for r in chunk.rejects] == [("big", "its text is 2097152 characters long")]
 
 
 def test_undecodable_csv_values_are_rejected_rows(tmp_path: Path) -> None:
