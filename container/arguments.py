@@ -19,3 +19,14 @@ def comma_floats(text: str) -> list[float]:
         return [float(x) for x in text.split(",") if x]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """`--max-chars 2000`: a whole number of at least 1, or a usage error (exit 2) that names what was given."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value

@@ -488,6 +488,16 @@ def test_an_input_without_rows_gives_the_output_columns(fp32_bundle: ModelFactor
     assert schema.names == ["id", "embeddings", "truncated"] and schema.field("id").type == pa.string()
 
 
+@pytest.mark.parametrize("option", ["--max-chars=-1", "--max-chars=0", "--chunk-rows=0", "--streams=0"])
+def test_a_count_below_one_is_a_usage_error(option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --max-chars -1 rejected every row and exited 0; --max-chars 0 meant the default.
+    (tmp_path / "in.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(SystemExit) as stopped:
+        hare(["run", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.parquet"), option])
+    assert stopped.value.code == 2 and "expected at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "o.parquet").exists()
+
+
 def test_a_parquet_column_that_is_not_text_stops(tmp_path: Path) -> None:
     pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "in.parquet")
     with pytest.raises(Exception, match=r"column text of .* holds int64, not text"):

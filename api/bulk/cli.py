@@ -26,6 +26,7 @@ from api.bulk.model import LONG_INPUTS
 from api.bulk.reader import FORMATS, Columns, input_format
 from api.bulk.writer import OUTPUT_FORMATS
 from api.config import Settings
+from container.arguments import positive_int
 from tasks.base import SIDES
 from tasks.errors import InvalidRequest
 
@@ -68,9 +69,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the end a text cut at the model's maximum loses: right (its end) or left (its start; its last tokens "
         "are read), as /predict's truncation_direction",
     )
-    parser.add_argument("--max-chars", type=int, help="characters per text; longer rows are rejected")
-    parser.add_argument("--chunk-rows", type=int, default=CHUNK_ROWS, help="rows per chunk (the unit of resuming)")
-    parser.add_argument("--streams", type=int, default=0, help="model threads (default: one per core)")
+    parser.add_argument("--max-chars", type=positive_int, help="characters per text; longer rows are rejected")
+    parser.add_argument(
+        "--chunk-rows", type=positive_int, default=CHUNK_ROWS, help="rows per chunk (the unit of resuming)"
+    )
+    parser.add_argument("--streams", type=positive_int, help="model threads (default: one per core)")
     parser.add_argument("--rejects", type=Path, help="rejected rows, JSONL (default: OUTPUT's stem + .rejects.jsonl)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar; the summary only")
@@ -99,10 +102,10 @@ def main(args: argparse.Namespace) -> int:
         long_input=args.long_input,
         truncation_direction=args.truncation_direction,
         max_chars=args.max_chars,
-        chunk_rows=max(args.chunk_rows, 1),
+        chunk_rows=args.chunk_rows,
         rejects=args.rejects,
         overwrite=args.overwrite,
-        streams=args.streams,
+        streams=args.streams or 0,
     )
     if args.ray:
         return _on_ray(args, settings, options)
