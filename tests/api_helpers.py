@@ -52,3 +52,12 @@ def assert_ranked(ranked: list[dict[str, Any]], expected: npt.ArrayLike, tol: fl
     assert sorted(r["index"] for r in ranked) == list(range(len(scores)))
     assert np.allclose([r["score"] for r in ranked], scores[[r["index"] for r in ranked]], atol=tol)
     assert all(a["score"] >= b["score"] for a, b in itertools.pairwise(ranked))
+
+
+def error_of(response: httpx.Response) -> tuple[str, str]:
+    """An error answer's message and type: hare's shape, or on OpenAI's routes OpenAI's (api/web/errors.py)."""
+    body = response.json()
+    if isinstance(body["error"], dict):
+        return body["error"]["message"], body["error"]["type"]
+    assert body["type"] == body["error_type"]
+    return body["error"], body["type"]

@@ -21,7 +21,7 @@ from api.engine.errors import ClientGone
 from api.web.schemas import parse_predict
 from container.models import Model
 from tasks.base import Answer, ModelInfo, Outputs
-from tests.api_helpers import AppClient, serve
+from tests.api_helpers import AppClient, error_of, serve
 from tests.conftest import ModelFactory
 
 pytestmark = pytest.mark.anyio
@@ -47,10 +47,11 @@ async def ranker(tiny_bundle: ModelFactory) -> AsyncIterator[AppClient]:
 def refused(response: httpx.Response, status: int, kind: str, *words: str) -> None:
     assert response.status_code == status, response.text
     body = response.json()
-    assert set(body) == {"error", "type", "error_type"} and body["type"] == body["error_type"] == kind
+    message, said = error_of(response)
+    assert said == kind and set(body) in ({"error", "type", "error_type"}, {"error"})  # hare's, or OpenAI's
     assert "Traceback" not in response.text
     for word in words:
-        assert word in body["error"], body["error"]
+        assert word in message, message
 
 
 BAD_BODIES: list[tuple[str, bytes, int, str, tuple[str, ...]]] = [
@@ -209,7 +210,7 @@ async def test_a_refusal_names_a_text_as_its_route_does(tiny_bundle: ModelFactor
         for path, body, name in embeds:
             response = await client.post(path, json=body)
             refused(response, 413, "InputTooLong", name)
-            assert response.json()["error"].startswith(name), (path, response.json())
+            assert error_of(response)[0].startswith(name), (path, response.json())
     async with serve(tiny_bundle("text-ranking"), **caps) as client:
         ranks: tuple[tuple[str, dict[str, Any], str], ...] = (
             ("/v2/rerank", {"query": ok, "documents": [ok, long]}, "documents[1] is 11 characters"),
@@ -221,7 +222,7 @@ async def test_a_refusal_names_a_text_as_its_route_does(tiny_bundle: ModelFactor
         for path, body, name in ranks:
             response = await client.post(path, json=body)
             refused(response, 413, "InputTooLong", name)
-            assert response.json()["error"].startswith(name), (path, response.json())
+            assert error_of(response)[0].startswith(name), (path, response.json())
 
 
 async def test_ranking_input_errors(ranker: AppClient) -> None:

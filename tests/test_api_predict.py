@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from container.bundle import MODEL_FILE, TOKENIZER_FILE
 from container.runtime import OnnxModel
 from tasks.ops import l2_normalize, pad_batch, softmax
-from tests.api_helpers import assert_ranked, serve
+from tests.api_helpers import assert_ranked, error_of, serve
 from tests.conftest import ModelFactory
 from tests.test_token_spans import without_edge_spaces
 
@@ -390,7 +390,7 @@ async def test_openai_embeddings(embedder: httpx.AsyncClient) -> None:
 
 async def test_openai_embeddings_need_an_embeddings_bundle(classifier: httpx.AsyncClient) -> None:
     response = await classifier.post("/v1/embeddings", json={"input": "hi"})
-    assert response.status_code == 404 and "embeddings bundle" in response.json()["error"]
+    assert response.status_code == 404 and "embeddings bundle" in error_of(response)[0]
 
 
 # ---- ranking -------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.api_helpers import AppClient, serve
+from tests.api_helpers import AppClient, error_of, serve
 from tests.conftest import ModelFactory
 
 pytestmark = pytest.mark.anyio
@@ -38,7 +38,7 @@ async def test_the_api_key_guards_inference_routes_only(ranker: AppClient) -> No
     ]:
         refused = await ranker.request(method, path, json=body)
         assert refused.status_code == 401, path
-        assert refused.headers["www-authenticate"] == "Bearer" and "HARE_API_KEY" in refused.json()["error"]
+        assert refused.headers["www-authenticate"] == "Bearer" and "HARE_API_KEY" in error_of(refused)[0]
         wrong = await ranker.request(method, path, json=body, headers={"authorization": "Bearer nope"})
         assert wrong.status_code == 401
         assert (await ranker.request(method, path, json=body, headers=KEY)).status_code == 200, path
@@ -55,7 +55,7 @@ async def test_without_a_key_an_authorization_header_is_ignored(tiny_bundle: Mod
 async def test_routes_for_other_tasks_answer_404_naming_the_task(ranker: AppClient) -> None:
     for path in ("/v1/embeddings", "/embed", "/similarity"):
         refused = await ranker.post(path, json={"input": "a", "inputs": "a"}, headers=KEY)
-        assert refused.status_code == 404 and "text-ranking" in refused.json()["error"], path
+        assert refused.status_code == 404 and "text-ranking" in error_of(refused)[0], path
 
 
 @pytest.mark.parametrize(
@@ -179,7 +179,7 @@ async def test_a_refusal_names_a_parameter_where_the_body_holds_it(
     """OpenAI's, TEI's and Cohere's bodies carry their parameters at the root, /predict's under "parameters" or
     at its root: the error names the field as the client sent it, and a lower bound as a lower bound."""
     refused = await embedder.post(path, json=body)
-    assert refused.status_code == 422 and refused.json()["error"].startswith(said), refused.text
+    assert refused.status_code == 422 and error_of(refused)[0].startswith(said), refused.text
 
 
 @pytest.mark.parametrize(
@@ -194,4 +194,15 @@ async def test_a_rerank_refusal_names_the_field_at_the_root(
     ranker: AppClient, path: str, body: object, said: str
 ) -> None:
     refused = await ranker.post(path, json=body, headers=KEY)
-    assert refused.status_code == 422 and refused.json()["error"].startswith(said), refused.text
+    assert refused.status_code == 422 and error_of(refused)[0].startswith(said), refused.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/tokenize", {"inputs": "a", "add_special_tokens": "no"}), ("/decode", {"ids": [1], "skip_special_tokens": 1})],
+)
+async def test_a_field_at_the_bodys_root_is_named_there(ranker: AppClient, path: str, body: dict[str, object]) -> None:
+    # It was named "parameters.<field>", where sending it gets "unknown field(s) parameters".
+    refused = await ranker.post(path, json=body, headers=KEY)
+    field = next(k for k in body if k not in ("inputs", "ids"))
+    assert refused.status_code == 422 and refused.json()["error"].startswith(f"{field} must be true or false")

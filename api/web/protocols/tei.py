@@ -133,7 +133,9 @@ async def tokenize(request: Request) -> Response:
         raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
     inputs = params.texts(data["inputs"])
     schemas.check_limits(inputs, res.limits)
-    special = params.boolean({k: v for k, v in data.items() if v is not None}, "add_special_tokens", True)
+    special = params.boolean(
+        params.at_root({k: v for k, v in data.items() if v is not None}), "add_special_tokens", True
+    )
     tokenizer = res.encoder.whole
     if sum(map(len, inputs.texts)) > OFFLOAD_CHARS:
         encodings = await asyncio.to_thread(tokenizer.encode_batch, inputs.texts, add_special_tokens=special)
@@ -175,7 +177,7 @@ async def decode(request: Request) -> Response:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
                 where = f"ids[{i}][{j}]" if len(batch) > 1 or isinstance(ids[0], list) else f"ids[{j}]"
                 raise InvalidRequest(f"{where} must be a token id from 0 to {vocab_size - 1}")
-    skip = params.boolean({k: v for k, v in data.items() if v is not None}, "skip_special_tokens", True)
+    skip = params.boolean(params.at_root({k: v for k, v in data.items() if v is not None}), "skip_special_tokens", True)
     return json_response(res.encoder.whole.decode_batch(batch, skip_special_tokens=skip))
 
 
