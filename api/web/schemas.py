@@ -127,8 +127,8 @@ async def _read(request: Request, limit: int) -> bytes:
             raise ClientGone("the client closed the connection before sending the whole body")
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > limit:
-            raise _body_too_large(size, limit)
+        if size > limit:  # the rest is not read: the body is this long or longer
+            raise _body_too_large(size, limit, whole=not message.get("more_body", False))
         if not message.get("more_body", False):
             if not chunks:
                 return chunk
@@ -137,9 +137,10 @@ async def _read(request: Request, limit: int) -> bytes:
         chunks.append(chunk)
 
 
-def _body_too_large(size: int, limit: int) -> InputTooLong:
-    more = "or more " if size == limit + 1 else ""
-    return InputTooLong(f"the body is {size} bytes {more}long; this server takes at most {limit}", limit=limit)
+def _body_too_large(size: int, limit: int, whole: bool = True) -> InputTooLong:
+    """`whole`: `size` is the body's length (Content-Length, or read to its end), else what was read of it."""
+    more = "" if whole else "at least "
+    return InputTooLong(f"the body is {more}{size} bytes long; this server takes at most {limit}", limit=limit)
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
