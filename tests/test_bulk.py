@@ -6,6 +6,7 @@ from __future__ import annotations
 import codecs
 import csv
 import dataclasses
+import gzip
 import json
 import re
 import shutil
@@ -384,6 +385,9 @@ def test_undecodable_csv_values_are_rejected_rows(tmp_path: Path) -> None:
         ("in.csv", b"body\nx\n", [], "has no column text (it has: body)"),
         ("in.csv", b"text\nx\n", ["--id-column", "k"], "no column k (it has: text); name it with --id-column"),
         ("in.txt", b"x\n", [], "cannot tell the format"),
+        ("in.jsonl.gz", gzip.compress(b'{"text": "x"}\n'), [], "is gzip-compressed; decompress it first"),
+        ("in.csv", gzip.compress(b"text\nx\n"), [], "is gzip-compressed"),  # its header read as garbage
+        ("in.csv", b"id;text\n1;x\n", [], "its fields seem separated by ';'; hare run reads comma-separated"),
     ],
 )  # fmt: skip
 def test_a_bad_file_stops_with_one_sentence(

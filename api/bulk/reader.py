@@ -196,6 +196,8 @@ class _File:
         self._rows = 0  # Parquet's row count, from its footer
         self.id_type: pa.DataType = pa.int64()  # row positions, unless the file has an id column
         self._id: str | None = None
+        if fmt != "parquet":
+            _refuse_compressed(path)
         opened = {"jsonl": self._open_jsonl, "csv": self._open_csv, "parquet": self._open_parquet}[fmt]
         self.pieces: Iterator[_Piece] = opened()
         self.size = self._rows if fmt == "parquet" else path.stat().st_size
@@ -269,6 +271,11 @@ class _File:
         if not header:
             raise InputError(f"{self.path} is empty; CSV input needs a header line naming its columns")
         missing = [name for name in self.names if name not in header]
+        if missing and len(header) == 1 and (other := next((d for d in ";\t|" if d in header[0]), None)):
+            raise InputError(
+                f"{self.path} has one column, {header[0]!r}: its fields seem separated by {other!r}; hare run "
+                "reads comma-separated CSV (save it with commas, or as JSONL or Parquet)"
+            )
         if missing:
             raise InputError(self._missing(missing, header, "column"))
         self._id = self._id_column(header)
@@ -447,6 +454,7 @@ def input_format(path: Path) -> str:
         return _one_format(path, corpus_files(path))
     fmt = SUFFIXES.get(path.suffix.lower())
     if fmt is None:
+        _refuse_compressed(path)
         raise InputError(f"cannot tell the format of {path} from its suffix; pass --input-format {'|'.join(FORMATS)}")
     return fmt
 
@@ -472,3 +480,19 @@ def _skip_bom(file: io.BufferedReader) -> int:
         return len(codecs.BOM_UTF8)
     file.seek(0)
     return 0
+
+
+# The first bytes of the compressed files a corpus may come as (a .jsonl.gz read as JSONL was "no JSON object").
+MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"PK\x03\x04": "zip"}
+
+
+def _refuse_compressed(path: Path) -> None:
+    """InputError if `path` is a compressed file (by its first bytes, MAGIC)."""
+    with path.open("rb") as f:
+        head = f.read(6)
+    packed = next((name for magic, name in MAGIC.items() if head.startswith(magic)), None)
+    if packed:
+        raise InputError(
+            f"{path} is {packed}-compressed; decompress it first: hare run reads JSONL and CSV as plain text "
+            "(and Parquet, which compresses inside)"
+        )
