@@ -304,6 +304,8 @@ class _File:
                     ),
                 )
             except pa.ArrowInvalid as exc:
+                if "Empty CSV" in str(exc):  # a header without a line end after it: no rows, as with one
+                    return
                 raise InputError(f"{self.path} is not a CSV file this job can read: {_first_line(exc)}") from None
             while True:
                 try:
