@@ -127,6 +127,8 @@ def _locked(folder: Path, output: Path) -> WorkFolder | None:
         raise InputError(
             f"another hare run is writing {output} ({folder} is in use); wait for it to finish, or give another output"
         ) from None
+    except OSError:  # a file system without locks (some network mounts): the job runs, unguarded
+        pass
     try:
         same = os.stat(folder).st_ino == os.fstat(fd).st_ino
     except FileNotFoundError:
