@@ -80,6 +80,12 @@ def _optional(text: str) -> str | None:
     return text or None
 
 
+def _optional_choice(options: tuple[str, ...]) -> Callable[[str], str | None]:
+    """One of `options`, or None for an empty value."""
+    choose = _choice(options)
+    return lambda text: choose(text) if text else None
+
+
 def _origins(text: str) -> tuple[str, ...]:
     return tuple(o.strip() for o in text.split(",") if o.strip())
 
@@ -170,7 +176,10 @@ class Settings:
         True,
     )
     target: str | None = _setting(
-        "HARE_TARGET", _optional, "cpu or gpu execution provider (empty: the bundle's target)", None
+        "HARE_TARGET",
+        _optional_choice(("cpu", "gpu")),
+        "cpu or gpu execution provider (empty: the bundle's target)",
+        None,
     )
     engine: str = _setting(
         "HARE_ENGINE",

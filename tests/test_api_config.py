@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shutil
 from pathlib import Path
@@ -12,9 +13,10 @@ import pytest
 
 from api.config import Settings, describe, layout
 from api.process import serve
-from container.bundle import MAX_BATCH_TOKENS, read_manifest, resolve_max_batch_tokens
+from container.bundle import MANIFEST_FILE, MAX_BATCH_TOKENS, TOKENIZER_FILE, read_manifest, resolve_max_batch_tokens
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
+from container.models import open_model
 from tasks.errors import InputError
 from tests.conftest import ModelFactory
 
@@ -73,9 +75,11 @@ def test_values_are_parsed_and_bad_ones_named() -> None:
         ("HARE_TRUNCATE", "maybe"),
         ("HARE_MAX_WAIT_MS", "-1"),
         ("HARE_WORKERS", "-2"),
+        ("HARE_TARGET", "tpu"),  # it was served as cpu, silently
     ]:
         with pytest.raises(InputError, match=key):
             Settings.from_env({key: value})
+    assert Settings.from_env({"HARE_TARGET": "GPU"}).target == "gpu" and Settings.from_env({}).target is None
 
 
 def test_public_mode_changes_the_defaults_but_not_explicit_values() -> None:
@@ -167,6 +171,32 @@ def test_serve_builds_the_default_bundle_when_missing_then_execs_gunicorn(
     assert built == []
 
 
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ({TOKENIZER_FILE: "garbage"}, "tokenizer.json is unreadable"),
+        ({MANIFEST_FILE: '{"task": "summarize"}'}, "serves task 'summarize', which this hare does not know"),
+    ],
+)
+def test_a_damaged_bundle_is_refused_before_any_worker_starts(
+    tiny_bundle: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: dict[str, str], said: str
+) -> None:
+    # Each worker printed a traceback and gunicorn gave up ("Worker failed to boot").
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle("feature-extraction"), bundle)
+    for name, content in damage.items():
+        if name == MANIFEST_FILE:
+            content = json.dumps(json.loads((bundle / name).read_text()) | json.loads(content))
+        (bundle / name).write_text(content)
+    execs: list[list[str]] = []
+    monkeypatch.setattr(os, "execvpe", lambda file, argv, env: execs.append(argv))
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    with pytest.raises(InputError, match=said):
+        serve.main(parser.parse_args([str(bundle)]))
+    assert execs == []
+
+
 def test_the_bundles_max_batch_tokens_applies_only_on_the_target_it_was_measured_on(tiny_bundle: ModelFactory) -> None:
     manifest = dataclasses.replace(read_manifest(tiny_bundle("feature-extraction")), max_batch_tokens=256)
     assert Settings.from_env({}).for_bundle(manifest).max_batch_tokens == 256
@@ -194,3 +224,14 @@ def test_a_bulk_job_batches_at_the_budget_of_the_best_rate_and_the_server_at_the
     # A setting wins for both; a CPU bundle on a GPU gets the default for both.
     assert resolve_max_batch_tokens(manifest, 1024, throughput=True) == (1024, "setting")
     assert resolve_max_batch_tokens(manifest, 0, "gpu", throughput=True) == (MAX_BATCH_TOKENS, "default")
+
+
+@pytest.mark.parametrize("variant", ["fp32", "bf16"])  # ONNX Runtime's, and OpenVINO's where installed
+def test_a_damaged_graph_is_one_sentence_naming_its_file(tmp_path: Path, variant: str) -> None:
+    # Each runtime's own traceback came out of `hare run` and `hare tune` (OpenVINO's first lines name its sources).
+    if variant == "bf16":
+        pytest.importorskip("openvino")
+    graph = tmp_path / "model.onnx"
+    graph.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(InputError, match=rf"{graph} is not a graph the runtime can load \(.+\); rebuild the bundle"):
+        open_model(graph, variant)

@@ -6,6 +6,7 @@ which makes the ones it runs (a worker's widths, a bulk job's one-thread session
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from tokenizers import Tokenizer
 
@@ -39,15 +40,25 @@ class OpenBundle:
         return graph_shapes(self.settings.max_batch_size, self.settings.max_batch_tokens, self.manifest.max_length)
 
 
+def checked_bundle(bundle: Path) -> tuple[Manifest, Tokenizer]:
+    """The bundle's manifest and tokenizer, or InputError naming what is wrong with them: `hare serve` calls it
+    before any worker starts, so a broken bundle is one sentence rather than a traceback from every worker."""
+    manifest = read_manifest(bundle)
+    if manifest.task not in TASKS:
+        raise InputError(f"{bundle} serves task {manifest.task!r}, which this hare does not know")
+    try:
+        tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    except Exception as exc:  # tokenizers raises a bare Exception with its parser's message
+        raise InputError(f"{bundle / TOKENIZER_FILE} is unreadable ({exc}); rebuild the bundle") from None
+    return manifest, tokenizer
+
+
 def open_bundle(settings: Settings, throughput: bool = False) -> OpenBundle:
     """Open `settings.bundle` (`throughput`: for a bulk job, container/bundle.py resolve_max_batch_tokens);
     InputError names what is wrong with it."""
-    manifest = read_manifest(settings.bundle)
-    if manifest.task not in TASKS:
-        raise InputError(f"{settings.bundle} serves task {manifest.task!r}, which this hare does not know")
+    manifest, tokenizer = checked_bundle(settings.bundle)
     settings = settings.for_bundle(manifest, throughput)
     task = TASKS[manifest.task]
-    tokenizer = Tokenizer.from_file(str(settings.bundle / TOKENIZER_FILE))
     words = vocab(tokenizer)
     bound_malloc()  # before the sessions are made: their buffers then go back to the system when freed
     return OpenBundle(

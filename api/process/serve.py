@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from api.config import Settings, describe, parse_bool
-from container.bundle import read_manifest
+from api.engine.opened import checked_bundle
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK
 from tasks.errors import InputError
 
@@ -89,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings.from_env(env)
     if not settings.bundle.exists() and "HARE_BUNDLE" not in env and args.bundle_dir is None:
         build_default_bundle(settings.bundle)
-    manifest = read_manifest(settings.bundle)  # refuse a broken bundle here, with its reason, not in every worker
+    manifest, _ = checked_bundle(settings.bundle)  # refuse a broken bundle here, with its reason, not in every worker
     env["HARE_BUNDLE"] = str(settings.bundle.resolve())
     # Name the bundle's target when none was asked for: gunicorn sizes its workers for a GPU differently.
     env["HARE_TARGET"] = settings.target or manifest.target
