@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.records import BASELINES, MATCH_KEYS, Comparison, Point, Ratio, Run, ratios
+from tasks.errors import InputError
 
 __all__ = ["BASELINES", "MATCH_KEYS", "Comparison", "Point", "Ratio", "Run", "Store", "default_db_path", "ratios"]
 
@@ -156,9 +157,14 @@ class Store:
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_db_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._db() as db:
-            db.executescript(SCHEMA)
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        try:
+            with self._db() as db:
+                db.executescript(SCHEMA)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as exc:  # not SQLite, a folder, an unwritable place: sqlite3's own trace
+            raise InputError(
+                f"{self.path} is not a result store this user can open ({exc}); give another --db (or HARE_BENCH_DB)"
+            ) from None
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:

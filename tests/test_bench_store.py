@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.store import Point, Store, default_db_path
+from tasks.errors import InputError
 
 
 def point(
@@ -133,3 +134,15 @@ def test_default_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HARE_BENCH_DB", str(tmp_path / "x.db"))
     assert default_db_path() == tmp_path / "x.db"
     assert Store().path == tmp_path / "x.db"
+
+
+@pytest.mark.parametrize("what", ["not sqlite", "a folder"])
+def test_a_db_that_is_not_a_store_is_refused_with_a_sentence(tmp_path: Path, what: str) -> None:
+    # sqlite3's own traceback came out of `hare bench list --db FILE`.
+    db = tmp_path / "x.db"
+    if what == "a folder":
+        db.mkdir()
+    else:
+        db.write_text("not sqlite")
+    with pytest.raises(InputError, match=r"x\.db is not a result store this user can open \(.+\); give another --db"):
+        Store(db)
