@@ -117,6 +117,8 @@ class Manifest:
 
 def read_manifest(bundle: Path) -> Manifest:
     """Read and check a bundle folder; the error names what is missing."""
+    if bundle.is_file():
+        raise InputError(f"{bundle} is a file; give the bundle's folder (the one `hare optimize` wrote)")
     if not bundle.is_dir():
         raise InputError(f"bundle folder {bundle} does not exist; build one with `hare optimize`")
     missing = [f for f in (MODEL_FILE, TOKENIZER_FILE, MANIFEST_FILE) if not (bundle / f).is_file()]

@@ -161,6 +161,9 @@ def test_serve_builds_the_default_bundle_when_missing_then_execs_gunicorn(
     built.clear()
     with pytest.raises(InputError, match="does not exist"):
         serve.main(parser.parse_args([str(tmp_path / "elsewhere")]))
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(InputError, match="is a file; give the bundle's folder"):
+        serve.main(parser.parse_args([str(tmp_path / "a-file")]))
     assert built == []
     # A model folder where its bundle belongs: the error says how to build the bundle.
     model = tmp_path / "my-model"

@@ -226,6 +226,11 @@ def test_no_variant_passing_leaves_nothing_behind(tiny_model: ModelFactory, tmp_
     assert not list(tmp_path.iterdir())
 
 
+def _folder_to_file(folder: Path) -> None:
+    shutil.rmtree(folder)
+    folder.write_text("")
+
+
 def _copy(model: Path, dst: Path) -> Path:
     shutil.copytree(model, dst)
     return dst
@@ -235,6 +240,7 @@ def _copy(model: Path, dst: Path) -> Path:
     ("mutate", "task", "message"),
     [
         (lambda d: shutil.rmtree(d), "text-classification", "does not exist"),
+        (_folder_to_file, "text-classification", "is a file; give the model's folder"),
         (lambda d: (d / "model.safetensors").unlink(), "text-classification", "has no weights"),
         (lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"), "text-classification", "pickle"),
         (lambda d: None, "token-classification", "has no token-classification head"),
@@ -320,3 +326,13 @@ def test_the_summary_names_what_int8_mixed_kept_fp32_and_split() -> None:
         "int8-mixed: smoothing alpha 0.6 on 24 activations, one activation scale per token, int8 weights of 64 "
         "levels a side; 1 of 36 MatMuls kept fp32 (a/MatMul); chosen on 58 samples, 59 simulated passes, 43.6 s",
     ]
+
+
+def test_an_out_that_is_a_file_is_refused_before_any_work(
+    tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # With --force it failed only after the whole build ("Not a directory"), the build's minutes lost.
+    out = tmp_path / "a-file"
+    out.write_text("")
+    assert run(tiny_model("text-classification"), "--task", "text-classification", "--out", out, "--force") == 2
+    assert "is a file; give a folder for the bundle" in capsys.readouterr().err

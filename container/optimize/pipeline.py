@@ -47,6 +47,8 @@ HINTS = {
 def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
     """Build a bundle at `opts.out`; nothing is left there unless a variant passed every gate."""
     console = console or Console(stderr=True)
+    if opts.out.exists() and not opts.out.is_dir():  # --force would fail only after the whole build
+        raise InputError(f"--out {opts.out} is a file; give a folder for the bundle")
     if opts.out.exists() and not opts.force:
         raise InputError(f"output folder {opts.out} already exists; pass --force to replace it")
     if opts.target not in PROVIDERS:

@@ -298,7 +298,8 @@ def inspect_source(
     family is refused only when a stage fails (the pipeline names it).
     """
     if not folder.is_dir():
-        raise UnsupportedModel(f"model folder {folder} does not exist")
+        what = "is a file; give the model's folder" if folder.is_file() else "does not exist"
+        raise UnsupportedModel(f"model folder {folder} {what}")
     if not (folder / "config.json").is_file():
         raise UnsupportedModel(f"{folder} has no config.json; is it a Hugging Face model folder?")
     config = _read_json(folder / "config.json")
