@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,21 @@ def test_a_damaged_graph_is_one_sentence_naming_its_file(tmp_path: Path, variant
     graph.write_bytes(bytes(range(256)) * 4)
     with pytest.raises(InputError, match=rf"{graph} is not a graph the runtime can load \(.+\); rebuild the bundle"):
         open_model(graph, variant)
+
+
+def test_an_address_it_cannot_listen_on_is_refused_naming_the_setting(
+    tiny_bundle: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # gunicorn retried for five seconds, then exited naming neither HARE_PORT nor HARE_HOST.
+    monkeypatch.setattr(os, "execvpe", lambda file, argv, env: pytest.fail("gunicorn started"))
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    bundle = str(tiny_bundle("feature-extraction"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        with pytest.raises(InputError, match=rf"cannot listen on 127.0.0.1:{port} .*set HARE_PORT"):
+            serve.main(parser.parse_args([bundle, "--host", "127.0.0.1", "--port", port]))
+    with pytest.raises(InputError, match=r"HARE_HOST='not a host' .* is not an address"):
+        serve.main(parser.parse_args([bundle, "--host", "not a host"]))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -90,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
     if not settings.bundle.exists() and "HARE_BUNDLE" not in env and args.bundle_dir is None:
         build_default_bundle(settings.bundle)
     manifest, _ = checked_bundle(settings.bundle)  # refuse a broken bundle here, with its reason, not in every worker
+    check_address(settings.host, settings.port)
     env["HARE_BUNDLE"] = str(settings.bundle.resolve())
     # Name the bundle's target when none was asked for: gunicorn sizes its workers for a GPU differently.
     env["HARE_TARGET"] = settings.target or manifest.target
@@ -100,6 +102,24 @@ def main(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     os.execvpe(argv[0], argv, env)  # exec: gunicorn takes over this PID and receives its signals
     return 0  # not reached
+
+
+def check_address(host: str, port: int) -> None:
+    """Refuse an address this machine cannot listen on (a port in use, a host that is not one of its
+    addresses) with the settings to change: gunicorn retried for five seconds, then exited naming neither."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise InputError(f"HARE_HOST={host!r} (--host) is not an address ({exc.strerror})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds: a closing socket is no bar
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise InputError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); set HARE_PORT (--port) to a free port, or "
+                "HARE_HOST (--host) to an address of this machine"
+            ) from None
 
 
 def build_default_bundle(out: Path) -> None:
