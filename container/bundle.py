@@ -9,6 +9,7 @@ Loading a bundle needs onnxruntime, tokenizers and numpy only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 from container.machine import FULL_LEVELS
 from tasks.errors import InputError
 from tasks.ops import Dense
+from tasks.params import kind
 
 MODEL_FILE = "model.onnx"
 TOKENIZER_FILE = "tokenizer.json"
@@ -109,6 +111,12 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        """The manifest `data` holds; ValueError naming what it lacks (a hand-edited or truncated hare.json)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"it holds {kind(data)}, not an object")
+        required = [f.name for f in dataclasses.fields(cls) if f.default is f.default_factory is dataclasses.MISSING]
+        if lacking := [name for name in required if name not in data]:
+            raise ValueError(f"it lacks {', '.join(lacking)}")
         data = dict(data)
         data["labels"] = {int(k): v for k, v in data.get("labels", {}).items()}
         known = set(cls.__dataclass_fields__)

@@ -257,3 +257,18 @@ def test_an_address_it_cannot_listen_on_is_refused_naming_the_setting(
             serve.main(parser.parse_args([bundle, "--host", "127.0.0.1", "--port", port]))
     with pytest.raises(InputError, match=r"HARE_HOST='not a host' .* is not an address"):
         serve.main(parser.parse_args([bundle, "--host", "not a host"]))
+
+
+@pytest.mark.parametrize(
+    ("manifest", "said"),
+    [("[]", "it holds a list, not an object"), ("null", "it holds null"), ('{"task": "x"}', "it lacks architecture")],
+)
+def test_a_manifest_that_is_not_one_says_what_it_lacks(
+    tiny_bundle: ModelFactory, tmp_path: Path, manifest: str, said: str
+) -> None:
+    # It said "Manifest.__init__() missing 12 required positional arguments" or "'NoneType' object is not iterable".
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle("feature-extraction"), bundle)
+    (bundle / MANIFEST_FILE).write_text(manifest)
+    with pytest.raises(InputError, match=f"hare.json is unreadable: {said}"):
+        read_manifest(bundle)
