@@ -302,9 +302,13 @@ def test_existing_output_needs_force(
     assert read_manifest(out).task == "text-ranking"
 
 
-def test_model_dir_without_task_is_an_error(tiny_model: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+def test_model_dir_without_task_is_an_error(
+    tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert run(tiny_model("text-classification")) == 2
     assert "--task is required" in capsys.readouterr().err
+    assert run(tmp_path / "typo") == 2  # a folder that is not there is said first: no --task makes it a model
+    assert f"model folder {tmp_path / 'typo'} does not exist" in capsys.readouterr().err
 
 
 def test_the_summary_names_what_int8_mixed_kept_fp32_and_split() -> None:

@@ -128,6 +128,9 @@ def main(args: argparse.Namespace) -> int:
 
     if args.model_dir is None:
         model_dir, task = default_model_dir(), args.task or DEFAULT_TASK
+    elif not Path(args.model_dir).is_dir():  # said before the task: no task makes a missing folder a model
+        what = "is a file; give the model's folder" if Path(args.model_dir).is_file() else "does not exist"
+        raise InputError(f"model folder {args.model_dir} {what}")
     elif args.task is None:
         raise InputError(f"--task is required with a model folder; one of {', '.join(TASKS)}")
     else:
