@@ -7,6 +7,7 @@ the same configuration. Nothing is read at import time: `Settings.from_env()` re
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,8 +52,8 @@ def _float(low: float) -> Callable[[str], float]:
             value = float(text)
         except ValueError:
             raise ValueError("expected a number") from None
-        if not value >= low:  # also refuses nan
-            raise ValueError(f"expected a number of at least {low}")
+        if not low <= value < math.inf:  # also refuses nan
+            raise ValueError(f"expected a finite number of at least {low}")
         return value
 
     return parse

@@ -77,6 +77,8 @@ def test_values_are_parsed_and_bad_ones_named() -> None:
         ("HARE_MAX_WAIT_MS", "-1"),
         ("HARE_WORKERS", "-2"),
         ("HARE_TARGET", "tpu"),  # it was served as cpu, silently
+        ("HARE_READ_TIMEOUT", "inf"),
+        ("HARE_MAX_WAIT_MS", "1e999"),
     ]:
         with pytest.raises(InputError, match=key):
             Settings.from_env({key: value})
