@@ -3,6 +3,7 @@ protocol gives in its own error shape ({"error": ...} everywhere, KServe's inclu
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -206,3 +207,24 @@ async def test_a_field_at_the_bodys_root_is_named_there(ranker: AppClient, path:
     refused = await ranker.post(path, json=body, headers=KEY)
     field = next(k for k in body if k not in ("inputs", "ids"))
     assert refused.status_code == 422 and refused.json()["error"].startswith(f"{field} must be true or false")
+
+
+async def test_a_binary_body_whose_parts_do_not_add_up_is_refused(ranker: AppClient) -> None:
+    # Bytes after the last tensor's binary_data_size were taken silently (a short one was refused).
+    def part(*texts: str) -> bytes:
+        return b"".join(len(t).to_bytes(4, "little") + t.encode() for t in texts)
+
+    query, documents = part("q"), part("a", "b")
+    tensors = [
+        {"name": "query", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": len(query)}},
+        {"name": "documents", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(documents)}},
+    ]
+    head = json.dumps({"inputs": tensors}).encode()
+    for tail, status in [(b"", 200), (b"extra", 422)]:
+        answer = await ranker.post(
+            "/v2/models/tiny/infer",
+            content=head + query + documents + tail,
+            headers={**KEY, "inference-header-content-length": str(len(head))},
+        )
+        assert answer.status_code == status, answer.text
+    assert "binary_data_size add up to" in answer.json()["error"]

@@ -195,6 +195,10 @@ def _texts(tensors: Sequence[dict[str, Any]], binary: memoryview, task: TaskSpec
         if tensor["name"] in found:
             raise InvalidRequest(f"inputs has two tensors named {tensor['name']!r}")
         found[tensor["name"]] = texts
+    if at != len(binary):  # bytes no tensor claims: a binary_data_size that is short, or a body with more
+        raise InvalidRequest(
+            f"the body's binary part has {len(binary)} bytes and the inputs' binary_data_size add up to {at}"
+        )
     if task.pairs:
         if set(found) != {"query", "documents"}:
             raise InvalidRequest('text-ranking takes two inputs, "query" (one string) and "documents"')
