@@ -1,5 +1,5 @@
 """The protocol routes in process: the API key, routes a bundle does not serve, and the refusals each
-protocol gives in its own error shape ({"error": ...} everywhere, KServe's included)."""
+protocol gives in its own error shape ({"error": ...} everywhere, KServe's included; OpenAI's nests a message)."""
 
 from __future__ import annotations
 
