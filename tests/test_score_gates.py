@@ -78,7 +78,7 @@ def test_a_ranker_whose_probabilities_drift_fails_with_every_ranking_intact(shif
     assert two == {"spearman_min": True, "max_score_diff": passes}
 
 
-def test_every_gate_has_a_flag_whose_default_is_the_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_gate_has_a_flag_whose_default_is_the_tasks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     optimize_cli.configure(parser)
     flags = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
@@ -96,7 +96,7 @@ def test_every_gate_has_a_flag_whose_default_is_the_tasks(monkeypatch: pytest.Mo
 
     monkeypatch.setattr("container.optimize.pipeline.optimize", optimize)
     # The flags that predate the generated ones still set their metrics; unset gates keep the task's default.
-    args = ["x", "--task", "text-ranking", "--max-fp32-diff", "1e-3", "--min-spearman", "0.5"]
+    args = [str(tmp_path), "--task", "text-ranking", "--max-fp32-diff", "1e-3", "--min-spearman", "0.5"]
     with pytest.raises(SystemExit):
         optimize_cli.main(parser.parse_args([*args, "--max-score-diff", "0.1"]))
     assert seen == {"max_abs_diff": 1e-3, "spearman_min": 0.5, "max_score_diff": 0.1}
