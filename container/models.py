@@ -85,7 +85,7 @@ def _loading(path: Path) -> Iterator[None]:
     traceback from inside the runtime; hare's errors (a provider this machine lacks) pass as they are."""
     try:
         yield
-    except HareError:
+    except (HareError, MemoryError):
         raise
     except Exception as exc:
         # The last line: OpenVINO's first ones name its own source files.
