@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 
 from api.config import Settings
 from api.web.app import create_app
+from api.web.errors import OPENAI_ROUTES
 from api.web.state import Resources
 
 
@@ -55,9 +56,11 @@ def assert_ranked(ranked: list[dict[str, Any]], expected: npt.ArrayLike, tol: fl
 
 
 def error_of(response: httpx.Response) -> tuple[str, str]:
-    """An error answer's message and type: hare's shape, or on OpenAI's routes OpenAI's (api/web/errors.py)."""
+    """An error answer's message and type, in the shape its route must answer: OpenAI's on OpenAI's routes,
+    hare's everywhere else (api/web/errors.py)."""
     body = response.json()
-    if isinstance(body["error"], dict):
+    if response.request.url.path.startswith(OPENAI_ROUTES):
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
         return body["error"]["message"], body["error"]["type"]
-    assert body["type"] == body["error_type"]
+    assert set(body) == {"error", "type", "error_type"} and body["type"] == body["error_type"], body
     return body["error"], body["type"]
