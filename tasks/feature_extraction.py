@@ -58,6 +58,8 @@ class Params:
     dense: tuple[Dense, ...] = ()
     prompt: str = ""
     tokens: bool = False
+    # where the request put `dimensions` (OpenAI's at the body's root), to name it so when it is too wide
+    dimensions_field: str = "parameters.dimensions"
 
 
 PARAMETERS = {
@@ -119,6 +121,7 @@ def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
         model.dense,
         _prompt(raw, model),
         tokens,
+        params.named(raw, "dimensions"),
     )
 
 
@@ -129,9 +132,11 @@ def prepare(inputs: Inputs, p: Params) -> Inputs:
     return replace(inputs, texts=[p.prompt + t for t in inputs.texts])
 
 
-def check_dimensions(asked: int, width: int) -> None:
-    if asked > width:
-        raise InvalidRequest(f"dimensions is {asked}, more than this model's {width}; ask for at most {width}")
+def check_dimensions(p: Params, width: int) -> None:
+    if p.dimensions is not None and p.dimensions > width:
+        raise InvalidRequest(
+            f"{p.dimensions_field} is {p.dimensions}, more than this model's {width}; ask for at most {width}"
+        )
 
 
 def pooling(p: Params) -> str | None:
@@ -150,7 +155,7 @@ def embed(out: Outputs, p: Params) -> list[Array]:
         for layer in p.dense:
             vector = layer(vector)
         if p.dimensions is not None:
-            check_dimensions(p.dimensions, len(vector))
+            check_dimensions(p, len(vector))
             vector = vector[: p.dimensions]
         vectors.append(normalize_vector(vector) if p.normalize else vector)
     return vectors
@@ -190,8 +195,8 @@ def decode(value: object) -> Array:
 def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:
     if p.tokens:
         states = [token_states(w, r, out.stride) for w, r in zip(out.windows, out.arrays, strict=True)]
-        if p.dimensions is not None:  # ignored here, but checked as for sentence embeddings
-            check_dimensions(p.dimensions, p.dense[-1].weight.shape[0] if p.dense else states[0].shape[-1])
+        # dimensions is ignored here, but checked as for sentence embeddings
+        check_dimensions(p, p.dense[-1].weight.shape[0] if p.dense else states[0].shape[-1])
         vectors = [encode(s, p.encoding) for s in states]
     else:
         vectors = [encode(v, p.encoding) for v in embed(out, p)]

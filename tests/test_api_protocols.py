@@ -171,6 +171,8 @@ async def test_a_classifiers_pair_tensors_are_named_text_and_text_pair(tiny_bund
         ("/predict", {"inputs": "a", "parameters": {"normalize": "yes"}}, "parameters.normalize must be true or"),
         ("/predict", {"inputs": "a", "parameters": {"dimensions": -1}}, "parameters.dimensions must be at least 1"),
         ("/predict", {"inputs": "a", "dimensions": -1}, "dimensions must be at least 1"),  # at its root
+        ("/predict", {"inputs": "a", "parameters": {"dimensions": 9999}}, "parameters.dimensions is 9999, more"),
+        ("/v1/embeddings", {"input": "a", "dimensions": 9999}, "dimensions is 9999, more than this model's"),
         ("/predict", {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "truncate": 1}, "truncate must be"),
     ],
 )
