@@ -7,20 +7,32 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.store import Store
+from bench.store import Store, default_db_path
 from bench.tables import wide_console
 from container.machine import machine_line
 from tasks.errors import InputError
 
 
 def open_store(args: argparse.Namespace) -> Store:
+    """The store a measurement writes to, made if it is not there yet."""
     return Store(args.db)
+
+
+def read_store(args: argparse.Namespace) -> Store:
+    """The store a reading command reads: one that is not there is said, not made (with its folders)."""
+    path = args.db if args.db is not None else default_db_path()
+    if not path.exists():
+        raise InputError(
+            f"there is no result store at {path}: nothing has been measured there yet (a `hare bench` measurement "
+            "writes one); give another --db (or HARE_BENCH_DB)"
+        )
+    return Store(path)
 
 
 def list_runs(args: argparse.Namespace) -> int:
     from bench.tables import runs_table
 
-    wide_console().print(runs_table(open_store(args).runs(limit=args.limit)))
+    wide_console().print(runs_table(read_store(args).runs(limit=args.limit)))
     return 0
 
 
@@ -65,7 +77,7 @@ def print_run(store: Store, run_id: int) -> None:
 
 
 def show(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store = read_store(args)
     _get_run(store, args.run)
     print_run(store, args.run)
     return 0
@@ -74,7 +86,7 @@ def show(args: argparse.Namespace) -> int:
 def compare(args: argparse.Namespace) -> int:
     from bench.tables import compare_table
 
-    store = open_store(args)
+    store = read_store(args)
     _get_run(store, args.a)
     _get_run(store, args.b)
     wide_console().print(compare_table(store.compare(args.a, args.b), args.a, args.b))
@@ -84,7 +96,7 @@ def compare(args: argparse.Namespace) -> int:
 def export(args: argparse.Namespace) -> int:
     from bench.report import export_csv, export_json
 
-    store = open_store(args)
+    store = read_store(args)
     _get_run(store, args.run)
     text = export_csv(store, args.run) if args.format == "csv" else export_json(store, args.run)
     if args.out:
@@ -102,7 +114,7 @@ def report(args: argparse.Namespace) -> int:
 
     if args.kind or args.since or args.all:
         raise InputError("--kind, --since and --all choose the runs of the results page: leave out RUN")
-    store = open_store(args)
+    store = read_store(args)
     _get_run(store, args.run)
     fmt = args.format or "html"
     out = args.out or Path(f"bench-report-{args.run}.{fmt}")
@@ -116,7 +128,7 @@ def _results_page(args: argparse.Namespace) -> int:
 
     if args.format == "html":
         raise InputError("the results page is Markdown; --format html is for one run's report (give RUN)")
-    text = render(open_store(args), kind=args.kind, since=args.since, every=args.all)
+    text = render(read_store(args), kind=args.kind, since=args.since, every=args.all)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)

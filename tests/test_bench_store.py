@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.store import Point, Store, default_db_path
+from hare.cli import main as hare
 from tasks.errors import InputError
 
 
@@ -146,3 +147,14 @@ def test_a_db_that_is_not_a_store_is_refused_with_a_sentence(tmp_path: Path, wha
         db.write_text("not sqlite")
     with pytest.raises(InputError, match=r"x\.db is not a result store this user can open \(.+\); give another --db"):
         Store(db)
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", "1"], ["compare", "1", "2"], ["export", "1"], ["report"]])
+def test_reading_a_store_that_is_not_there_says_so_and_makes_nothing(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `hare bench list --db /new/dir/x.db` made the folder and an empty store, and listed nothing.
+    db = tmp_path / "new" / "x.db"
+    assert hare(["bench", *command, "--db", str(db)]) == 2
+    assert f"there is no result store at {db}: nothing has been measured there yet" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
