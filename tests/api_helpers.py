@@ -58,8 +58,12 @@ def assert_ranked(ranked: list[dict[str, Any]], expected: npt.ArrayLike, tol: fl
 def error_of(response: httpx.Response) -> tuple[str, str]:
     """An error answer's message and type, in the shape its route must answer: OpenAI's on OpenAI's routes,
     hare's everywhere else (api/web/errors.py)."""
-    body = response.json()
-    if response.request.url.path.startswith(OPENAI_ROUTES):
+    return error_in(response.request.url.path, response.json())
+
+
+def error_in(path: str, body: dict[str, Any]) -> tuple[str, str]:
+    """`error_of` for the body of an answer to a request for `path`."""
+    if path.startswith(OPENAI_ROUTES):
         assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
         return body["error"]["message"], body["error"]["type"]
     assert set(body) == {"error", "type", "error_type"} and body["type"] == body["error_type"], body

@@ -20,6 +20,7 @@ import pytest
 from api.engine.errors import Overloaded
 from api.process.refuser import LINGER_S, whole_request
 from api.web.errors import error_response, raw_answer
+from tests.api_helpers import error_in
 from tests.conftest import ModelFactory
 from tests.live_server import hare_serve
 
@@ -72,10 +73,10 @@ def busy_server(bundle: Path, logs: Path, env: dict[str, str]) -> Iterator[str]:
             thread.join(TIMEOUT_S)
 
 
-def post_bytes(url: str, body: bytes, connection: str = "close") -> bytes:
+def post_bytes(url: str, body: bytes, connection: str = "close", path: str = "/predict") -> bytes:
     host = url.removeprefix("http://").split(":")[0]
     return (
-        f"POST /predict HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: {connection}\r\n\r\n"
     ).encode() + body
 
@@ -104,17 +105,21 @@ def raw_post(
     return int(lines[0].split()[1]), headers, rest
 
 
-def test_a_burst_at_a_full_server_gets_an_answer_or_a_429_each(full_server: str) -> None:
-    body = json.dumps({"inputs": "a short text"}).encode()
+@pytest.mark.parametrize(("path", "text"), [("/predict", "inputs"), ("/v1/embeddings", "input")])
+def test_a_burst_at_a_full_server_gets_an_answer_or_a_429_each(full_server: str, path: str, text: str) -> None:
+    """Each 429 in the error shape of its route (OpenAI's on OpenAI's routes: the accept loop's answered
+    hare's there)."""
+    body = json.dumps({text: "a short text"}).encode()
+    request = post_bytes(full_server, body, path=path)
     with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda _: raw_post(full_server, body), range(BURST)))
+        answers = list(pool.map(lambda _: raw_post(full_server, body, request=request), range(BURST)))
     statuses = [status for status, _, _ in answers]
     assert set(statuses) <= {200, 429} and 429 in statuses, statuses  # every connection answered, no 5xx
     for status, headers, rest in answers:
         if status == 429:
             assert int(headers["retry-after"]) >= 1
             assert headers["connection"] == "close"
-            assert json.loads(rest[: int(headers["content-length"])])["type"] == "Overloaded"
+            assert error_in(path, json.loads(rest[: int(headers["content-length"])]))[1] == "Overloaded"
     # Most came from the accept loop, not the app (uvicorn names itself in a `server` header).
     assert any("server" not in headers for status, headers, _ in answers if status == 429)
 
@@ -156,7 +161,7 @@ def test_a_refused_request_not_read_whole_at_once_still_reads_its_429(full_serve
     canned = [(headers, rest) for status, headers, rest in answers if status == 429 and "server" not in headers]
     assert canned, "no refusal from the accept loop in the burst"
     for headers, rest in canned:
-        assert json.loads(rest[: int(headers["content-length"])])["type"] == "Overloaded"
+        assert error_in("/predict", json.loads(rest[: int(headers["content-length"])]))[1] == "Overloaded"
 
 
 def test_a_large_body_refused_by_the_app_reads_its_429(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
@@ -222,6 +227,9 @@ def test_the_prebuilt_429_parses_as_http_and_is_the_apps_answer() -> None:
     assert isinstance(client.next_event(), h11.EndOfMessage)
     app = error_response(refusal)
     assert app.status_code == 429 and app.body == data.data
+    openai = raw_answer(refusal, "/v1/embeddings").partition(b"\r\n\r\n")[2]
+    assert openai == error_response(refusal, "/v1/embeddings").body
+    assert error_in("/v1/embeddings", json.loads(openai)) == (refusal.message, "Overloaded")
     assert {k: v for k, v in app.headers.items() if k not in ("content-length", "content-type")} == {
         k: v for k, v in headers.items() if k not in ("content-length", "content-type")
     }

@@ -9,8 +9,9 @@ backlog (a client saw 80 s). Here a refusal is a few system calls: peek, read, s
 
 One connection, refused:
 
-    accepted -> peek 5 bytes (at once: paced, it waited in the backlog and its request is most often there;
-                else when readable) -> "POST " and admission refuses -> read the request, send the 429
+    accepted -> peek (at once: paced, it waited in the backlog and its request is most often there; else
+                when readable) -> "POST " and admission refuses -> read the request, send the 429 its route
+                answers
              -> the request was read whole: close
              -> else (its body still on the way, or more behind it): shutdown(SHUT_WR), then when readable
                 read and drop the rest until the client closes (or LINGER_S) -> close
@@ -34,13 +35,14 @@ READ_BYTES = 65536  # what one read of a refused request takes; a longer one lin
 
 
 class Refuser:
-    """Connections this worker took while refusing. `refusal` gives the whole 429 to send when admission
-    refuses now (None: it admits), built by the app's one error answer (api/web/errors.py, `raw_answer`);
+    """Connections this worker took while refusing. `refusal` gives the whole 429 to send to a request for a
+    target (its path as sent) when admission refuses now (None: it admits), built by the app's one error
+    answer (api/web/errors.py, `raw_answer`: OpenAI's routes answer OpenAI's shape);
     `hand_off` gives a connection to uvicorn; `refused` counts one canned refusal (metrics)."""
 
     def __init__(
         self,
-        refusal: Callable[[], bytes | None],
+        refusal: Callable[[bytes], bytes | None],
         hand_off: Callable[[socket.socket], object],
         refused: Callable[[], None],
     ) -> None:
@@ -64,7 +66,7 @@ class Refuser:
     def _first(self, conn: socket.socket) -> bool:
         """Refuse `conn`, or give it to uvicorn, or close it; False while it has sent nothing yet."""
         try:
-            head = conn.recv(len(REFUSED_METHOD), socket.MSG_PEEK)
+            head = conn.recv(READ_BYTES, socket.MSG_PEEK)
         except BlockingIOError:
             return False
         except OSError:
@@ -73,7 +75,7 @@ class Refuser:
         if not head:  # the client left before sending anything
             self._close(conn)
             return True
-        refusal = self._refusal() if head == REFUSED_METHOD else None
+        refusal = self._refusal(target(head)) if head.startswith(REFUSED_METHOD) else None
         if refusal is None:  # another method, a request split before its 5th byte, or admission opened
             self._give(conn)
             return True
@@ -131,6 +133,12 @@ class Refuser:
     def _close(self, conn: socket.socket) -> None:
         self._release(conn)
         conn.close()
+
+
+def target(request: bytes) -> bytes:
+    """The target of a request's first line (its path and query, as sent), or as much of it as has come."""
+    parts = request.partition(b"\r\n")[0].split(b" ", 2)
+    return parts[1] if len(parts) > 1 else b""
 
 
 def whole_request(request: bytes) -> bool:

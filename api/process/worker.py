@@ -223,10 +223,11 @@ class PacedServer(Server):
         res = self._resources()
         return res.batcher.refusal() if res is not None else None
 
-    def _canned(self) -> bytes | None:
-        """The whole 429 the refuser sends when admission refuses now (None: it admits)."""
+    def _canned(self, target: bytes) -> bytes | None:
+        """The whole 429 the refuser sends to a request for `target` when admission refuses now (None: it
+        admits)."""
         refusal = self._refusal()
-        return None if refusal is None else raw_answer(refusal)
+        return None if refusal is None else raw_answer(refusal, target.decode("latin-1"))
 
     def _interval(self) -> float:
         """Seconds between two connections this worker accepts while refusing: its share of the refusals

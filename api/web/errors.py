@@ -113,9 +113,9 @@ def error_response(exc: HareError, path: str = "") -> Response:
     return Response(content, status_code=status, headers=headers, media_type=JSON)
 
 
-def raw_answer(exc: HareError) -> bytes:
+def raw_answer(exc: HareError, path: str = "") -> bytes:
     """`answer` as a whole HTTP/1.1 response, for a raw socket (the accept loop's refuser)."""
-    status, headers, content = answer(exc)
+    status, headers, content = answer(exc, path)
     head = [
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
         f"content-type: {JSON}",
