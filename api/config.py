@@ -87,6 +87,21 @@ def _optional_choice(options: tuple[str, ...]) -> Callable[[str], str | None]:
     return lambda text: choose(text) if text else None
 
 
+def _folder(text: str) -> Path | None:
+    """An existing folder, or None for an empty value."""
+    if text and not Path(text).is_dir():
+        raise ValueError("expected an existing folder")
+    return Path(text) if text else None
+
+
+def _socket(text: str) -> Path | None:
+    """A Unix socket's path in an existing folder (the socket itself comes when its server listens), or None
+    for an empty value."""
+    if text and not Path(text).parent.is_dir():
+        raise ValueError("expected a path in an existing folder")
+    return Path(text) if text else None
+
+
 def _origins(text: str) -> tuple[str, ...]:
     return tuple(o.strip() for o in text.split(",") if o.strip())
 
@@ -165,7 +180,7 @@ class Settings:
     )
     core_pool: Path | None = _setting(  # noqa: RUF009 (_setting returns a dataclasses.field)
         "HARE_CORE_POOL",
-        lambda text: Path(text) if text else None,
+        _folder,
         "folder of the machine-wide core pool the workers share (set by the gunicorn config; empty: this "
         "process alone)",
         None,
@@ -192,7 +207,7 @@ class Settings:
     )
     engine_socket: Path | None = _setting(  # noqa: RUF009 (_setting returns a dataclasses.field)
         "HARE_ENGINE_SOCKET",
-        lambda text: Path(text) if text else None,
+        _socket,
         "the shared engine's Unix socket (set by the gunicorn config when it starts one; empty: none)",
         None,
     )

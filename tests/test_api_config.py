@@ -79,6 +79,8 @@ def test_values_are_parsed_and_bad_ones_named() -> None:
         ("HARE_TARGET", "tpu"),  # it was served as cpu, silently
         ("HARE_READ_TIMEOUT", "inf"),
         ("HARE_MAX_WAIT_MS", "1e999"),
+        ("HARE_CORE_POOL", "/no/such/folder"),  # each worker failed with a traceback
+        ("HARE_ENGINE_SOCKET", "/no/such/folder/engine.sock"),
     ]:
         with pytest.raises(InputError, match=key):
             Settings.from_env({key: value})
