@@ -292,14 +292,15 @@ def test_existing_output_needs_force(
     tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "bundle"
-    out.mkdir()
-    (out / "keep.txt").write_text("user data")
     args = [tiny_model("text-ranking"), "--task", "text-ranking", "--out", out, "--variants", "fp32", *QUICK]
+    assert run(*args) == 0
+    (out / "hare.json").write_text((out / "hare.json").read_text().replace("text-ranking", "stale"))
     assert run(*args) == 2
     assert "--force" in capsys.readouterr().err
-    assert (out / "keep.txt").exists()
+    assert "stale" in (out / "hare.json").read_text()
     assert run(*args, "--force") == 0
     assert read_manifest(out).task == "text-ranking"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # the old bundle went with the build's folder
 
 
 def test_model_dir_without_task_is_an_error(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from container.arguments import comma_ints
+from container.arguments import comma_ints, count, finite_float, positive_float, positive_int
 from container.bundle import Manifest
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK, default_model_dir
 from container.machine import FULL_LEVELS, NARROW_LEVELS
@@ -86,17 +87,19 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--tune-lengths", type=comma_ints, default=[16, 128, 384], help="sequence lengths timed")
     p.add_argument("--tune-batches", type=comma_ints, default=[1, 8], help="batch sizes timed")
-    p.add_argument("--tune-threads", type=int, default=1, help="ORT threads while timing (serving: 1 per worker)")
+    p.add_argument(
+        "--tune-threads", type=positive_int, default=1, help="ORT threads while timing (serving: 1 per worker)"
+    )
     p.add_argument(
         "--tune-seconds",
-        type=float,
+        type=positive_float,
         default=0.2,
         help="least time spent timing each point, over autotune's rounds (by the calls' CPU time at one thread), "
         "and each batch budget",
     )
     p.add_argument(
         "--tune-streams",
-        type=int,
+        type=count,
         default=0,
         help="model calls at once while measuring the batch budget (0: one per physical core, as under load)",
     )
@@ -117,10 +120,35 @@ def configure(p: argparse.ArgumentParser) -> None:
         gates.add_argument(
             gate_flag(first),
             dest=f"gate_{metric}",
-            type=float,
+            type=finite_float,
             metavar="X",
             help=f"{what} (default: {default})".replace("%", "%%"),
         )
+
+
+def checked_gates(thresholds: Mapping[str, float], task: str) -> None:
+    """Refuse a gate's flag that does not apply to `task` (it was ignored: a build judged on the default)."""
+    applies = {FP32_GATE.metric, *(gate.metric for gate in TASKS[task].gates)}
+    for metric in sorted(set(thresholds) - applies):
+        tasks = [name for name, gate in gates_by_metric()[metric]]
+        raise InputError(
+            f"{gate_flag(gates_by_metric()[metric][0][1])} is a gate of {', '.join(tasks)}, not of {task}; "
+            f"{task}'s gates: {', '.join(gate_flag(g) for g in (FP32_GATE, *TASKS[task].gates))}"
+        )
+
+
+def variant_names(text: str | None) -> list[str] | None:
+    """`--variants a,b`: the names, spaces around them dropped; None (every variant) only when not given."""
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise InputError(f"--variants {text!r} names no variant; leave it out to try them all")
+    return names
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -137,6 +165,11 @@ def main(args: argparse.Namespace) -> int:
         model_dir, task = args.model_dir, args.task
     given = {metric: getattr(args, f"gate_{metric}", None) for metric in gates_by_metric()}
     thresholds = {metric: value for metric, value in given.items() if value is not None}
+    checked_gates(thresholds, task)
+    if args.validation_file is not None and not args.validation_file.is_file():  # else said after the export
+        what = "is a folder" if args.validation_file.is_dir() else "does not exist"
+        raise InputError(f"--validation-file {args.validation_file} {what}; give a file of texts")
+    signal.signal(signal.SIGTERM, _stop)  # docker stop, Kubernetes, timeout: the build's folder is removed
     # Piped output (CI logs) gets a wide console so the variant table is not squeezed to 80 columns.
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
     out = args.out or DEFAULT_BUNDLE
@@ -152,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
             adapter=args.adapter,
             validation_file=args.validation_file,
             thresholds=thresholds,
-            only=args.variants.split(",") if args.variants else None,
+            only=variant_names(args.variants),
             tune_lengths=args.tune_lengths,
             tune_batches=args.tune_batches,
             tune_threads=args.tune_threads,

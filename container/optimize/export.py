@@ -51,13 +51,52 @@ def load_torch_model(source: SourceModel, task: TaskSpec):  # type: ignore[no-un
     # routing, and its batched_mm gathers each token's experts' weights (memory per token, fp32 experts in
     # every int8 variant); hare's own routes each expert's tokens to a MatMul on its constant weights, the
     # same graph for every input (container/optimize/experts.py).
-    model = auto.from_pretrained(
-        str(source.path),
-        attn_implementation="eager",
-        experts_implementation=experts.register(),
-        trust_remote_code=source.trust_remote_code,
+    model = with_missing(
+        auto.from_pretrained(
+            str(source.path),
+            attn_implementation="eager",
+            experts_implementation=experts.register(),
+            trust_remote_code=source.trust_remote_code,
+            output_loading_info=True,
+        )
     )
     return experts.split_weights(model.eval())
+
+
+def with_missing(loaded: tuple[Any, dict[str, Any]]) -> Any:
+    """from_pretrained's model, with the weights its checkpoint lacked (`hare_missing`, which transformers
+    filled in) for refuse_missing_weights."""
+    model, info = loaded
+    model.hare_missing = frozenset(info.get("missing_keys", ()))
+    return model
+
+
+def refuse_missing_weights(model, graph, dummy: dict[str, Any], source: SourceModel) -> None:  # type: ignore[no-untyped-def]
+    """Refuse a checkpoint that lacks weights the output reads: transformers makes them up (random values, or
+    a default such as a LayerNorm's zero bias) for the export and the reference alike, so every gate passed on
+    a model that is not the one saved, or the fp32 gate failed on two draws of the random ones, blaming the
+    export. A missing weight the output does not read (a pooler under token embeddings) is let go. Which it
+    reads: those a backward pass from `graph`'s outputs reaches, run only when some are missing."""
+    import torch
+
+    missing: frozenset[str] = getattr(model, "hare_missing", frozenset())
+    if not missing:
+        return
+    with torch.enable_grad():
+        out = graph(**dummy)
+        outputs = out.values() if isinstance(out, dict) else out if isinstance(out, tuple | list) else [out]
+        sums = [t.float().sum() for t in outputs if torch.is_tensor(t) and t.requires_grad]
+        if sums:  # none: the graph computes without gradients, and nothing can be told
+            torch.stack(sums).sum().backward()
+    read = sorted(name for name, p in model.named_parameters() if name in missing and p.grad is not None)
+    model.zero_grad(set_to_none=True)
+    if read:
+        shown = ", ".join(read[:5]) + (f" and {len(read) - 5} more" if len(read) > 5 else "")
+        raise UnsupportedModel(
+            f"{source.path}'s weights lack {len(read)} that its output reads ({shown}): transformers would fill "
+            "them with made-up values, and the bundle would serve those; save the whole model into the folder "
+            "(a classifier with its trained head)"
+        )
 
 
 # Encoder-only classes, where transformers has one: they read the encoder-only checkpoints sentence-transformers
@@ -77,10 +116,10 @@ def encoder_of(source: SourceModel):  # type: ignore[no-untyped-def]
     (T5Gemma 2, whose checkpoints hold the encoder under the LM's prefix; its decoder is read and freed)."""
     import transformers
 
-    kwargs = dict(attn_implementation="eager", trust_remote_code=source.trust_remote_code)
+    kwargs = dict(attn_implementation="eager", trust_remote_code=source.trust_remote_code, output_loading_info=True)
     if name := ENCODER_CLASSES.get(source.model_type):
-        return getattr(transformers, name).from_pretrained(str(source.path), **kwargs).eval()
-    return transformers.AutoModel.from_pretrained(str(source.path), **kwargs).get_encoder().eval()
+        return with_missing(getattr(transformers, name).from_pretrained(str(source.path), **kwargs)).eval()
+    return transformers.AutoModel.from_pretrained(str(source.path), **kwargs)[0].get_encoder().eval()
 
 
 def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no-untyped-def]
@@ -218,6 +257,7 @@ def export_onnx(source: SourceModel, task: TaskSpec, out: Path) -> list[str]:
     inputs = graph_inputs(source, list(inspect.signature(model.forward).parameters))
     graph = graph_module(model, source, task)
     dummy = {name: torch.ones((2, 8), dtype=torch.long) for name in inputs}
+    refuse_missing_weights(model, graph, dummy, source)
     dynamic = {name: {0: "batch", 1: "sequence"} for name in [*inputs, task.output]}
     if source.sparse is not None and not source.sparse.heads:
         dynamic[task.output] = {0: "batch"}  # SPLADE's [batch, vocab]: pooled over the sequence in the graph

@@ -3,12 +3,13 @@ it returned, under one progress bar a stage; the bundle is written atomically.""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from container.bundle import TOKENIZER_FILE, Manifest
+from container.bundle import MANIFEST_FILE, TOKENIZER_FILE, Manifest
 from container.machine import describe, physical_cores, weight_levels
 from container.openvino_runtime import available as openvino_available
 from container.openvino_runtime import bf16_capable
@@ -47,10 +48,7 @@ HINTS = {
 def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
     """Build a bundle at `opts.out`; nothing is left there unless a variant passed every gate."""
     console = console or Console(stderr=True)
-    if opts.out.exists() and not opts.out.is_dir():  # --force would fail only after the whole build
-        raise InputError(f"--out {opts.out} is a file; give a folder for the bundle")
-    if opts.out.exists() and not opts.force:
-        raise InputError(f"output folder {opts.out} already exists; pass --force to replace it")
+    check_out(opts.out, opts.model_dir)
     if opts.target not in PROVIDERS:
         raise InputError(f"unknown target {opts.target!r}; choose {' or '.join(PROVIDERS)}")
     if opts.target not in available_targets():
@@ -73,21 +71,82 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
     for name in sorted({static_int8.NAME, grouped_int8.NAME} & set(opts.only or ())):
         if not openvino_available():
             raise InputError(f"variant {name} runs on OpenVINO: pip install 'hare[openvino]'")
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}.partial-", dir=opts.out.parent))
     try:
-        model_dir = adapters.merge(opts.model_dir, adapter, folder / "merged") if adapter else opts.model_dir
-        src = source.inspect_source(model_dir, opts.task, opts.allow_pickle, opts.trust_remote_code)
-        if adapter in src.prompts:  # sentence-transformers' prompt of the same name goes with the adapter
-            src = replace(src, default_prompt_name=adapter)
-        tried = candidates(opts.target, fuse.attention_shape(src.config), opts.int8_levels)
-        manifest = _compose(opts, src, variants.plan(tried, opts.only), folder, console)
-        if opts.out.exists():
-            shutil.rmtree(opts.out)
-        os.replace(folder / "bundle", opts.out)
-        return manifest
+        opts.out.parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}.partial-", dir=opts.out.parent))
+    except OSError as exc:
+        raise InputError(f"--out {opts.out}: cannot write in {opts.out.parent} ({exc.strerror})") from None
+    try:
+        with holding(opts.out):
+            check_replaceable(opts.out, opts.force)  # under the lock: another build may have just written it
+            model_dir = adapters.merge(opts.model_dir, adapter, folder / "merged") if adapter else opts.model_dir
+            src = source.inspect_source(model_dir, opts.task, opts.allow_pickle, opts.trust_remote_code)
+            if adapter in src.prompts:  # sentence-transformers' prompt of the same name goes with the adapter
+                src = replace(src, default_prompt_name=adapter)
+            tried = candidates(opts.target, fuse.attention_shape(src.config), opts.int8_levels)
+            manifest = _compose(opts, src, variants.plan(tried, opts.only), folder, console)
+            # The old bundle moved aside, then the new one in: two renames, never a moment without a bundle
+            # that a deletion of the whole old one would take. The old one goes with the build's folder.
+            if opts.out.exists():
+                os.replace(opts.out, folder / "replaced")
+            os.replace(folder / "bundle", opts.out)
+            return manifest
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def check_out(out: Path, model_dir: Path) -> None:
+    """Refuse, before any work, an --out the build would fail on or that --force must never replace: a file,
+    and the current folder, the model's, or a folder holding either (--force deleted them with all they held)."""
+    where = out.resolve()
+    for held, what in ((Path.cwd().resolve(), "the current folder"), (model_dir.resolve(), "the model folder")):
+        if where == held or where in held.parents:
+            raise InputError(f"--out {out} is or holds {what}; give the bundle a folder of its own")
+    if out.exists() and not out.is_dir():  # --force would fail only after the whole build
+        raise InputError(f"--out {out} is a file; give a folder for the bundle")
+
+
+def check_replaceable(out: Path, force: bool) -> None:
+    """An existing --out is replaced only with --force, and only if it is a bundle or empty: --force replaces a
+    bundle, and a folder of other things (a model, a project) is not one."""
+    if not out.exists():
+        return
+    if not force:
+        raise InputError(f"output folder {out} already exists; pass --force to replace it")
+    if not (out / MANIFEST_FILE).is_file() and any(out.iterdir()):
+        raise InputError(
+            f"--out {out} holds files but no bundle ({MANIFEST_FILE}); --force replaces a bundle only: give a new "
+            "or empty folder"
+        )
+
+
+@contextmanager
+def holding(out: Path) -> Iterator[None]:
+    """Hold `out` while building it: a second `hare optimize` onto it is refused at once (two builds each
+    replaced the other's bundle, the second without --force). The kernel's lock on a hidden file beside it, let
+    go however this process ends; the file is removed after."""
+    lock = out.parent / f".{out.name}.optimize-lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise InputError(f"another hare optimize is building {out}; wait for it, or give another --out") from None
+        except OSError:  # a file system without locks (some network mounts): the build runs, unguarded
+            break
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # its holder removed it as this process took it: take the one there now
+    try:
+        yield
+    finally:
+        with suppress(FileNotFoundError):
+            lock.unlink()
+        os.close(fd)
 
 
 def candidates(target: str, attention: tuple[int, int] = (0, 0), levels: int | None = None) -> list[variants.Variant]:

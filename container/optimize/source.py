@@ -220,7 +220,8 @@ def _max_length(folder: Path, config: dict[str, Any]) -> int:
     positions = config.get("max_position_embeddings")
     if isinstance(positions, int):
         # RoBERTa-style models start positions after padding_idx, so two slots are not usable.
-        offset = config.get("pad_token_id", 0) + 1 if config["model_type"] in PADDING_OFFSET_POSITIONS else 0
+        pad = config.get("pad_token_id")  # null in some configs: the tokenizer's pad then, 1 for RoBERTa's
+        offset = (pad if isinstance(pad, int) else 1) + 1 if config["model_type"] in PADDING_OFFSET_POSITIONS else 0
         limits.append(positions - offset)
     if not limits:
         raise UnsupportedModel(f"{folder} declares no maximum length (max_position_embeddings)")

@@ -154,7 +154,7 @@ def _encode(tokenizer: Tokenizer, text: str, query: str | None) -> list[int]:
 def file_samples(path: Path, pairs: bool) -> list[Sample]:
     """The user's set: one text per line, or JSONL of {"text"} or {"query", "document"|"documents"}."""
     if not path.is_file():
-        raise InputError(f"validation file {path} does not exist")
+        raise InputError(f"validation file {path} {'is a folder' if path.is_dir() else 'does not exist'}")
     try:  # utf-8-sig: without the byte order mark Windows tools put first, which would begin the first text
         lines = path.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError as exc:
@@ -174,9 +174,17 @@ def file_samples(path: Path, pairs: bool) -> list[Sample]:
         except ValueError as exc:
             raise InputError(f"{path}:{n}: not valid JSON ({exc})") from exc
         if pairs and "query" in row:
-            group = queries.setdefault(row["query"], len(queries))
             docs = row.get("documents") or [row.get("document")]
-            samples += [Sample(row["query"], str(d), group) for d in docs if d]
+            if (
+                not isinstance(row["query"], str)
+                or not isinstance(docs, list)
+                or not all(isinstance(d, str | None) for d in docs)
+            ):  # a string "documents" was read as one document a character, an object as its repr
+                raise InputError(
+                    f"{path}:{n}: expected a text as query and a text as document or a list of texts as documents"
+                )
+            group = queries.setdefault(row["query"], len(queries))
+            samples += [Sample(row["query"], d, group) for d in docs if d]
         elif not pairs and isinstance(row.get("text"), str):
             samples.append(Sample(row["text"]))
         else:

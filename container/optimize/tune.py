@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from container.arguments import comma_ints
+from container.arguments import comma_ints, count, positive_float
 from container.bundle import MANIFEST_FILE, MODEL_FILE, PARITY_FILE, TOKENIZER_FILE, read_manifest
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
@@ -37,9 +37,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         "bundle", nargs="?", type=Path, default=DEFAULT_BUNDLE, help=f"bundle folder (default {DEFAULT_BUNDLE})"
     )
     p.add_argument(
-        "--streams", type=int, default=0, help="model calls at once (0: one per physical core, as the server runs)"
+        "--streams", type=count, default=0, help="model calls at once (0: one per physical core, as the server runs)"
     )
-    p.add_argument("--seconds", type=float, default=0.2, help="least time spent timing each budget")
+    p.add_argument("--seconds", type=positive_float, default=0.2, help="least time spent timing each budget")
     p.add_argument(
         "--budgets",
         type=comma_ints,
@@ -68,8 +68,6 @@ def main(args: argparse.Namespace) -> int:
             f"{bundle} is a {manifest.target} bundle: the batch budget is measured for CPU bundles "
             "(a GPU batches up to HARE_MAX_BATCH_TOKENS, 8192 by default)"
         )
-    if args.streams < 0 or args.seconds <= 0:
-        raise InputError("--streams must be 0 or more and --seconds more than 0")
     streams = args.streams or physical_cores()
     tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
     budgets = autotune.BUDGETS if args.budgets is None else autotune.checked_budgets(args.budgets)
@@ -120,7 +118,12 @@ def check(bundle: Path) -> int:
     manifest = read_manifest(bundle)
     if not (bundle / PARITY_FILE).is_file():
         raise InputError(f"{bundle} has no {PARITY_FILE} (built before hare kept its validation set): rebuild it")
-    shipped = next(v for v in manifest.variants if v["name"] == manifest.variant)
+    shipped = next((v for v in manifest.variants if v["name"] == manifest.variant), None)
+    if shipped is None:
+        raise InputError(
+            f"{bundle}/{MANIFEST_FILE} ships variant {manifest.variant!r} but records no gates for it (its "
+            "variants list lacks it): rebuild the bundle"
+        )
     thresholds = {metric: float(g["threshold"]) for metric, g in shipped["gates"].items()}
     feeds, refs, groups = load_parity(bundle / PARITY_FILE)
     model = open_model(bundle / MODEL_FILE, manifest.variant, manifest.target, 1, manifest.output)

@@ -6,6 +6,7 @@ and checked against the gates. A variant that fails a gate is never shipped.
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from container.optimize.errors import ValidationFailed
 from container.optimize.source import SourceModel
 from container.optimize.textset import Sample
 from tasks.base import Gate, ParityInput, TaskSpec
+from tasks.errors import InputError
 from tasks.ops import length_batches, pad_batch
 
 # Every task's fp32 variants, beside the task's own gates: an fp32 graph must be the model, not close to it.
@@ -264,8 +266,11 @@ def save_parity(out: Path, parity: Parity) -> Path:
 
 def load_parity(path: Path) -> tuple[list[dict[str, NDArray[np.int64]]], list[NDArray[np.float32]], list[int]]:
     """save_parity's file: per sample the model inputs and the reference, and the groups."""
-    with np.load(path) as stored:
-        groups = [int(g) for g in stored["groups"]]
-        feeds = [{name: stored[f"{name}_{i}"] for name in INPUTS} for i in range(len(groups))]
-        refs = [stored[f"ref_{i}"] for i in range(len(groups))]
+    try:
+        with path.open("rb") as file, np.load(file) as stored:  # np.load left a damaged file's handle open
+            groups = [int(g) for g in stored["groups"]]
+            feeds = [{name: stored[f"{name}_{i}"] for name in INPUTS} for i in range(len(groups))]
+            refs = [stored[f"ref_{i}"] for i in range(len(groups))]
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:  # cut short, or not save_parity's
+        raise InputError(f"{path} is damaged ({exc}); rebuild the bundle") from None
     return feeds, refs, groups

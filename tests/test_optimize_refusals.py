@@ -1,0 +1,211 @@
+"""What `hare optimize` and `hare tune` refuse, and what they leave: a folder `--force` must not delete, a second
+build onto the same bundle, a checkpoint that lacks weights, flags no build can use, a stop by SIGTERM. Each
+refusal is one sentence and exit 2, before the work it would waste where it can be."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from container.bundle import MANIFEST_FILE, PARITY_FILE
+from container.optimize.pipeline import holding
+from hare.cli import main
+from tests.conftest import ModelFactory
+
+QUICK = ["--tune-lengths", "8", "--tune-batches", "1", "--tune-seconds", "0.02", "--tune-budgets", "128"]
+
+
+def run(*args: object) -> int:
+    return main(["optimize", *map(str, args)])
+
+
+def _copy(model: Path, dst: Path) -> Path:
+    shutil.copytree(model, dst)
+    return dst
+
+
+def _drop_weights(folder: Path, *prefixes: str) -> None:
+    weights = load_file(str(folder / "model.safetensors"))
+    kept = {k: v for k, v in weights.items() if not k.startswith(prefixes)}
+    assert len(kept) < len(weights), sorted(weights)
+    save_file(kept, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("out", ["model", "projects", "."])
+def test_force_never_deletes_the_model_or_the_current_folder(
+    tiny_model: ModelFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    out: str,
+) -> None:
+    # `--out . --force` emptied the current folder, model and all; `--out models --force` deleted every model
+    # in models/, and the model folder itself as --out had its weights replaced by the bundle's.
+    project = tmp_path / "projects"
+    model = _copy(tiny_model("text-classification"), project / "model")
+    (project / "notes.txt").write_text("mine")
+    monkeypatch.chdir(project)
+    target = {"model": model, "projects": project, ".": Path(".")}[out]
+    assert run(model, "--task", "text-classification", "--out", target, "--force", *QUICK) == 2
+    assert "give the bundle a folder of its own" in capsys.readouterr().err
+    assert (project / "notes.txt").read_text() == "mine" and (model / "model.safetensors").is_file()
+
+
+def test_force_replaces_a_bundle_but_not_a_folder_of_other_files(
+    tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("user data")
+    model = tiny_model("text-ranking")
+    assert run(model, "--task", "text-ranking", "--out", mine, "--variants", "fp32", *QUICK) == 2
+    assert "pass --force to replace it" in capsys.readouterr().err
+    assert run(model, "--task", "text-ranking", "--out", mine, "--variants", "fp32", "--force", *QUICK) == 2
+    assert "holds files but no bundle (hare.json); --force replaces a bundle only" in capsys.readouterr().err
+    assert (mine / "keep.txt").read_text() == "user data"
+    assert not list(tmp_path.glob(".mine*"))  # neither a build's folder nor its lock is left
+
+
+def test_a_second_build_onto_a_bundle_being_built_is_refused_at_once(
+    tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two builds onto one --out both ran; the later replaced the earlier's bundle without --force.
+    out = tmp_path / "bundle"
+    with holding(out):  # what a running build holds
+        assert run(tiny_model("text-classification"), "--task", "text-classification", "--out", out, *QUICK) == 2
+    assert f"another hare optimize is building {out}" in capsys.readouterr().err
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # the lock goes with its holder
+
+
+def test_a_checkpoint_that_lacks_weights_its_output_reads_is_refused(
+    tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # transformers filled a missing head with random values (the fp32 gate then failed, blaming the export)
+    # and a missing LayerNorm bias with zeros (the bundle shipped).
+    for dropped in (("classifier.",), ("bert.embeddings.LayerNorm.bias",)):
+        folder = _copy(tiny_model("text-classification"), tmp_path / dropped[0])
+        _drop_weights(folder, *dropped)
+        out = tmp_path / f"{dropped[0]}bundle"
+        assert run(folder, "--task", "text-classification", "--out", out, "--variants", "fp32", *QUICK) == 2
+        said = capsys.readouterr().err
+        assert "weights lack" in said and f"that its output reads ({dropped[0]}" in said, said
+        assert not out.exists()
+
+
+def test_a_missing_weight_the_output_does_not_read_is_let_go(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    """A checkpoint saved without the pooler, embedded by its token states: the pooler is never read."""
+    folder = _copy(tiny_model("feature-extraction"), tmp_path / "model")
+    _drop_weights(folder, "pooler.")
+    out = tmp_path / "bundle"
+    assert run(folder, "--task", "feature-extraction", "--out", out, "--variants", "fp32", *QUICK) == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--tune-lengths", "0"], "expected comma-separated whole numbers of at least 1, got '0'"),
+        (["--tune-batches", ","], "expected comma-separated whole numbers of at least 1, got ','"),
+        (["--tune-streams", "-1"], "expected 0 or more, got -1"),
+        (["--tune-threads", "0"], "expected at least 1, got 0"),
+        (["--tune-seconds", "nan"], "expected a finite number, got 'nan'"),
+        (["--min-top1", "nan"], "expected a finite number, got 'nan'"),
+    ],
+)
+def test_a_flag_no_build_can_use_is_a_usage_error_before_any_work(
+    tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str
+) -> None:
+    # Each failed only after the export, most with a traceback (ZeroDivisionError, IndexError, OverflowError), or
+    # judged every variant against nan.
+    with pytest.raises(SystemExit) as exit_:
+        run(tiny_model("text-classification"), "--task", "text-classification", "--out", tmp_path / "b", *flags)
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--min-spearman", "0.5"], "--min-spearman is a gate of text-ranking, not of text-classification"),
+        (["--variants", ""], "--variants '' names no variant"),
+        (["--validation-file", "{tmp}"], "is a folder; give a file of texts"),
+        (["--validation-file", "{tmp}/none.txt"], "none.txt does not exist"),
+    ],
+)
+def test_an_input_the_build_would_ignore_or_fail_on_late_is_refused_first(
+    tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str
+) -> None:
+    # A gate of another task was ignored; an empty --variants (an unset variable) built every variant; a
+    # validation file that is not one was said after the export.
+    args = [a.format(tmp=tmp_path) for a in flags]
+    assert run(tiny_model("text-classification"), "--task", "text-classification", "--out", tmp_path / "b", *args) == 2
+    assert said in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"query": "what is a cat", "documents": "a cat is an animal"},  # read as one document a character
+        {"query": "q", "documents": [{"text": "a"}]},  # read as the text "{'text': 'a'}"
+        {"query": 5, "documents": ["a"]},  # a traceback, with a hint about the model's max length
+    ],
+)
+def test_a_ranking_validation_row_that_is_not_texts_is_refused_by_its_line(
+    tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str], row: dict[str, object]
+) -> None:
+    texts = tmp_path / "set.jsonl"
+    texts.write_text(json.dumps({"query": "a", "documents": ["b", "c"]}) + "\n" + json.dumps(row) + "\n")
+    args = ["--task", "text-ranking", "--out", tmp_path / "b", "--validation-file", texts, "--variants", "fp32"]
+    assert run(tiny_model("text-ranking"), *args, *QUICK) == 2
+    assert f"{texts}:2: expected a text as query and a text as document or a list of texts" in capsys.readouterr().err
+
+
+def test_sigterm_stops_a_build_and_removes_its_folder(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    # docker stop, Kubernetes and timeout send SIGTERM: the build's folder of intermediate graphs (gigabytes for
+    # a real model) was left behind, where SIGINT removed it.
+    out = tmp_path / "bundle"
+    args = [tiny_model("text-classification"), "--task", "text-classification", "--out", out, *QUICK]
+    with subprocess.Popen([sys.executable, "-m", "hare.cli", "optimize", *map(str, args)]) as build:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".bundle.partial-*/*")):  # started: its folder holds a first file
+            assert build.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        build.send_signal(signal.SIGTERM)
+        assert build.wait(120) == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tune_check_on_a_damaged_bundle_is_one_sentence(
+    tiny_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = _copy(tiny_bundle("text-classification"), tmp_path / "bundle")
+    parity = (bundle / PARITY_FILE).read_bytes()
+    (bundle / PARITY_FILE).write_bytes(parity[: len(parity) // 2])  # cut short: zipfile's BadZipFile came out
+    assert main(["tune", str(bundle), "--check"]) == 2
+    assert f"{bundle / PARITY_FILE} is damaged" in capsys.readouterr().err
+    (bundle / PARITY_FILE).write_bytes(parity)
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
+    manifest["variant"] = "int8-unknown"  # a StopIteration came out
+    (bundle / MANIFEST_FILE).write_text(json.dumps(manifest))
+    assert main(["tune", str(bundle), "--check"]) == 2
+    assert "ships variant 'int8-unknown' but records no gates for it" in capsys.readouterr().err
+
+
+def test_a_roberta_config_with_a_null_pad_id_is_read(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    from container.optimize.source import inspect_source
+    from tasks.registry import get_task
+
+    folder = _copy(tiny_model("text-classification", "roberta"), tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    positions = config["max_position_embeddings"]
+    (folder / "config.json").write_text(json.dumps(config | {"pad_token_id": None}))  # a TypeError came out
+    source = inspect_source(folder, get_task("text-classification"), False, False)
+    assert source.max_length <= positions - 2  # RoBERTa's positions start after padding_idx 1
