@@ -50,6 +50,10 @@ def normalize_url(url: str) -> str:
         raise ValueError(f"{url!r}: an appliance URL starts with http:// or https://")
     if not parts.hostname:
         raise ValueError(f"{url!r} has no host name")
+    try:  # what connecting asks of it: else every page that reached it failed on a UnicodeError
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        raise ValueError(f"{url!r} has an invalid host name (a part of it empty or over 63 characters)") from None
     try:
         parts.port  # noqa: B018 (raises on a port that is not a number)
     except ValueError:

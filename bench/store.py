@@ -70,7 +70,7 @@ from tasks.errors import InputError
 
 __all__ = ["BASELINES", "MATCH_KEYS", "Comparison", "Point", "Ratio", "Run", "Store", "default_db_path", "ratios"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # a change to SCHEMA bumps it: a store at this version is opened without writing
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -159,8 +159,10 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self._db() as db:
-                db.executescript(SCHEMA)
-                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                # A store already made is only read here: one on a read-only mount can still be browsed.
+                if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                    db.executescript(SCHEMA)
+                    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:  # not SQLite, a folder, an unwritable place: sqlite3's own trace
             raise InputError(
                 f"{self.path} is not a result store this user can open ({exc}); give another --db (or HARE_BENCH_DB)"

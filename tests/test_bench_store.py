@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,13 @@ def test_reading_a_store_that_is_not_there_says_so_and_makes_nothing(
     assert hare(["bench", *command, "--db", str(db)]) == 2
     assert f"there is no result store at {db}: nothing has been measured there yet" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+def test_a_store_already_made_is_opened_without_writing(tmp_path: Path) -> None:
+    # Every open ran the schema and set its version: a store on a read-only mount could not even be browsed.
+    db = tmp_path / "x.db"
+    Store(db).create_run("run")
+    before = (db.read_bytes(), db.stat().st_mtime_ns)
+    time.sleep(0.01)
+    assert [r.id for r in Store(db).runs()] == [1]
+    assert (db.read_bytes(), db.stat().st_mtime_ns) == before

@@ -368,6 +368,18 @@ def test_page_shows_a_failed_benchmark(tmp_path: Path, monkeypatch: pytest.Monke
     assert "The benchmark failed: hare bench: error: cannot reach" in at.error[0].value and not at.exception
 
 
+def test_page_says_a_store_it_cannot_open_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "The Benchmarks page failed unexpectedly: InputError: ...", above every tab, a traceback in the log.
+    db = tmp_path / "bench.db"
+    db.write_bytes(b"not sqlite at all" * 100)
+    at = _page(db, monkeypatch)
+    assert not at.exception
+    assert [e.value for e in at.error if "bench store" in e.value] == [
+        f"Cannot open the bench store: {db} is not a result store this user can open (file is not a database); "
+        "give another --db (or HARE_BENCH_DB)"
+    ]
+
+
 def test_page_refuses_bad_input_before_starting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     asked = _stand_in(monkeypatch)
     at = _page(tmp_path / "bench.db", monkeypatch)

@@ -440,6 +440,29 @@ def test_cancel_says_so_and_keeps_the_form(page: object, shots: Path) -> None:
     _shot(page, "history-cancelled", 1000)
 
 
+def test_a_benchmark_refused_before_its_run_gives_the_form_back(page: object) -> None:
+    """A bench that fails before it makes a run (a bundle that is not there): its progress panel, redrawn on its
+    own, kept the page saying "A benchmark is running" with neither the form nor a Cancel button."""
+    from playwright.sync_api import Page, expect
+
+    assert isinstance(page, Page)
+    page.get_by_role("tab", name="Run").click()
+    main = page.locator("[data-testid='stMain']")
+    bundle = main.get_by_role("textbox", name="Bundle the URL serves (for exact token lengths)")
+    served = bundle.input_value()
+    bundle.fill("/nowhere")
+    bundle.press("Tab")
+    _settled(page)
+    page.get_by_role("button", name="Start benchmark").click()
+    expect(main.get_by_text(re.compile(r"The benchmark failed: .*/nowhere"))).to_be_visible(timeout=60_000)
+    expect(page.get_by_role("button", name="Start benchmark")).to_be_visible(timeout=10_000)
+    expect(main.get_by_text("A benchmark is running")).to_have_count(0)
+    no_traceback(page)
+    bundle.fill(served)
+    bundle.press("Tab")
+    _settled(page)
+
+
 def test_live_metrics_follow_traffic(page: object, appliance: tuple[str, Path], shots: Path) -> None:
     from playwright.sync_api import Page, expect
 

@@ -28,7 +28,16 @@ def test_normalize_url(raw: str, url: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "why"), [("", "empty"), ("ftp://x", "http://"), ("http://", "no host"), ("h:x", "port")]
+    ("raw", "why"),
+    [
+        ("", "empty"),
+        ("ftp://x", "http://"),
+        ("http://", "no host"),
+        ("h:x", "port"),
+        # taken, then every page that reached it failed on idna's UnicodeError, the Overview with no Remove
+        (f"http://{'a' * 64}.example:8080", "invalid host name"),
+        ("x" * 3000, "invalid host name"),
+    ],
 )
 def test_normalize_url_names_the_problem(raw: str, why: str) -> None:
     with pytest.raises(ValueError, match=why):

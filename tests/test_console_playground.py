@@ -168,3 +168,33 @@ def test_truncation_note() -> None:
     assert "maximum length and was cut to it:" in pg.truncation_note(True, None, None)
     assert '"long_input": "window"' in pg.truncation_note(True, 128, 128)
     assert "window" not in pg.truncation_note(True, 128, 128, windows=False)  # a pair is never read in windows
+
+
+def test_page_compares_at_most_the_first_sentences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,000 sentences answered at once held the page for minutes and grew the console to 9 GB: a heatmap of a
+    million cells. It compares the first SIMILARITY_MAX and says so."""
+    from admin_ui.views.playground import SIMILARITY_MAX
+
+    with fake_appliance("feature-extraction") as fake:
+        monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
+        at = AppTest.from_function(playground_page, default_timeout=30).run()
+        text = "\n".join(f"sentence {i}" for i in range(300))
+        at.text_area(key="hare-pg-text-feature-extraction").input(text)
+        at = _send(at)
+    assert not at.exception and not at.error
+    captions = [c.value for c in at.caption]
+    assert "300 vector(s) of 3 dimensions" in captions
+    assert f"Similarity of the first {SIMILARITY_MAX} of the 300 sentences" in captions
+
+
+def test_page_refuses_parameters_no_server_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NaN passed json.loads and failed in httpx: "The Playground page failed unexpectedly: ValueError".
+    with fake_appliance("feature-extraction") as fake:
+        monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
+        at = AppTest.from_function(playground_page, default_timeout=30).run()
+        at.text_area(key="hare-pg-params-feature-extraction").input('{"dimensions": NaN}')
+        at = _send(at)
+    assert not at.exception and not fake.requests
+    assert [e.value for e in at.error] == [
+        "The parameters are not a JSON object: NaN is not JSON (Python's json reads it, but no server does)"
+    ]

@@ -21,6 +21,7 @@ from admin_ui.percentiles import needed_answers, resolved
 from admin_ui.tables import figure
 from admin_ui.views import benchform, common
 from bench.store import Store
+from tasks.errors import InputError
 
 FOLLOWED = "hare.bench.followed"  # the run id the Results tab shows
 
@@ -50,6 +51,9 @@ def render() -> None:
 def _store(db: Path) -> Store | None:
     try:
         return Store(db)
+    except InputError as exc:  # not SQLite, a folder, a place this user cannot write
+        st.error(f"Cannot open the bench store: {exc.message}")
+        return None
     except (OSError, sqlite3.Error) as exc:
         st.error(f"Cannot open the bench store {db}: {exc}")
         return None
@@ -127,12 +131,16 @@ def _progress(job: BenchJob, plan: Plan | None, db: Path) -> None:
     if progress.log or progress.status == "failed":
         with st.expander("Bench log", expanded=progress.status == "failed"):
             st.code("\n".join([*progress.log, job.stderr_tail()]).strip() or "(empty)", language=None)
-    finished = progress.status is not None and progress.run_id is not None and not job.running
-    if finished and st.session_state.get("hare.bench.seen") != progress.run_id:
-        st.session_state["hare.bench.seen"] = progress.run_id
-        st.session_state[FOLLOWED] = progress.run_id
-        st.session_state["hare-bench-run"] = progress.run_id  # the Results tab opens on the finished run
-        st.rerun()  # redraw the whole page: Results and History now include the finished run
+    # A bench that failed before it made a run (a bundle that is not there) has no run id, and is redrawn too:
+    # else the page kept saying a benchmark was running, with neither the form nor a Cancel button.
+    seen = progress.run_id if progress.run_id is not None else f"job {id(job)}"
+    finished = progress.status is not None and not job.running
+    if finished and st.session_state.get("hare.bench.seen") != seen:
+        st.session_state["hare.bench.seen"] = seen
+        if progress.run_id is not None:
+            st.session_state[FOLLOWED] = progress.run_id
+            st.session_state["hare-bench-run"] = progress.run_id  # the Results tab opens on the finished run
+        st.rerun()  # redraw the whole page: the form, and Results and History with the finished run
 
 
 def _point_table(points: list[Any], cut: Any = None, asked_s: float | None = None) -> None:

@@ -63,6 +63,10 @@ def _inputs(task: str) -> tuple[str, str]:
     return text, ""
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON (Python's json reads it, but no server does)")
+
+
 def _send(url: str, task: str, text: str, documents: str, raw_params: str) -> None:
     try:
         inputs = pg.build_inputs(task, text, documents)
@@ -70,7 +74,7 @@ def _send(url: str, task: str, text: str, documents: str, raw_params: str) -> No
         st.warning(str(exc).capitalize())
         return
     try:
-        params = json.loads(raw_params or "{}")
+        params = json.loads(raw_params or "{}", parse_constant=_no_constant)
         if not isinstance(params, dict):
             raise ValueError("parameters must be a JSON object")
     except ValueError as exc:
@@ -99,10 +103,16 @@ def _entities(request: Any, output: Any) -> None:
         st.caption("No entity found.")
 
 
+SIMILARITY_MAX = 40  # sentences the similarity heatmap compares, at most (the first ones)
+
+
 def _similarity(request: Any, output: Any) -> None:
     vecs = pg.vectors(output)
     sentences = request if isinstance(request, list) else [request]
     st.caption(f"{len(vecs)} vector(s) of {len(vecs[0])} dimensions")
+    if len(vecs) > SIMILARITY_MAX:  # n x n cells: 1,000 sentences held the page for minutes and took 9 GB
+        st.caption(f"Similarity of the first {SIMILARITY_MAX} of the {len(vecs)} sentences")
+        vecs, sentences = vecs[:SIMILARITY_MAX], sentences[:SIMILARITY_MAX]
     if len(vecs) > 1:
         rows = pg.similarity_rows(sentences, pg.cosine_matrix(vecs))
         height = charts.rows_height(len(vecs), per_row=48, axes=120)
