@@ -27,9 +27,19 @@ from pathlib import Path
 from bench import measure, readout
 from bench.geometries import GEOMETRIES
 from bench.inputs import MIXES
+from bench.loadgen import MAX_RATE
 from bench.store import default_db_path
-from container.arguments import comma_floats, comma_ints
+from container.arguments import comma_floats, comma_ints, count, positive_float, positive_int, seconds
 from container.machine import physical_cores
+
+
+def _rates(text: str) -> list[float]:
+    """`--rate 50,100.5`: requests a second, each above 0 and at most MAX_RATE (the open loop's client would
+    fall behind and queue arrivals without end)."""
+    rates = comma_floats(text)
+    if max(rates) > MAX_RATE:
+        raise argparse.ArgumentTypeError(f"expected rates of at most {MAX_RATE:,.0f} requests a second, got {text!r}")
+    return rates
 
 
 def _seqs(text: str) -> list[int | str]:
@@ -93,7 +103,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--batch", type=comma_ints, default=[1], help="texts (or ranked documents) per request")
     grid.add_argument("--concurrency", type=comma_ints, default=[physical_cores()], help="closed-loop users")
     grid.add_argument("--load", choices=["closed", "open"], default="closed", help="closed loop or Poisson arrivals")
-    grid.add_argument("--rate", type=comma_floats, default=[], help="open loop: requests per second (comma-separated)")
+    grid.add_argument("--rate", type=_rates, default=[], help="open loop: requests per second (comma-separated)")
     grid.add_argument(
         "--workers",
         type=comma_ints,
@@ -103,12 +113,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     grid.add_argument(
         "--threads", type=comma_ints, default=None, help="ORT threads per worker to try (default: its own)"
     )
-    grid.add_argument("--warmup", type=float, default=2.0, help="seconds of unrecorded load before each point")
-    grid.add_argument("--duration", type=float, default=10.0, help="seconds recorded per point")
-    grid.add_argument("--max-requests", type=int, default=100_000, help="stop a point after this many answers")
-    grid.add_argument("--timeout", type=float, default=60.0, help="seconds before a request counts as timed out")
+    grid.add_argument("--warmup", type=seconds, default=2.0, help="seconds of unrecorded load before each point")
+    grid.add_argument("--duration", type=positive_float, default=10.0, help="seconds recorded per point")
+    grid.add_argument("--max-requests", type=positive_int, default=100_000, help="stop a point after this many answers")
+    grid.add_argument(
+        "--timeout", type=positive_float, default=60.0, help="seconds before a request counts as timed out"
+    )
     run.add_argument("--baseline", type=_names, default=[], help="vanilla,comet: baselines in the same run")
-    run.add_argument("--comet-workers", type=int, default=physical_cores(), help="comet baseline workers")
+    run.add_argument("--comet-workers", type=positive_int, default=physical_cores(), help="comet baseline workers")
     run.add_argument("--no-model-only", action="store_true", help="skip the in-process model-only figure")
     run.add_argument("--serve-arg", action="append", default=[], help="extra argument for `hare serve` (repeat)")
     run.add_argument("--quick", action="store_true", help="two short points (seq 8 and 16, 1 user): a smoke test")
@@ -124,8 +136,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _common(run)
 
     head = sub.add_parser("headline", help="the headline scenario: DistilBERT classification vs vanilla, MiniLM")
-    head.add_argument("--duration", type=float, default=8.0, help="seconds recorded per point")
-    head.add_argument("--warmup", type=float, default=2.0, help="seconds of unrecorded load before each point")
+    head.add_argument("--duration", type=positive_float, default=8.0, help="seconds recorded per point")
+    head.add_argument("--warmup", type=seconds, default=2.0, help="seconds of unrecorded load before each point")
     head.add_argument("--seq", type=comma_ints, default=None, help="override the classification lengths")
     head.add_argument("--no-embeddings", action="store_true", help="skip the MiniLM embeddings part")
     _progress(head)
@@ -133,11 +145,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     over = sub.add_parser("overload", help="one user vs model-only, open loop at k x capacity, flood, recovery, soak")
     over.add_argument("bundle", type=Path, help="the bundle to serve (one `hare serve` for every phase)")
-    over.add_argument("--seq", type=int, default=128, help="tokens per request (default 128)")
-    over.add_argument("--factor", type=float, default=3.0, help="open-loop arrival rate in capacities (default 3)")
-    over.add_argument("--flood", type=int, default=1000, help="connections of the greedy flood (default 1000)")
-    over.add_argument("--duration", type=float, default=10.0, help="seconds recorded per phase (default 10)")
-    over.add_argument("--soak", type=float, default=0.0, help="seconds of soak with RSS sampling (default: none)")
+    over.add_argument("--seq", type=positive_int, default=128, help="tokens per request (default 128)")
+    over.add_argument(
+        "--factor", type=positive_float, default=3.0, help="open-loop arrival rate in capacities (default 3)"
+    )
+    over.add_argument("--flood", type=positive_int, default=1000, help="connections of the greedy flood (default 1000)")
+    over.add_argument("--duration", type=positive_float, default=10.0, help="seconds recorded per phase (default 10)")
+    over.add_argument("--soak", type=seconds, default=0.0, help="seconds of soak with RSS sampling (default: none)")
     over.add_argument("--serve-arg", action="append", default=[], help="extra argument for `hare serve` (repeat)")
     over.add_argument(
         "--tail",
@@ -168,13 +182,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="sentence-transformers folder (default: the default model)",
     )
     peers.add_argument("--bundle", type=Path, help="hare's bundle of it (default: `hare optimize` it, cached)")
-    peers.add_argument("--seq", type=int, default=128, help="tokens per text for the speed figures (default 128)")
-    peers.add_argument("--batch", type=int, default=32, help="the throughput batch (default 32; batch 1 always)")
+    peers.add_argument(
+        "--seq", type=positive_int, default=128, help="tokens per text for the speed figures (default 128)"
+    )
+    peers.add_argument(
+        "--batch", type=positive_int, default=32, help="the throughput batch (default 32; batch 1 always)"
+    )
     peers.add_argument("--threads", type=comma_ints, default=[1, 2], help="thread counts (default 1,2)")
-    peers.add_argument("--rounds", type=int, default=5, help="rounds of every candidate in turn (default 5)")
-    peers.add_argument("--seconds", type=float, default=1.0, help="seconds recorded per slot and round (default 1)")
-    peers.add_argument("--fidelity", type=int, default=200, help="texts in the fidelity set (default 200)")
-    peers.add_argument("--fidelity-max", type=int, default=200, help="the fidelity set's longest text in tokens")
+    peers.add_argument("--rounds", type=positive_int, default=5, help="rounds of every candidate in turn (default 5)")
+    peers.add_argument("--seconds", type=seconds, default=1.0, help="seconds recorded per slot and round (default 1)")
+    peers.add_argument("--fidelity", type=positive_int, default=200, help="texts in the fidelity set (default 200)")
+    peers.add_argument(
+        "--fidelity-max", type=positive_int, default=200, help="the fidelity set's longest text in tokens"
+    )
     peers.add_argument("--only", type=_names, default=None, help="candidates to run (torch always runs)")
     peers.add_argument("--skip", type=_names, default=[], help="candidates to leave out")
     peers.add_argument(
@@ -200,7 +220,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     bulk.add_argument("--model-dir", type=Path, help="the peers' model folder (default: the default model's)")
     bulk.add_argument("--skip", type=_names, default=[], help="peers to leave out: torch,onnx,openvino,fastembed")
-    bulk.add_argument("--streams", type=int, default=0, help="cores for every candidate (default: physical cores)")
+    bulk.add_argument("--streams", type=count, default=0, help="cores for every candidate (default: physical cores)")
     bulk.add_argument("--work", type=Path, default=None, help="where the peers' exports are kept (default: cache)")
     bulk.add_argument(
         "--rounds", type=int, default=1, help="passes of every candidate, interleaved; figures are medians (default 1)"
@@ -214,10 +234,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     ceiling = sub.add_parser("ceiling", help="the load generator's own ceiling against a trivial endpoint")
     ceiling.add_argument("--concurrency", type=comma_ints, default=[1, 2, 16], help="users to try")
-    ceiling.add_argument("--duration", type=float, default=3.0)
+    ceiling.add_argument("--duration", type=positive_float, default=3.0)
 
     lst = sub.add_parser("list", help="runs in the store, newest first")
-    lst.add_argument("--limit", type=int, default=30)
+    lst.add_argument("--limit", type=positive_int, default=30)
     _common(lst)
 
     show = sub.add_parser("show", help="a run's settings, points and hare/baseline ratios")

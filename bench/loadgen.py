@@ -33,7 +33,13 @@ from bench.stats import Summary, mean, percentile, summarize
 Load = Literal["closed", "open"]
 # A connection or answer failure, counted under a name rather than a status code.
 CONNECT, TIMEOUT = "connect", "timeout"
+BEHIND = "client-behind"  # an open-loop arrival not sent: MAX_WAITING were already waiting for a connection
 MAX_OPEN_CONNECTIONS = 256
+# Open-loop arrivals waiting for a connection, at most: past it the client cannot keep the rate, and each one
+# more is counted as BEHIND rather than queued (a --rate of 1e12 grew the bench to 23 GB until the kernel
+# killed it, deaf to SIGTERM).
+MAX_WAITING = 16 * MAX_OPEN_CONNECTIONS
+MAX_RATE = 100_000.0  # requests a second an open loop may ask for: far past what this Python client sends
 BACKOFF_S = 0.01  # after an error in closed loop, so a refusing server is not hammered in a hot loop
 RAMP_S = 0.005  # between closed-loop users joining, after the previous one's first request is on the wire
 
@@ -321,6 +327,10 @@ async def _open(spec: LoadSpec, window: _Window) -> None:
             error = TIMEOUT
         except OSError:
             error = CONNECT
+        except asyncio.CancelledError:  # unanswered when the point ended: its connection goes with it
+            if conn is not None:
+                conn.close()
+            raise
         t1 = time.perf_counter()
         window.read(answer, t1)
         # Latency from the intended send time: waiting for a connection is part of what a client would see.
@@ -340,13 +350,17 @@ async def _open(spec: LoadSpec, window: _Window) -> None:
         while not window.over(t):
             t += rng.expovariate(spec.rate)
             delay = t - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            # Behind the schedule, still a turn of the loop: the ticker (and so a stop) and the answers run.
+            await asyncio.sleep(max(0.0, delay))
             now = time.perf_counter()
             # Over by the schedule, not by the clock: an arrival the client is late for is still sent (and
             # counted from its intended time), so a client that falls behind cannot drop the window's last ones.
             if window.over(t):
                 break
+            if len(inflight) >= MAX_WAITING:
+                if window.recording(t):
+                    window.record(t, t, None, BEHIND, now)
+                continue
             # A timer may fire a little early: count from the actual send then, never before it.
             task = asyncio.create_task(one(raws[i % len(raws)], min(t, now)))
             inflight.add(task)
@@ -378,8 +392,8 @@ def run_load(
     """Run one measurement on a fresh uvloop event loop and return what the window recorded. `probe` (the
     server's CPU seconds by process) and `own_probe` (its own CPU seconds, model calls left out) are read as
     the window opens and closes."""
-    if spec.load == "open" and spec.rate <= 0:
-        raise ValueError("open loop needs a positive rate")
+    if spec.load == "open" and not 0 < spec.rate <= MAX_RATE:
+        raise ValueError(f"open loop needs a rate above 0 and at most {MAX_RATE:,.0f} requests a second")
     if spec.concurrency < 1 and spec.load == "closed":
         raise ValueError("closed loop needs at least one user")
     if not spec.bodies:

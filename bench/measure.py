@@ -21,13 +21,14 @@ CANCELLED = 130  # 128 + SIGINT, as a shell reports a process it interrupted
 
 @contextlib.contextmanager
 def cancellable() -> Iterator[threading.Event]:
-    """SIGINT and SIGTERM set the event instead of killing the process, so servers are stopped cleanly."""
+    """SIGINT, SIGTERM and SIGHUP set the event instead of killing the process, so servers are stopped cleanly."""
     stop = threading.Event()
 
     def handler(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP too: a closed terminal or a dropped SSH session left the server running and the run "running".
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield stop
     finally:
@@ -119,7 +120,7 @@ def overload(args: argparse.Namespace) -> int:
     )
     with cancellable() as stop:
         run_overload(options, open_store(args), stop)
-    return 0
+    return CANCELLED if stop.is_set() else 0
 
 
 def peers(args: argparse.Namespace) -> int:

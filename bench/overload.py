@@ -45,6 +45,7 @@ from bench.subjects import VERSIONED, manifest_hash
 from bench.tables import wide_console
 from container.bundle import TOKENIZER_FILE, model_bytes, read_manifest
 from container.machine import describe, physical_cores, versions
+from tasks.errors import InputError
 
 TAIL_USERS = 16  # the tail's second phase: many users per core
 PSS_NOTE = "the whole server, every process's PSS (MB, shared pages counted once)"
@@ -67,7 +68,10 @@ class _Scenario:
     def __init__(self, options: OverloadOptions, store: Store, stop: threading.Event) -> None:
         self.options, self.store, self.stop = options, store, stop
         self.maker = TextMaker(load_tokenizer(options.bundle / TOKENIZER_FILE))
-        self.task = read_manifest(options.bundle).task
+        manifest = read_manifest(options.bundle)
+        if options.seq_len > manifest.max_length:  # else measured at the server's cut, and named at --seq
+            raise InputError(f"--seq {options.seq_len} exceeds the bundle's max_length {manifest.max_length}")
+        self.task = manifest.task
         self.bodies = make_bodies(self.task, 1, options.seq_len, self.maker)
         self.cores = physical_cores()
         self.points: dict[str, Point] = {}
@@ -164,6 +168,22 @@ def run_overload(
         versions=versions(VERSIONED),
         settings={k: str(v) for k, v in options.__dict__.items()},
     )
+    try:
+        return _phases(options, sc, store, stop, console, watch)
+    except BaseException as exc:  # a server that did not start, a stop while it started: never left "running"
+        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        store.finish_run(sc.run_id, "cancelled" if stop.is_set() else "failed", message)
+        raise
+
+
+def _phases(
+    options: OverloadOptions,
+    sc: _Scenario,
+    store: Store,
+    stop: threading.Event,
+    console: Any,
+    watch: Callable[[int, str], None] | None,
+) -> int:
     rss: dict[str, float] = {}
     pss: dict[str, float] = {}  # the whole server's memory, shared pages counted once (group_pss_mb)
     server = hare_server(options.bundle, extra=list(options.serve_args))
@@ -189,6 +209,8 @@ def run_overload(
                 sc.point(f"tail-{seq}t-{n}u", samples, "closed", n, 0.0, seq, bodies)
         for r in range(1, options.rounds + 1):
             cap = sc.point(_named("capacity", r), sc.load(server, "closed", users), "closed", users, 0.0)
+            if stop.is_set():  # a capacity cut short gives no rate to ask for
+                break
             rate = options.factor * cap.req_s
             opened = sc.load(server, "open", rate=rate, warmup=1.0)
             sc.point(_named(f"open-{options.factor:g}x", r), opened, "open", 0, rate)
@@ -228,6 +250,9 @@ def run_overload(
         console.print(phase_line(name, p, capacity.req_s if capacity else math.nan, per_answer))
     for note in memory_notes(summary):
         console.print(f"  {note}")
+    if stop.is_set():  # phases cut short judge nothing ("10 s after the flood / capacity: 0")
+        console.print("  cancelled: the goals are not judged on phases cut short")
+        return sc.run_id
     for goal in evaluate(sc.points, one.lat_p50, model_p50, rss, file_mb, sc.cores):
         console.print(goal)
     return sc.run_id

@@ -53,6 +53,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def seconds(text: str) -> float:
+    """`--warmup 0`: a finite number of at least 0, or a usage error (exit 2)."""
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
+    return value
+
+
 def finite_float(text: str) -> float:
     """A gate's threshold: a finite number (nan compared false with everything, and no variant passed)."""
     try:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench.loadgen import LoadSpec, latency_summary, run_load
+from bench.loadgen import BEHIND, MAX_RATE, MAX_WAITING, LoadSpec, latency_summary, run_load
 from bench.servers import ServerProcess, free_port, trivial_server
 from bench.trivial import RESPONSE, TrivialProtocol
 
@@ -153,3 +153,26 @@ def test_stop_event_cuts_a_point_short(trivial: ServerProcess) -> None:
     start = time.perf_counter()
     s = run_load(spec, stop=stop)
     assert time.perf_counter() - start < 3 and s.ok > 0
+
+
+def test_an_open_loop_past_what_the_client_sends_stays_bounded_and_stops() -> None:
+    """At a rate the client cannot keep (arrivals due faster than it makes them, a server slower still), the
+    arrivals past MAX_WAITING are counted as the client's, not queued, and a stop is still heard: `--rate 1e12`
+    grew the bench to 23 GB, deaf to SIGTERM, until the kernel killed it."""
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    with lagging_server(0.5) as port:
+        spec = LoadSpec(
+            "127.0.0.1", port, "/predict", BODY, load="open", rate=MAX_RATE, warmup_s=0.0, duration_s=30.0,
+            timeout_s=2.0,
+        )  # fmt: skip
+        start = time.perf_counter()
+        s = run_load(spec, stop=stop)
+    assert time.perf_counter() - start < 8
+    assert s.errors().get(BEHIND, 0) > 0 and s.requests <= MAX_WAITING + s.errors()[BEHIND]
+
+
+def test_an_open_loop_rate_past_the_client_is_refused() -> None:
+    spec = LoadSpec("127.0.0.1", free_port(), "/predict", BODY, load="open", rate=1e12, duration_s=1.0)
+    with pytest.raises(ValueError, match="at most 100,000 requests a second"):
+        run_load(spec)

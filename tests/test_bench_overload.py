@@ -141,3 +141,33 @@ def test_no_rounds_is_refused_before_a_server_starts(
     assert hare(["bench", "overload", str(tiny_bundle("feature-extraction")), "--rounds", "0", "--db", str(db)]) == 2
     assert "--rounds: at least 1 (got 0)" in capsys.readouterr().err
     assert not db.exists() or Store(db).runs() == []
+
+
+def test_a_run_that_cannot_start_its_server_is_stored_failed_and_a_length_over_the_bundle_refused(
+    tiny_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A server that did not start left the run "running" for ever; --seq past max_length was measured at the
+    # server's cut and named at --seq.
+    db, bundle = tmp_path / "b.db", str(tiny_bundle("feature-extraction"))
+    bogus = ["--serve-arg=--bogus", "--seq", "16", "--no-tail", "--duration", "1"]
+    assert hare(["bench", "overload", bundle, *bogus, "--db", str(db)]) == 1
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+    [run] = Store(db).runs()
+    assert run.status == "failed" and run.message, run
+    assert hare(["bench", "overload", bundle, "--seq", "100000", "--db", str(db)]) == 2
+    assert "--seq 100000 exceeds the bundle's max_length" in capsys.readouterr().err
+    assert len(Store(db).runs()) == 1
+
+
+def test_a_cancelled_run_is_stored_so_and_judges_no_goal(
+    tiny_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Store(tmp_path / "bench.db")
+    options = OverloadOptions(tiny_bundle("feature-extraction"), seq_len=16, flood=20, duration_s=30.0, tail_seqs=())
+    stop = threading.Event()
+    watch = lambda pgid, name: threading.Timer(1.0, stop.set).start() if name == "warm" else None  # noqa: E731
+    run_id = run_overload(options, store, stop, watch)
+    assert store.run(run_id).status == "cancelled"
+    printed = capsys.readouterr().out
+    assert "cancelled: the goals are not judged" in printed
+    assert not [line for line in printed.splitlines() if line.startswith(("met ", "MISS"))]  # "MISS ... 0" came

@@ -135,6 +135,51 @@ def test_a_url_nothing_answers_at_fails_the_run_saying_so(tmp_path: Path) -> Non
     assert run.message == f"{url} does not answer (Connection refused): start the server, or check the URL"
 
 
+def test_a_url_that_is_not_hare_fails_the_run_saying_so(tmp_path: Path) -> None:
+    # A web server that is not hare was measured: 1,123 errors (501), stored as a run done, exit 0.
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    db = tmp_path / "bench.db"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        code = hare(["bench", "run", url, "--task", "feature-extraction", "--seq", "comet", "--quick", "--db", str(db)])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 1
+    [run] = Store(db).runs()
+    assert run.status == "failed" and not Store(db).points(run.id)
+    assert run.message == f"{url} does not answer GET /info as a hare server does (status 404): check the URL"
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["run", "{url}", "--load", "open", "--rate", "1e12"],  # grew the bench to 23 GB, deaf to SIGTERM
+        ["run", "{url}", "--duration", "nan"],  # never ended
+        ["run", "{url}", "--duration", "0"],  # a run "done" at 0.0 req/s
+        ["run", "{url}", "--warmup", "-5"],
+        ["run", "{url}", "--timeout", "-1"],  # every request timed out, the run "done"
+        ["run", "{url}", "--max-requests", "0"],
+        ["run", "{url}", "--comet-workers", "-1"],
+        ["ceiling", "--duration", "-1"],  # ZeroDivisionError
+        ["list", "--limit", "0"],  # listed every run
+        ["bulk", "{url}", "--streams", "-1"],  # a traceback from the job it started
+        ["peers", "--seconds", "-1"],
+    ],
+)
+def test_a_number_no_measurement_can_use_is_a_usage_error(
+    flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        hare(["bench", *[f.format(url="http://127.0.0.1:9") for f in flags], "--db", str(tmp_path / "b.db")])
+    assert exit_.value.code == 2 and "expected" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_quick_starts_hare_serve_itself(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
     db = tmp_path / "bench.db"
     code, events = bench("run", str(tiny_bundle("text-classification")), "--quick", "--db", str(db))
