@@ -126,3 +126,58 @@ def test_hare_run_on_ray_writes_every_row(
     table = pq.read_table(tmp_path / "out")
     assert sorted(table.column("id").to_pylist()) == sorted(f"r{i}" for i in range(301))
     assert table.column("error").to_pylist().count("its text is an empty string") == 1
+
+
+def test_a_rerun_is_refused_or_replaces_and_a_killed_runs_files_are_not_kept(
+    cluster: Any, fp32_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each rerun wrote every row again beside the last run's (3,000 rows, then 6,000, then 9,000 with
+    # --overwrite), and a driver killed mid-write left a half file that a rerun kept.
+    from hare.cli import main as hare
+
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},row {i} by the river\n" for i in range(120)))
+    out = tmp_path / "out"
+    args = ["run", str(fp32_bundle("feature-extraction")), "-i", str(tmp_path / "in.csv"), "-o", str(out)]
+    killed = tmp_path / ".out.ray-partial"
+    killed.mkdir()
+    (killed / "half.parquet").write_bytes(b"PAR1 cut short")
+    assert hare([*args, "--ray", cluster.address]) == 0
+    assert hare([*args, "--ray", cluster.address]) == 2
+    assert f"the output {out} exists; pass --overwrite to replace it" in capsys.readouterr().err
+    assert hare([*args, "--ray", cluster.address, "--overwrite"]) == 0
+    assert "120 rows" in capsys.readouterr().out
+    ids = pq.read_table(out).column("id").to_pylist()
+    assert sorted(ids) == sorted(f"r{i}" for i in range(120))  # every row once
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", "out"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["-p", "foo=1"], "foo"),  # 152 lines of Ray's tracebacks, after the cluster had started on it
+        (["--id-column", "key"], "key"),
+        (["-o", "{tmp}/in.csv"], "is the input"),
+        (["-o", "{tmp}/file.txt"], "is a file; on Ray it is a folder of Parquet files"),
+        (["--output-format", "jsonl"], "--output-format: not with --ray"),  # Parquet was written anyway
+        (["--streams", "2"], "--streams: not with --ray"),
+        (["--ray", "not an address"], "--ray takes the head's HOST:PORT"),
+        (["--ray", "127.0.0.1:{port}"], "nothing answers at --ray 127.0.0.1"),  # 14 minutes before it said so
+    ],
+)
+def test_what_the_cluster_would_refuse_is_refused_first_in_one_sentence(
+    fp32_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], said: str
+) -> None:
+    import socket
+
+    from hare.cli import main as hare
+
+    with socket.socket() as s:  # a port just free: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "in.csv").write_text("id,text\nr1,a text\n")
+    (tmp_path / "file.txt").write_text("mine")
+    args = ["run", str(fp32_bundle("feature-extraction")), "-i", str(tmp_path / "in.csv"), "-o", str(tmp_path / "o")]
+    args += ["--ray", f"127.0.0.1:{port}", *(a.format(tmp=tmp_path, port=port) for a in extra)]
+    assert hare(args) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "o").exists() and (tmp_path / "file.txt").read_text() == "mine"

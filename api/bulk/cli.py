@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow.parquet as pq
 from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.table import Table
@@ -24,13 +25,13 @@ from rich.text import Text
 
 from api.bulk.job import CHUNK_ROWS, BulkOptions, Summary, run_job
 from api.bulk.job import Progress as JobProgress
-from api.bulk.model import LONG_INPUTS
-from api.bulk.reader import FORMATS, Columns, input_format
+from api.bulk.model import LONG_INPUTS, BulkModel
+from api.bulk.reader import FORMATS, Columns, Corpus
 from api.bulk.writer import OUTPUT_FORMATS
 from api.config import Settings
 from container.arguments import positive_int
 from tasks.base import SIDES
-from tasks.errors import InvalidRequest
+from tasks.errors import InputError, InvalidRequest
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -131,13 +132,37 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _on_ray(args: argparse.Namespace, settings: Settings, options: BulkOptions) -> int:
-    from api.bulk.ray import run_on_ray
+# Options the Ray path has no use for: given with --ray, they are refused rather than silently ignored.
+NOT_ON_RAY = {
+    "output_format": "--output-format",
+    "rejects": "--rejects",
+    "summary": "--summary",
+    "streams": "--streams",
+}
 
+
+def _on_ray(args: argparse.Namespace, settings: Settings, options: BulkOptions) -> int:
+    from api.bulk.ray import check_output, run_on_ray
+
+    ignored = [flag for name, flag in NOT_ON_RAY.items() if getattr(args, name) is not None]
+    if ignored:
+        raise InputError(
+            f"{', '.join(ignored)}: not with --ray, which writes a folder of Parquet files (rejected rows in it, their "
+            "reason in `error`) with one model thread an actor; leave it out"
+        )
+    columns = dataclasses.replace(options.columns, id=options.columns.id or "id")
+    # What the actors would refuse, refused here first, in one sentence: a missing column, a parameter the model
+    # cannot answer (each came back as Ray's tracebacks, after the cluster had started on it).
+    model = BulkModel(settings, options.parameters, options.long_input, options.truncation_direction)
+    model.check(columns)
+    corpus = Corpus(options.input, columns, model.task.pairs, options.input_format)
+    model.probe(corpus.id_type)
+    del model
+    check_output(options.input, options.output, options.overwrite)
     stage = {
-        "format": options.input_format or input_format(options.input),
+        "format": corpus.format,
         "parameters": options.parameters,
-        "columns": dataclasses.replace(options.columns, id=options.columns.id or "id"),
+        "columns": columns,
         "long_input": options.long_input,
         "truncation_direction": options.truncation_direction,
         "max_chars": options.max_chars,
@@ -145,7 +170,11 @@ def _on_ray(args: argparse.Namespace, settings: Settings, options: BulkOptions) 
     start = time.perf_counter()
     rows = run_on_ray(args.ray, settings.bundle, options.input, options.output, stage, options.chunk_rows)
     seconds = time.perf_counter() - start
-    Console().print(f"hare run on Ray ({args.ray}): {rows:,} rows in {seconds:,.1f} s -> {options.output}/")
+    rejected = pq.read_table(options.output, columns=["error"]).column("error").drop_null()
+    Console().print(
+        f"hare run on Ray ({args.ray}): {rows:,} rows in {seconds:,.1f} s, {len(rejected):,} rejected (their reason "
+        f"in `error`) -> {options.output}/"
+    )
     return 0
 
 

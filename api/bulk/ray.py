@@ -20,6 +20,9 @@ output, so no row goes missing. Ray restarts an actor whose process dies and run
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -88,21 +91,89 @@ class HareStage:
 def run_on_ray(address: str, bundle: Path, source: Path, output: Path, stage: dict[str, Any], batch_rows: int) -> int:
     """`source` (Parquet, JSONL or CSV, a file or a folder Ray Data reads) through HareStage on the Ray cluster
     at `address` into Parquet files in the folder `output`, one actor per CPU of the cluster but one (left to
-    Ray Data's read and write tasks); returns the rows written."""
+    Ray Data's read and write tasks); returns the rows written. The files are written to a folder beside
+    `output` and moved there whole at the end: a job killed on the way leaves `output` as it was, and the same
+    command runs it again from the start (a rerun wrote every row a second time beside the first run's). The
+    caller checked `output` (check_output). HARE_* settings go to the actors, which read their own
+    environment."""
     import ray
 
-    ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+    _reachable(address)
+    hare_env = {k: v for k, v in os.environ.items() if k.startswith("HARE_")}
+    try:
+        ray.init(
+            address=address,
+            log_to_driver=False,
+            ignore_reinit_error=True,
+            runtime_env={"env_vars": hare_env} if hare_env else None,
+        )
+    except ConnectionError as exc:  # "auto" with no cluster running
+        raise InputError(f"no Ray cluster at --ray {address} ({exc}); start one with `ray start --head`") from None
+    cpus = int(ray.cluster_resources().get("CPU", 0))  # type: ignore[no-untyped-call]
+    if cpus < 2:  # its one actor took the only CPU and the reads waited for ever
+        raise InputError(
+            f"the Ray cluster at {address} has {cpus} CPU: the stage takes one an actor and Ray Data's reads "
+            "another; give it at least 2"
+        )
     readers = {"parquet": ray.data.read_parquet, "jsonl": ray.data.read_json, "csv": ray.data.read_csv}
     fmt = stage.pop("format")
     dataset = readers[fmt](str(source.resolve()))
-    actors = max(int(ray.cluster_resources().get("CPU", 1)) - 1, 1)  # type: ignore[no-untyped-call]
     done = dataset.map_batches(
         HareStage,
         fn_constructor_kwargs={"bundle": str(bundle.resolve()), **stage},
         batch_format="pyarrow",
         batch_size=batch_rows,
         num_cpus=1,
-        compute=ray.data.ActorPoolStrategy(size=actors),
+        compute=ray.data.ActorPoolStrategy(size=cpus - 1),
     )
-    done.write_parquet(str(output.resolve()))
-    return int(ray.data.read_parquet(str(output.resolve())).count())
+    work = output.parent / f".{output.name}.ray-partial"
+    shutil.rmtree(work, ignore_errors=True)  # a killed job's, never moved to the output
+    done.write_parquet(str(work.resolve()))
+    rows = int(ray.data.read_parquet(str(work.resolve())).count())
+    if output.exists():
+        aside = output.parent / f".{output.name}.ray-replaced"
+        os.replace(output, aside)
+        os.replace(work, output)
+        shutil.rmtree(aside)
+    else:
+        os.replace(work, output)
+    return rows
+
+
+def check_output(source: Path, output: Path, overwrite: bool) -> None:
+    """Refuse, before the cluster does any work, an output the Ray path must not write: the input or inside it,
+    a file (it writes a folder), an existing folder without --overwrite, or with it a folder holding anything but
+    Parquet files (a folder of the user's)."""
+    source, target = source.resolve(), output.resolve()
+    if target == source or source in target.parents or target in source.parents:
+        raise InputError(f"the output {output} is the input, inside it or holds it; give a folder beside {source}")
+    if output.is_file():
+        raise InputError(f"the output {output} is a file; on Ray it is a folder of Parquet files: name a folder")
+    if output.is_dir():
+        if not overwrite:
+            raise InputError(f"the output {output} exists; pass --overwrite to replace it")
+        others = [p.name for p in output.iterdir() if p.suffix != ".parquet"]
+        if others:
+            raise InputError(
+                f"the output {output} holds files that are not Parquet ({', '.join(sorted(others)[:3])}); "
+                "--overwrite replaces a Ray job's output only: give another folder"
+            )
+
+
+def _reachable(address: str) -> None:
+    """Refuse at once an address nothing answers at: Ray tried for 14 minutes before it said so."""
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"--ray takes the head's HOST:PORT (or auto), got {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_S).close()
+    except OSError as exc:
+        raise InputError(
+            f"nothing answers at --ray {address} ({exc.strerror or exc}); start the head (`ray start --head`) "
+            "or check the address"
+        ) from None
+
+
+CONNECT_S = 5.0  # how long the head's port has to answer
