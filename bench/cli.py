@@ -31,6 +31,7 @@ from bench.loadgen import MAX_RATE
 from bench.store import default_db_path
 from container.arguments import comma_floats, comma_ints, count, positive_float, positive_int, seconds
 from container.machine import physical_cores
+from tasks.registry import TASKS
 
 
 def _rates(text: str) -> list[float]:
@@ -89,7 +90,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     run = sub.add_parser("run", help="measure a server, bundle or model folder (and baselines) over a grid")
     run.add_argument("target", help="http://127.0.0.1:PORT, a bundle folder, or a model folder (with --task)")
-    run.add_argument("--task", help="the task (needed for a model folder, or a URL without --bundle)")
+    run.add_argument(
+        "--task", choices=list(TASKS), help="the task (needed for a model folder, or a URL without --bundle)"
+    )
     run.add_argument("--bundle", type=Path, help="with a URL: the bundle it serves (tokenizer, model-only figure)")
     run.add_argument("--model", type=Path, help="Hugging Face folder for the baselines (default: the bundle's source)")
     run.add_argument("--tokenizer", type=Path, help="tokenizer.json for exact token counts (default: the bundle's)")

@@ -17,6 +17,7 @@ from typing import Any
 
 from container.defaults import default_model_dir
 from container.optimize.source import ST_POOLING_KEYS
+from tasks.errors import InputError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 LABELS = {"id2label": {0: "NEGATIVE", 1: "POSITIVE"}, "label2id": {"NEGATIVE": 0, "POSITIVE": 1}}
@@ -159,12 +160,27 @@ def build(name: str, folder: Path, seed: int = 0) -> Path:
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         _tokenizer_config(folder, geometry)
         return folder
-    import torch
-    import transformers
-
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):  # never replaced: it is not ours
+        what = "a file" if not folder.is_dir() else "a folder of other files"
+        raise InputError(f"{folder} is {what}, not a {name} model folder; give a new or empty folder")
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
+    try:
+        _write(geometry, partial, seed)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if folder.exists():  # empty
+        folder.rmdir()
+    partial.rename(folder)
+    return folder
+
+
+def _write(geometry: Geometry, partial: Path, seed: int) -> None:
+    import torch
+    import transformers
+
     for file in TOKENIZER_FILES:
         shutil.copyfile(default_model_dir() / file, partial / file)
     _tokenizer_config(partial, geometry)
@@ -176,9 +192,6 @@ def build(name: str, folder: Path, seed: int = 0) -> Path:
     model.save_pretrained(str(partial), safe_serialization=True)
     if geometry.sentence_transformers:
         _sentence_transformers(partial, geometry.hidden(geometry.settings), geometry.pooling)
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)
-    return folder
 
 
 def _sparse_bias(model: Any, terms: int, seed: int) -> None:

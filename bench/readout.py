@@ -100,6 +100,9 @@ def export(args: argparse.Namespace) -> int:
     _get_run(store, args.run)
     text = export_csv(store, args.run) if args.format == "csv" else export_json(store, args.run)
     if args.out:
+        if args.out.is_dir():
+            raise InputError(f"--out {args.out} is a folder; name the file to write, such as {args.out / 'run.csv'}")
+        args.out.parent.mkdir(parents=True, exist_ok=True)  # as report's --out
         args.out.write_text(text)
         print(f"wrote {args.out}", file=sys.stderr)
     else:

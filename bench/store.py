@@ -173,8 +173,16 @@ class Store:
         with closing(sqlite3.connect(self.path, timeout=30)) as db:
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA foreign_keys = ON")
-            with db:  # commit on success, roll back on error
-                yield db
+            try:
+                with db:  # commit on success, roll back on error
+                    yield db
+            except sqlite3.OperationalError as exc:
+                if "readonly" not in str(exc):
+                    raise
+                raise InputError(
+                    f"{self.path} can be read but not written here ({exc}); give another --db (or HARE_BENCH_DB) to "
+                    "measure"
+                ) from None
 
     # -- writing (the bench) --------------------------------------------------------------------------------
 

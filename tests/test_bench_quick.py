@@ -237,3 +237,11 @@ def test_sigterm_cancels_the_run_and_stops_the_server(tiny_bundle: ModelFactory,
     assert not wait_ready_once(url), "the server the bench started must be gone"
     run = Store(db).run(events[-1]["run_id"])
     assert run.status == "cancelled" and run.finished_at
+
+
+def test_an_unknown_task_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A KeyError traceback, and a failed run stored with "KeyError: 'nonsense'".
+    with pytest.raises(SystemExit) as exit_:
+        hare(["bench", "run", "http://127.0.0.1:9", "--task", "nonsense", "--db", str(tmp_path / "b.db")])
+    assert exit_.value.code == 2 and "invalid choice: 'nonsense'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

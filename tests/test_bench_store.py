@@ -169,3 +169,32 @@ def test_a_store_already_made_is_opened_without_writing(tmp_path: Path) -> None:
     time.sleep(0.01)
     assert [r.id for r in Store(db).runs()] == [1]
     assert (db.read_bytes(), db.stat().st_mtime_ns) == before
+
+
+def test_export_writes_where_asked_and_says_a_folder_is_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --out in a folder not made yet failed with Errno 2 (report's --out made it); a folder gave Errno 21.
+    db = tmp_path / "x.db"
+    Store(db).create_run("run")
+    out = tmp_path / "new" / "run.csv"
+    assert hare(["bench", "export", "1", "--db", str(db), "--out", str(out)]) == 0
+    assert out.is_file() and out.read_text()
+    assert hare(["bench", "export", "1", "--db", str(db), "--out", str(tmp_path)]) == 2
+    assert "is a folder; name the file to write" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("what", ["a file", "a folder of other files"])
+def test_bench_model_never_replaces_what_is_not_its_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], what: str
+) -> None:
+    # A folder without the model's files was deleted whole before the model was written there; a file left the
+    # whole model beside it in NAME.partial.
+    target = tmp_path / "target"
+    if what == "a file":
+        target.write_text("mine")
+    else:
+        target.mkdir()
+        (target / "notes.txt").write_text("mine")
+    assert hare(["bench", "model", "tiny-classifier", str(target)]) == 2
+    assert f"{target} is {what}, not a tiny-classifier model folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]
+    assert "mine" in (target.read_text() if target.is_file() else (target / "notes.txt").read_text())
