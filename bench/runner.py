@@ -192,7 +192,7 @@ class Runner:
                     reason = os.strerror(exc.errno) if exc.errno else str(exc)  # asyncio's strerror repeats the address
                     raise InputError(f"{url} does not answer ({reason}): start the server, or check the URL") from exc
                 info = info_json(body) if status == 200 else {}
-                if target == "hare" and "task" not in info:  # else 1,123 501s were stored as a run done
+                if target == "hare" and status != 200:  # else 1,123 501s were stored as a run done
                     raise InputError(
                         f"{url} does not answer GET /info as a hare server does (status {status}): check the URL"
                     )

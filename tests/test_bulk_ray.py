@@ -181,3 +181,27 @@ def test_what_the_cluster_would_refuse_is_refused_first_in_one_sentence(
     assert hare(args) == 2
     assert said in capsys.readouterr().err
     assert not (tmp_path / "o").exists() and (tmp_path / "file.txt").read_text() == "mine"
+
+
+def test_a_jsonl_with_odd_rows_keeps_them_with_their_reason(
+    cluster: Any, fp32_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Ray Data's JSON reader guessed one type a column: a number among the texts, ids as ints then strings or a
+    # line that is not JSON stopped the whole job with 286 lines of tracebacks. hare run keeps them as rejects.
+    import json
+
+    lines = [json.dumps({"id": i, "text": f"row {i} by the river"}) for i in range(40)]
+    lines += [json.dumps({"id": "s1", "text": 12345}), "not json at all", json.dumps({"id": "s2"}), "[1, 2]"]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    from hare.cli import main as hare
+
+    args = ["run", str(fp32_bundle("feature-extraction")), "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o")]
+    assert hare([*args, "--ray", cluster.address]) == 0
+    assert "44 rows" in capsys.readouterr().out
+    table = pq.read_table(tmp_path / "o")
+    rows = list(zip(table.column("id").to_pylist(), table.column("error").to_pylist(), strict=True))
+    errors = dict(rows)
+    assert all(errors[str(i)] is None for i in range(40))  # ids as text, as hare run writes a JSONL's
+    assert errors["s1"] == "its text is a number, not text" and errors["s2"] == 'the row has no "text" field'
+    bad = sorted(e for i, e in rows if i is None)
+    assert bad[0] == "the line is a list, not a JSON object" and bad[1].startswith("the line is not valid JSON")

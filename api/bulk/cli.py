@@ -161,6 +161,7 @@ def _on_ray(args: argparse.Namespace, settings: Settings, options: BulkOptions) 
     check_output(options.input, options.output, options.overwrite)
     stage = {
         "format": corpus.format,
+        "names": list(corpus.names),
         "parameters": options.parameters,
         "columns": columns,
         "long_input": options.long_input,

@@ -20,18 +20,22 @@ output, so no row goes missing. Ray restarts an actor whose process dies and run
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
 from api.bulk.model import BulkModel
-from api.bulk.reader import Columns, checked_chunk
+from api.bulk.reader import Bad, Columns, check, checked_chunk, text_id
 from api.config import Settings
 from tasks.errors import InputError
+from tasks.params import kind
 
 
 class HareStage:
@@ -70,6 +74,11 @@ class HareStage:
             )
         ids = batch.column(id_column).to_pylist()
         values = {name: batch.column(name).to_pylist() for name in self.names}
+        if REASON in batch.column_names:  # JSONL read by jsonl_rows: its bad rows, with their reason
+            reasons = batch.column(REASON).to_pylist()
+            values = {
+                n: [v if r is None else Bad(r) for v, r in zip(c, reasons, strict=True)] for n, c in values.items()
+            }
         chunk = checked_chunk(0, 0, ids, values, self.max_chars, id_column)
         work = self.model.encode(chunk)
         for call in self.model.batches(work):
@@ -86,6 +95,41 @@ class HareStage:
             }
         )
         return pa.concat_tables([answered, rejected], promote_options="default")
+
+
+REASON = "_hare_reason"  # jsonl_rows' column: why a row cannot be run (null: it can)
+
+
+def jsonl_rows(lines: pa.Table, names: list[str], id_column: str) -> pa.Table:
+    """JSONL lines (Ray Data's read_text) as the rows `hare run` reads from them, parsed here: a line that is not
+    a JSON object, or a field that is not text, rejects its row with the reason `hare run` gives (reader.check),
+    where Ray Data's JSON reader, guessing one Arrow type a column, failed the whole job on it (a number among
+    the texts, ints then strings as ids). Ids as text, as `hare run` writes a JSONL's."""
+    ids: list[str | None] = []
+    reasons: list[str | None] = []
+    columns: dict[str, list[str | None]] = {name: [] for name in names}
+    for line in lines.column("text").to_pylist():
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            row = Bad(f"the line is not valid JSON (UTF-8): {exc}")
+        if not isinstance(row, dict | Bad):
+            row = Bad(f"the line is {kind(row)}, not a JSON object")
+        if isinstance(row, Bad):
+            ids.append(None)
+            reasons.append(row.reason)
+            for column in columns.values():
+                column.append(None)
+            continue
+        ids.append(text_id(row.get(id_column)))
+        reason = None
+        for name, column in columns.items():
+            value = row.get(name, Bad(f'the row has no "{name}" field'))
+            column.append(value if isinstance(value, str) else None)
+            if reason is None and not isinstance(value, str):
+                reason = check(value, name, sys.maxsize)
+        reasons.append(reason)
+    return pa.table({id_column: pa.array(ids, pa.string()), **columns, REASON: pa.array(reasons, pa.string())})
 
 
 def run_on_ray(address: str, bundle: Path, source: Path, output: Path, stage: dict[str, Any], batch_rows: int) -> int:
@@ -115,9 +159,13 @@ def run_on_ray(address: str, bundle: Path, source: Path, output: Path, stage: di
             f"the Ray cluster at {address} has {cpus} CPU: the stage takes one an actor and Ray Data's reads "
             "another; give it at least 2"
         )
-    readers = {"parquet": ray.data.read_parquet, "jsonl": ray.data.read_json, "csv": ray.data.read_csv}
-    fmt = stage.pop("format")
-    dataset = readers[fmt](str(source.resolve()))
+    fmt, names = stage.pop("format"), stage.pop("names")
+    if fmt == "jsonl":
+        id_column = stage["columns"].id or "id"
+        parse = functools.partial(jsonl_rows, names=names, id_column=id_column)
+        dataset = ray.data.read_text(str(source.resolve())).map_batches(parse, batch_format="pyarrow")
+    else:
+        dataset = {"parquet": ray.data.read_parquet, "csv": ray.data.read_csv}[fmt](str(source.resolve()))
     done = dataset.map_batches(
         HareStage,
         fn_constructor_kwargs={"bundle": str(bundle.resolve()), **stage},

@@ -255,7 +255,7 @@ class _File:
                     for column in values:
                         column.append(row)
                 else:
-                    ids.append(_text_id(row.get(self._id)) if self._id is not None else None)
+                    ids.append(text_id(row.get(self._id)) if self._id is not None else None)
                     for name, column in zip(self.names, values, strict=True):
                         column.append(row.get(name, Bad(f'the row has no "{name}" field')))
                 if len(ids) == rows:
@@ -419,7 +419,7 @@ def check(value: Any, name: str, max_chars: int) -> str | None:
     return None
 
 
-def _text_id(value: Any) -> str | None:
+def text_id(value: Any) -> str | None:
     """A JSONL id as text (ids of a text format are written as strings: 7 becomes "7")."""
     if value is None or isinstance(value, str):
         return value
