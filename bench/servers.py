@@ -191,8 +191,8 @@ def split_url(url: str) -> tuple[str, int]:
         raise InputError(f"{url}: the bench speaks plain HTTP to a loopback address (http://127.0.0.1:PORT)")
     hostport = url[len("http://") :].split("/", 1)[0]
     host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise InputError(f"{url}: give the host and port, e.g. http://127.0.0.1:8000")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"{url}: give the host and a port from 1 to 65535, e.g. http://127.0.0.1:8000")
     if host not in ("127.0.0.1", "localhost", "[::1]") and not host.startswith("127."):
         raise InputError(f"{url}: the bench only loads servers on this machine (127.0.0.0/8, localhost)")
     return ("127.0.0.1" if host == "localhost" else host.strip("[]")), int(port)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.servers import split_url
 from bench.store import default_db_path
 from container.bundle import MANIFEST_FILE, TOKENIZER_FILE, read_manifest
 from tasks.errors import InputError
@@ -85,6 +86,7 @@ def resolve(
 ) -> Subject:
     """Turn the CLI's TARGET (URL, bundle or model folder) and options into a Subject."""
     if target.startswith("http://") or target.startswith("https://"):
+        split_url(target)  # a URL the bench cannot load, refused before a run is stored as failed
         if bundle is not None:
             task = task or read_manifest(bundle).task
             model_dir = model_dir or _source_dir(bundle)

@@ -135,6 +135,25 @@ def test_a_url_nothing_answers_at_fails_the_run_saying_so(tmp_path: Path) -> Non
     assert run.message == f"{url} does not answer (Connection refused): start the server, or check the URL"
 
 
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("http://localhost", "give the host and a port from 1 to 65535"),
+        ("http://127.0.0.1:99999", "give the host and a port from 1 to 65535"),  # "Connection refused" came
+        ("https://127.0.0.1:8443", "the bench speaks plain HTTP"),
+        ("http://10.0.0.5:8080", "the bench only loads servers on this machine"),
+    ],
+)
+def test_a_url_the_bench_cannot_load_is_refused_before_a_run_is_stored(
+    url: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each was stored as a failed run, exit 1.
+    db = tmp_path / "bench.db"
+    assert hare(["bench", "run", url, "--task", "feature-extraction", "--seq", "comet", "--db", str(db)]) == 2
+    assert said in capsys.readouterr().err
+    assert not db.exists() or Store(db).runs() == []
+
+
 def test_a_url_that_is_not_hare_fails_the_run_saying_so(tmp_path: Path) -> None:
     # A web server that is not hare was measured: 1,123 errors (501), stored as a run done, exit 0.
     import threading

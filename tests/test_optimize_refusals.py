@@ -173,7 +173,9 @@ def test_sigterm_stops_a_build_and_removes_its_folder(tiny_model: ModelFactory, 
     # a real model) was left behind, where SIGINT removed it.
     out = tmp_path / "bundle"
     args = [tiny_model("text-classification"), "--task", "text-classification", "--out", out, *QUICK]
-    with subprocess.Popen([sys.executable, "-m", "hare.cli", "optimize", *map(str, args)]) as build:
+    command = [sys.executable, "-m", "hare.cli", "optimize", *map(str, args)]
+    log = tmp_path.parent / f"{tmp_path.name}.log"  # a file, not a pipe nobody reads until the end
+    with log.open("w") as stderr, subprocess.Popen(command, stderr=stderr) as build:
         deadline = time.monotonic() + 120
         while not list(tmp_path.glob(".bundle.partial-*/*")):  # started: its folder holds a first file
             assert build.poll() is None and time.monotonic() < deadline
@@ -181,6 +183,8 @@ def test_sigterm_stops_a_build_and_removes_its_folder(tiny_model: ModelFactory, 
         build.send_signal(signal.SIGTERM)
         assert build.wait(120) == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == []
+    said = log.read_text()
+    assert f"hare optimize: stopped; {out} is as it was" in " ".join(said.split())  # it left without a word
 
 
 def test_tune_check_on_a_damaged_bundle_is_one_sentence(

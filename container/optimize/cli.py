@@ -173,29 +173,31 @@ def main(args: argparse.Namespace) -> int:
     # Piped output (CI logs) gets a wide console so the variant table is not squeezed to 80 columns.
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
     out = args.out or DEFAULT_BUNDLE
-    manifest = optimize(
-        OptimizeOptions(
-            model_dir=model_dir,
-            task=get_task(task),
-            out=out,
-            target=args.target,
-            force=args.force,
-            allow_pickle=args.allow_pickle,
-            trust_remote_code=args.trust_remote_code,
-            adapter=args.adapter,
-            validation_file=args.validation_file,
-            thresholds=thresholds,
-            only=variant_names(args.variants),
-            tune_lengths=args.tune_lengths,
-            tune_batches=args.tune_batches,
-            tune_threads=args.tune_threads,
-            tune_seconds=args.tune_seconds,
-            tune_streams=args.tune_streams,
-            tune_budgets=None if args.tune_budgets is None else checked_budgets(args.tune_budgets),
-            int8_levels={"full": FULL_LEVELS, "narrow": NARROW_LEVELS}.get(args.int8_weights),
-        ),
-        console,
+    options = OptimizeOptions(
+        model_dir=model_dir,
+        task=get_task(task),
+        out=out,
+        target=args.target,
+        force=args.force,
+        allow_pickle=args.allow_pickle,
+        trust_remote_code=args.trust_remote_code,
+        adapter=args.adapter,
+        validation_file=args.validation_file,
+        thresholds=thresholds,
+        only=variant_names(args.variants),
+        tune_lengths=args.tune_lengths,
+        tune_batches=args.tune_batches,
+        tune_threads=args.tune_threads,
+        tune_seconds=args.tune_seconds,
+        tune_streams=args.tune_streams,
+        tune_budgets=None if args.tune_budgets is None else checked_budgets(args.tune_budgets),
+        int8_levels={"full": FULL_LEVELS, "narrow": NARROW_LEVELS}.get(args.int8_weights),
     )
+    try:
+        manifest = optimize(options, console)
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM (_stop): it left without a word
+        console.print(f"hare optimize: stopped; {out} is as it was, and the build's working folder is removed")
+        raise
     console.print(variant_table(manifest))
     for line in build_lines(manifest):
         console.print(line)
