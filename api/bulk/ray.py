@@ -180,6 +180,7 @@ def run_on_ray(address: str, bundle: Path, source: Path, output: Path, stage: di
     rows = int(ray.data.read_parquet(str(work.resolve())).count())
     if output.exists():
         aside = output.parent / f".{output.name}.ray-replaced"
+        shutil.rmtree(aside, ignore_errors=True)  # one a job killed between the two renames left
         os.replace(output, aside)
         os.replace(work, output)
         shutil.rmtree(aside)
