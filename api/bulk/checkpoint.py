@@ -12,12 +12,12 @@ every chunk is done the parts are merged into OUTPUT and the folder removed.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+from container.locking import locked
 from tasks.errors import InputError
 
 JOB_FILE = "job.json"
@@ -116,27 +116,9 @@ def open_folder(output: Path, job: dict[str, Any], overwrite: bool) -> WorkFolde
 def _locked(folder: Path, output: Path) -> WorkFolder | None:
     """`folder` locked by this process (InputError if another holds it), or None if it was removed between
     its opening and its locking."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise InputError(
-            f"another hare run is writing {output} ({folder} is in use); wait for it to finish, or give another output"
-        ) from None
-    except OSError:  # a file system without locks (some network mounts): the job runs, unguarded
-        pass
-    try:
-        same = os.stat(folder).st_ino == os.fstat(fd).st_ino
-    except FileNotFoundError:
-        same = False
-    if not same:
-        os.close(fd)
-        return None
-    return WorkFolder(folder, fd)
+    busy = f"another hare run is writing {output} ({folder} is in use); wait for it to finish, or give another output"
+    fd = locked(folder, os.O_RDONLY | os.O_DIRECTORY, busy)
+    return None if fd is None else WorkFolder(folder, fd)
 
 
 def _job(folder: Path) -> dict[str, Any] | None:

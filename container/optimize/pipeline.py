@@ -3,7 +3,6 @@ it returned, under one progress bar a stage; the bundle is written atomically.""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import tempfile
@@ -18,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from container.bundle import MANIFEST_FILE, TOKENIZER_FILE, Manifest
+from container.locking import locked
 from container.machine import describe, physical_cores, weight_levels
 from container.openvino_runtime import available as openvino_available
 from container.openvino_runtime import bf16_capable
@@ -126,21 +126,11 @@ def holding(out: Path) -> Iterator[None]:
     replaced the other's bundle, the second without --force). The kernel's lock on a hidden file beside it, let
     go however this process ends; the file is removed after."""
     lock = out.parent / f".{out.name}.optimize-lock"
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise InputError(f"another hare optimize is building {out}; wait for it, or give another --out") from None
-        except OSError:  # a file system without locks (some network mounts): the build runs, unguarded
-            break
-        try:
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # its holder removed it as this process took it: take the one there now
+    fd = None
+    while fd is None:  # None: its holder removed it as this process took it; take the one there now
+        fd = locked(
+            lock, os.O_RDWR | os.O_CREAT, f"another hare optimize is building {out}; wait for it, or give another --out"
+        )
     try:
         yield
     finally:

@@ -1,0 +1,36 @@
+"""The kernel's advisory lock on a file or folder, as a job holds its place (`hare optimize` its bundle, `hare
+run` its work folder): let go however the process ends, a kill included."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from tasks.errors import InputError
+
+
+def locked(path: Path, flags: int, busy: str) -> int | None:
+    """`path` opened with `flags` and locked by this process: its descriptor. InputError(`busy`) if another
+    process holds it; None if it was removed or replaced between its opening and its locking (the caller opens
+    it again, or gives up). On a file system without locks (some network mounts) it is returned unlocked: the
+    work runs, unguarded."""
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise InputError(busy) from None
+    except OSError:
+        pass
+    try:
+        same = os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        same = False
+    if not same:
+        os.close(fd)
+        return None
+    return fd
