@@ -137,11 +137,16 @@ def run_job(settings: Settings, options: BulkOptions, progress: Progress | None 
     return summary
 
 
-def _check_output(source: Path, output: Path) -> None:
-    """Refuse an output that would replace the input, be read as part of it, or that names a folder."""
+def check_apart(source: Path, output: Path) -> None:
+    """Refuse an output that would replace the input, be read as part of it, or hold it (a folder replaced)."""
     source, target = source.resolve(), output.resolve()
-    if target == source or source in target.parents:
-        raise InputError(f"the output {output} is the input or inside it; give an output outside {source}")
+    if target == source or source in target.parents or target in source.parents:
+        raise InputError(f"the output {output} is the input or inside it, or holds it; give an output outside {source}")
+
+
+def _check_output(source: Path, output: Path) -> None:
+    """Refuse an output `check_apart` refuses, or that names a folder."""
+    check_apart(source, output)
     if output.is_dir():
         raise InputError(f"the output {output} is a folder; name a file to write, such as {output / 'out.parquet'}")
 

@@ -28,14 +28,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow as pa
 
+from api.bulk.job import check_apart
 from api.bulk.model import BulkModel
-from api.bulk.reader import Bad, Columns, check, checked_chunk, text_id
+from api.bulk.reader import Bad, Columns, check, checked_chunk, json_field, json_row, text_id
 from api.config import Settings
 from tasks.errors import InputError
-from tasks.params import kind
 
 
 class HareStage:
@@ -109,12 +108,7 @@ def jsonl_rows(lines: pa.Table, names: list[str], id_column: str) -> pa.Table:
     reasons: list[str | None] = []
     columns: dict[str, list[str | None]] = {name: [] for name in names}
     for line in lines.column("text").to_pylist():
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            row = Bad(f"the line is not valid JSON (UTF-8): {exc}")
-        if not isinstance(row, dict | Bad):
-            row = Bad(f"the line is {kind(row)}, not a JSON object")
+        row = json_row(line)
         if isinstance(row, Bad):
             ids.append(None)
             reasons.append(row.reason)
@@ -124,7 +118,7 @@ def jsonl_rows(lines: pa.Table, names: list[str], id_column: str) -> pa.Table:
         ids.append(text_id(row.get(id_column)))
         reason = None
         for name, column in columns.items():
-            value = row.get(name, Bad(f'the row has no "{name}" field'))
+            value = json_field(row, name)
             column.append(value if isinstance(value, str) else None)
             if reason is None and not isinstance(value, str):
                 reason = check(value, name, sys.maxsize)
@@ -193,9 +187,7 @@ def check_output(source: Path, output: Path, overwrite: bool) -> None:
     """Refuse, before the cluster does any work, an output the Ray path must not write: the input or inside it,
     a file (it writes a folder), an existing folder without --overwrite, or with it a folder holding anything but
     Parquet files (a folder of the user's)."""
-    source, target = source.resolve(), output.resolve()
-    if target == source or source in target.parents or target in source.parents:
-        raise InputError(f"the output {output} is the input, inside it or holds it; give a folder beside {source}")
+    check_apart(source, output)
     if output.is_file():
         raise InputError(f"the output {output} is a file; on Ray it is a folder of Parquet files: name a folder")
     if output.is_dir():

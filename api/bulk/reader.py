@@ -244,12 +244,7 @@ class _File:
                 read += len(line)
                 if not line.strip():
                     continue
-                try:
-                    row = orjson.loads(line)
-                    if not isinstance(row, dict):
-                        row = Bad(f"the line is {kind(row)}, not a JSON object")
-                except orjson.JSONDecodeError as exc:
-                    row = Bad(f"the line is not valid JSON (UTF-8): {exc}")
+                row = json_row(line)
                 if isinstance(row, Bad):
                     ids.append(None)
                     for column in values:
@@ -257,7 +252,7 @@ class _File:
                 else:
                     ids.append(text_id(row.get(self._id)) if self._id is not None else None)
                     for name, column in zip(self.names, values, strict=True):
-                        column.append(row.get(name, Bad(f'the row has no "{name}" field')))
+                        column.append(json_field(row, name))
                 if len(ids) == rows:
                     yield _Piece(ids if self._id is not None else None, values, read)
                     ids, values = [], [[] for _ in self.names]
@@ -417,6 +412,20 @@ def check(value: Any, name: str, max_chars: int) -> str | None:
     if len(value) > max_chars:
         return f"its {name} is {len(value)} characters long, over the limit of {max_chars} (--max-chars)"
     return None
+
+
+def json_row(line: bytes | str) -> dict[str, Any] | Bad:
+    """A JSONL line as its row, or why it is none."""
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return Bad(f"the line is not valid JSON (UTF-8): {exc}")
+    return row if isinstance(row, dict) else Bad(f"the line is {kind(row)}, not a JSON object")
+
+
+def json_field(row: dict[str, Any], name: str) -> Any:
+    """A JSONL row's field `name`, or Bad when it has none."""
+    return row.get(name, Bad(f'the row has no "{name}" field'))
 
 
 def text_id(value: Any) -> str | None:
