@@ -66,6 +66,9 @@ class Manifest:
     int8_levels: the shipped dynamic int8 graph's weights' levels a side (64 where the build's CPU adds int8
       products in saturating 16-bit pairs: container/machine.py, weight_levels); 127 otherwise (full-range
       weights, fp32 and blockwise int8 graphs, bundles from before it was recorded).
+    files: the size in bytes of each binary file a server reads (the graph, its data file, the Dense weights),
+      as the build wrote them: a bundle copied or downloaded in part is refused by its first short
+      file before any worker loads it; empty in a bundle from before it was recorded (not checked).
     name: what clients call the model (OpenAI's `model`, KServe's model name): the bundle folder's name when it
       was built (`hare optimize --out`), kept when the folder is moved or mounted elsewhere (a container's
       /bundle); empty in a bundle from before it was recorded (the folder's name is served then).
@@ -103,6 +106,7 @@ class Manifest:
     budget_machine: dict[str, Any] = field(default_factory=dict)
     pick: dict[str, Any] = field(default_factory=dict)
     int8_levels: int = FULL_LEVELS
+    files: dict[str, int] = field(default_factory=dict)
     name: str = ""
     format_version: int = FORMAT_VERSION
 
@@ -145,7 +149,33 @@ def read_manifest(bundle: Path) -> Manifest:
             f"{bundle} has bundle format {manifest.format_version}, this hare reads {FORMAT_VERSION}; "
             "rebuild it with `hare optimize`"
         )
+    check_sizes(bundle, manifest)
     return manifest
+
+
+# The binary files a server reads, whose sizes the build records: their parsers' errors say nothing of a short
+# copy. Not tokenizer.json, which people edit (its own parser names what is wrong), nor parity.npz, which is
+# `hare tune --check`'s alone (a bundle shipped without it still serves).
+SERVED_FILES = (MODEL_FILE, MODEL_FILE + ".data", DENSE_FILE)
+
+
+def file_sizes(bundle: Path) -> dict[str, int]:
+    """The sizes of the served files `bundle` holds, for its manifest's `files`."""
+    return {name: (bundle / name).stat().st_size for name in SERVED_FILES if (bundle / name).is_file()}
+
+
+def check_sizes(bundle: Path, manifest: Manifest) -> None:
+    """InputError naming the first file whose size is not the one the build recorded: an interrupted copy,
+    download or `docker cp` otherwise fails in every worker, inside the runtime's parser, with a traceback."""
+    for name, size in manifest.files.items():
+        path = bundle / name
+        found = path.stat().st_size if path.is_file() else None
+        if found != size:
+            what = "is missing" if found is None else f"is {found:,} bytes"
+            raise InputError(
+                f"{path} {what} where `hare optimize` wrote {size:,}: the bundle was copied or written only in "
+                "part; copy it again whole, or rebuild it"
+            )
 
 
 def model_bytes(bundle: Path) -> int:

@@ -14,7 +14,14 @@ import pytest
 
 from api.config import Settings, describe, layout
 from api.process import serve
-from container.bundle import MANIFEST_FILE, MAX_BATCH_TOKENS, TOKENIZER_FILE, read_manifest, resolve_max_batch_tokens
+from container.bundle import (
+    MANIFEST_FILE,
+    MAX_BATCH_TOKENS,
+    MODEL_FILE,
+    TOKENIZER_FILE,
+    read_manifest,
+    resolve_max_batch_tokens,
+)
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
 from container.models import open_model
@@ -184,6 +191,8 @@ def test_serve_builds_the_default_bundle_when_missing_then_execs_gunicorn(
     [
         ({TOKENIZER_FILE: "garbage"}, "tokenizer.json is unreadable"),
         ({MANIFEST_FILE: '{"task": "summarize"}'}, "serves task 'summarize', which this hare does not know"),
+        # A copy cut short: the graph's parser failed in every worker, each with its traceback.
+        ({MODEL_FILE: "half"}, r"model.onnx is [\d,]+ bytes where `hare optimize` wrote [\d,]+: .* copy it again"),
     ],
 )
 def test_a_damaged_bundle_is_refused_before_any_worker_starts(
@@ -195,7 +204,11 @@ def test_a_damaged_bundle_is_refused_before_any_worker_starts(
     for name, content in damage.items():
         if name == MANIFEST_FILE:
             content = json.dumps(json.loads((bundle / name).read_text()) | json.loads(content))
-        (bundle / name).write_text(content)
+        if content == "half":
+            whole = (bundle / name).read_bytes()
+            (bundle / name).write_bytes(whole[: len(whole) // 2])
+        else:
+            (bundle / name).write_text(content)
     execs: list[list[str]] = []
     monkeypatch.setattr(os, "execvpe", lambda file, argv, env: execs.append(argv))
     parser = argparse.ArgumentParser()

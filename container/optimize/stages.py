@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from container.bundle import DENSE_FILE, MANIFEST_FILE, MODEL_FILE, PARITY_FILE, TOKENIZER_FILE, Manifest
+from container.bundle import (
+    DENSE_FILE,
+    MANIFEST_FILE,
+    MODEL_FILE,
+    PARITY_FILE,
+    TOKENIZER_FILE,
+    Manifest,
+    file_sizes,
+)
 from container.machine import FULL_LEVELS, describe, versions
 from container.optimize import (
     autotune,
@@ -317,6 +325,7 @@ def write_bundle(
         # The Dense modules run in numpy after pooling (tasks/ops.Dense): their weights travel as plain arrays.
         np.savez(out / DENSE_FILE, **source.dense_weights(src.dense))  # type: ignore[arg-type]
     validate.save_parity(out / PARITY_FILE, parity)
+    manifest = replace(manifest, files=file_sizes(out))
     (out / MANIFEST_FILE).write_text(manifest.to_json())
     step()
     return out
