@@ -28,7 +28,7 @@ from bench.progress import Reporter, model_only_streams_cap
 from bench.records import ROUND_FIGURES, Point
 from bench.servers import ServerProcess, baseline_server, get_json, hare_server, loop_cpu_seconds, split_url
 from bench.store import BASELINES, Store
-from bench.subjects import VERSIONED, Subject, info_json, manifest_hash
+from bench.subjects import VERSIONED, Subject, check_model_dir, info_json, manifest_hash
 from container.bundle import read_manifest
 from container.machine import describe, physical_cores, versions
 from tasks.errors import HareError, InputError
@@ -118,6 +118,14 @@ class Runner:
             raise InputError(f"unknown baseline in {options.baselines}; choose from {', '.join(BASELINES)}")
         if options.baselines and subject.model_dir is None:
             raise InputError("the baselines need the model folder the bundle was built from; pass --model MODEL_DIR")
+        if options.baselines and subject.model_dir is not None:
+            check_model_dir(subject.model_dir, subject.bundle)
+        exact = [n for n in options.grid.seq_lens if isinstance(n, int)]
+        if exact and self.maker is None:  # else a run was stored, then failed at its first point
+            raise InputError(
+                f"exact token lengths (--seq {','.join(map(str, exact))}) need the served model's tokenizer: pass "
+                "--bundle BUNDLE or --tokenizer TOKENIZER_JSON, or measure a mix of texts (--seq mix or comet)"
+            )
         if options.rounds < 1:
             raise InputError(f"--rounds must be 1 or more, got {options.rounds}")
         if subject.bundle is not None:

@@ -113,6 +113,27 @@ def resolve(
     raise InputError(f"{target} is neither a URL, a hare bundle (hare.json) nor a model folder (config.json)")
 
 
+def check_model_dir(model_dir: Path, bundle: Path | None) -> None:
+    """InputError unless `model_dir` is a Hugging Face folder of the bundle's model type: the baselines loaded
+    what they were given after hare's points had run (a missing folder failed them minutes into the run, and
+    another model was measured as hare's baseline)."""
+    config = model_dir / "config.json"
+    if not config.is_file():
+        raise InputError(f"--model {model_dir} is not a Hugging Face model folder (no config.json)")
+    if bundle is None:
+        return
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (ValueError, AttributeError):
+        raise InputError(f"{config} is not a JSON object of a model's configuration") from None
+    served = read_manifest(bundle).model_type
+    if model_type != served:
+        raise InputError(
+            f"--model {model_dir} is a {model_type!r} model, and {bundle} serves a {served!r} one: the baselines "
+            "must run the model the bundle was built from"
+        )
+
+
 def _source_dir(bundle: Path) -> Path | None:
     """The model folder the bundle was built from, if it is still there (the baselines need it)."""
     source: dict[str, Any] = read_manifest(bundle).source

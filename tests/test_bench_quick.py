@@ -4,6 +4,7 @@ for consistency (not speed), with the JSON-lines progress the console reads and 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -128,7 +129,7 @@ def test_a_url_nothing_answers_at_fails_the_run_saying_so(tmp_path: Path) -> Non
     with socket.socket() as s:  # a port just free: nothing listens there
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-    code = hare(["bench", "run", url, "--task", "feature-extraction", "--seq", "8", "--quick", "--db", str(db)])
+    code = hare(["bench", "run", url, "--task", "feature-extraction", "--seq", "comet", "--db", str(db)])
     assert code == 1
     [run] = Store(db).runs()
     assert run.status == "failed"
@@ -154,6 +155,40 @@ def test_a_url_the_bench_cannot_load_is_refused_before_a_run_is_stored(
     assert not db.exists() or Store(db).runs() == []
 
 
+def test_exact_lengths_against_a_url_without_a_tokenizer_are_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A run was stored, then failed at its first point ("exact-length inputs need the bundle's tokenizer").
+    db = tmp_path / "bench.db"
+    assert hare(["bench", "run", "http://127.0.0.1:9", "--task", "feature-extraction", "--db", str(db)]) == 2
+    assert "exact token lengths (--seq 8,128) need the served model's tokenizer" in capsys.readouterr().err
+    assert not db.exists() or Store(db).runs() == []
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        ("missing", r"is not a Hugging Face model folder \(no config.json\)"),
+        ("gpt2", "is a 'gpt2' model, and .+ serves a 'bert' one: the baselines must run the model"),
+    ],
+)
+def test_a_baseline_model_other_than_the_bundles_is_refused_before_a_run(
+    tiny_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str], model: str, said: str
+) -> None:
+    # The baselines loaded it after hare's points had run: a missing folder failed them minutes into the run,
+    # and another model was measured as hare's baseline.
+    folder = tmp_path / model
+    if model != "missing":
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": model}))
+    db = tmp_path / "bench.db"
+    bundle = str(tiny_bundle("feature-extraction"))
+    flags = ["--baseline", "vanilla", "--model", str(folder), "--quick", "--db", str(db)]
+    assert hare(["bench", "run", bundle, *flags]) == 2
+    assert re.search(said, capsys.readouterr().err)
+    assert not db.exists() or Store(db).runs() == []
+
+
 def test_a_url_that_is_not_hare_fails_the_run_saying_so(tmp_path: Path) -> None:
     # A web server that is not hare was measured: 1,123 errors (501), stored as a run done, exit 0.
     import threading
@@ -164,7 +199,7 @@ def test_a_url_that_is_not_hare_fails_the_run_saying_so(tmp_path: Path) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        code = hare(["bench", "run", url, "--task", "feature-extraction", "--seq", "comet", "--quick", "--db", str(db)])
+        code = hare(["bench", "run", url, "--task", "feature-extraction", "--seq", "comet", "--db", str(db)])
     finally:
         server.shutdown()
         server.server_close()
