@@ -46,6 +46,7 @@ from bench.inputs import load_tokenizer
 from bench.peers.candidates.base import Skip, reason
 from bench.peers.candidates.workspace import Workspace
 from bench.peers.texts import prose
+from bench.servers import dies_with_parent
 from bench.store import Store
 from bench.subjects import manifest_hash
 from bench.tables import wide_console
@@ -190,7 +191,7 @@ def hare_run(
     command = [sys.executable, "-m", "hare.cli", "run", str(bundle), "-i", str(source), "-o", str(out)]
     command += ["--streams", str(streams), "-q", "--overwrite", "--summary", str(summary)]
     start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, preexec_fn=dies_with_parent())
     peak = 0
     while True:
         peak = max(peak, _hwm_kb(child.pid))

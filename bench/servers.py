@@ -4,6 +4,7 @@ CPU time can be read from /proc for the whole group."""
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import os
 import signal
@@ -13,8 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from functools import partial
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -127,7 +127,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=None if self.cpus is None else partial(os.sched_setaffinity, 0, self.cpus),
+                preexec_fn=dies_with_parent(self.cpus),
             )
         return self
 
@@ -183,6 +183,27 @@ class ServerProcess:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def dies_with_parent(cpus: set[int] | None = None) -> Callable[[], None]:
+    """A child's `preexec_fn`: the kernel sends it SIGTERM when this process dies, however it dies (SIGKILL, the
+    OOM killer), and it runs on `cpus` (None: this process's). A server whose bench was killed was orphaned,
+    holding its port, its cores and its memory; a `hare serve` keeps the signal across its exec into gunicorn,
+    which drains its workers on it."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
+    parent = os.getpid()
+
+    def setup() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # this process died before the line above took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+
+    return setup
 
 
 def split_url(url: str) -> tuple[str, int]:

@@ -3,7 +3,9 @@ for consistency (not speed), with the JSON-lines progress the console reads and 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import socket
@@ -291,6 +293,34 @@ def test_sigterm_cancels_the_run_and_stops_the_server(tiny_bundle: ModelFactory,
     assert not wait_ready_once(url), "the server the bench started must be gone"
     run = Store(db).run(events[-1]["run_id"])
     assert run.status == "cancelled" and run.finished_at
+
+
+def test_a_bench_killed_outright_takes_its_server_with_it(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    # SIGKILL (or the OOM killer) left the server it started running, holding its port and cores.
+    cmd = [sys.executable, "-m", "hare.cli", "bench", "run", str(tiny_bundle("text-classification")),
+           "--seq", "8", "--concurrency", "1", "--warmup", "0.2", "--duration", "60", "--no-model-only",
+           "--db", str(tmp_path / "bench.db"), "--progress", "jsonl"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    url = ""
+    for line in proc.stdout:
+        event = json.loads(line)
+        url = event.get("url", url)
+        if event["event"] == "tick":
+            break
+    assert wait_ready_once(url)
+    [server] = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    proc.kill()
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    deadline = time.monotonic() + 60
+    try:
+        while wait_ready_once(url) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not wait_ready_once(url), "the server the bench started must be gone"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(server), signal.SIGKILL)  # when it failed: no orphan outlives the test
 
 
 def test_an_unknown_task_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
