@@ -13,6 +13,7 @@ import importlib
 from collections.abc import Callable
 
 import streamlit as st
+from streamlit.navigation.page import StreamlitPage
 
 from admin_ui import auth, state
 
@@ -46,19 +47,28 @@ def _page(module: str) -> Callable[[], None]:
     return render
 
 
+def _home(first: StreamlitPage) -> StreamlitPage:
+    """The app's root, "/": it goes to the first page, which keeps its own name. Served at "/" itself (as the
+    default page), the first page's name led nowhere: a typed or bookmarked /overview drew it under a "Page not
+    found" dialog."""
+
+    def home() -> None:
+        st.switch_page(first)
+
+    return st.Page(home, title=first.title, default=True, visibility="hidden")
+
+
 def main() -> None:
     # No sidebar: the pages are named in the top bar and the appliance is picked on the pages that work on one,
     # so the page's content has the whole width (a 300-pixel sidebar left an 800-pixel window 500 pixels).
     st.set_page_config(page_title="hare console", page_icon=ICON, layout="wide", initial_sidebar_state="collapsed")
-    if not auth.gate(state.settings().token):
+    token = state.settings().token
+    # The page is found from the address before the sign-in form is drawn, so that signing in shows the page
+    # asked for (/benchmarks), not the first one; the pages' menu stays hidden until then.
+    pages = [st.Page(_page(module), title=title, icon=icon, url_path=module) for module, title, icon in PAGES]
+    page = st.navigation([_home(pages[0]), *pages], position="top" if auth.signed_in(token) else "hidden")
+    if not auth.gate(token):
         st.stop()
-    page = st.navigation(
-        [
-            st.Page(_page(module), title=title, icon=icon, url_path=module, default=i == 0)
-            for i, (module, title, icon) in enumerate(PAGES)
-        ],
-        position="top",
-    )
     with state.guard(f"The {page.title} page"):
         page.run()
 

@@ -34,9 +34,14 @@ def token_matches(expected: str, given: str) -> bool:
     return hmac.compare_digest(expected.encode(), given.encode())
 
 
+def signed_in(expected: str | None) -> bool:
+    """True when no token is set or this session has given it."""
+    return not expected or bool(st.session_state.get(AUTHED))
+
+
 def gate(expected: str | None) -> bool:
     """Draw the sign-in form until the session gives the token; True once it has (or when none is set)."""
-    if not expected or st.session_state.get(AUTHED):
+    if not expected or signed_in(expected):
         return True
     st.title("hare console")
     with st.form("hare-signin"):
