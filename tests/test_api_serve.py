@@ -225,6 +225,30 @@ def test_sigterm_drains_in_flight_requests_and_exits(server: tuple[str, subproce
     assert "Shutting down: Master" in log.read_text()
 
 
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGQUIT], ids=["SIGINT", "SIGQUIT"])
+def test_gunicorns_quick_stop_answers_what_is_in_flight_and_exits_at_once(
+    tiny_bundle: ModelFactory, tmp_path: Path, stop: signal.Signals
+) -> None:
+    """kill -INT or -QUIT of the master alone (a supervisor's stop signal, `docker kill -s INT`): the workers
+    served on, new requests too, until the master SIGKILLed them 30 s later, cutting the requests they held and
+    logging "Perhaps out of memory?"."""
+    log = tmp_path / "server.log"
+    big = {"inputs": ["word " * 100] * 1500}  # about a second of work on this machine
+    with hare_serve(tiny_bundle("feature-extraction"), log, 1, {"HARE_MAX_QUEUE_MS": "0"}) as (url, process):
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(lambda: httpx.post(f"{url}/predict", json=big, timeout=120))
+            deadline = time.monotonic() + 30
+            while metric(httpx.get(f"{url}/metrics").text, "hare_queue_depth") == 0:  # the model is busy on it
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            process.send_signal(stop)
+            stopped = time.monotonic()
+            assert answer.result().status_code == 200
+        process.wait(timeout=60)
+        assert time.monotonic() - stopped < 15, "the workers waited for the graceful timeout (30 s)"
+    assert "SIGKILL" not in log.read_text()
+
+
 def test_a_master_killed_outright_leaves_the_port_to_the_next_server(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
     """kill -9 of gunicorn's master runs no stop: its workers see it gone within a second or two and drain, so
     the server started again can bind its port (they served on it unsupervised for good, and it could not), and

@@ -42,6 +42,7 @@ import gc
 import logging
 import os
 import select
+import signal
 import socket
 import sys
 import time
@@ -420,7 +421,15 @@ class HareWorker(UvicornWorker):  # type: ignore[misc]  # uvicorn_worker ships n
     async def _serve(self) -> None:
         self.config.app = self.wsgi
         server = PacedServer(self.config, self.wsgi, self.ppid)
-        self._install_sigquit_handler()
+        # gunicorn's quick stop (SIGINT or SIGQUIT to the master) sends its workers SIGQUIT. uvicorn_worker's
+        # handler only marks the worker not alive, which nothing reads: a worker served on, new requests too,
+        # until the master SIGKILLed it after the graceful timeout, cutting those in flight (and logging
+        # "Perhaps out of memory?"). It now stops accepting at once and drains what it holds, as on SIGTERM.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, self._quit, server)
         await server.serve(sockets=[s.sock for s in self.sockets])
         if not server.started:
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
+
+    def _quit(self, server: PacedServer) -> None:
+        self.alive = False
+        server.should_exit = True
