@@ -148,15 +148,19 @@ def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:
     config names another). Heads with two or more labels: the last label's softmax probability. Binary
     cross-encoders are trained with label 1 = relevant (CrossEncoder's own training, ms-marco's 2-class
     heads), and the last label of a graded head is its most relevant grade; CrossEncoder.predict would answer
-    every logit, which cannot be ranked.
+    every logit, which cannot be ranked. `raw_scores`: the relevance logit (relevance_logit), whose order is
+    the score's.
     """
     logits = np.stack([rows[0] for rows in out.arrays])
-    if logits.shape[1] == 1:
-        raw = logits[:, 0]
-        scores = raw if p.raw_scores else ACTIVATIONS[p.activation](raw)
+    # `raw_scores` answers the relevance logit, which ranks as the score does: the last label's own logit did
+    # not, so asking for raw scores reordered a two-label head's documents and changed what top_n kept.
+    raw = relevance_logit(logits)
+    if p.raw_scores:
+        scores = raw
+    elif logits.shape[1] == 1:
+        scores = ACTIVATIONS[p.activation](raw)
     else:
-        raw = logits[:, -1]
-        scores = raw if p.raw_scores else softmax(logits)[:, -1]
+        scores = softmax(logits)[:, -1]
     order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)[: p.top_n]
     ranked: list[dict[str, Any]] = []
     for i in order:

@@ -60,7 +60,14 @@ async def test_two_label_heads_score_the_last_label(tmp_path: Path) -> None:
     model, bundle = _bundle(tmp_path, **labels)
     expected = CrossEncoder(str(model), device="cpu").predict([(QUERY, d) for d in DOCUMENTS], apply_softmax=True)
     assert expected.shape == (len(DOCUMENTS), 2)
+    inputs = {"query": QUERY, "documents": DOCUMENTS}
     async with serve(bundle) as client:
-        response = await client.post("/predict", json={"inputs": {"query": QUERY, "documents": DOCUMENTS}})
+        response = await client.post("/predict", json={"inputs": inputs})
+        raw = await client.post("/predict", json={"inputs": inputs, "parameters": {"raw_scores": True}})
     scores = {r["index"]: r["score"] for r in response.json()}
     assert np.allclose([scores[i] for i in range(len(DOCUMENTS))], expected[:, 1], atol=TOL)
+    # raw_scores: the logit whose sigmoid is the score, in the score's order. It was the last label's own logit,
+    # which ranked the documents otherwise and changed what top_n kept.
+    assert [r["index"] for r in raw.json()] == [r["index"] for r in response.json()]
+    logits = {r["index"]: r["score"] for r in raw.json()}
+    assert np.allclose([1 / (1 + np.exp(-logits[i])) for i in range(len(DOCUMENTS))], expected[:, 1], atol=TOL)
