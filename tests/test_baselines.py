@@ -29,3 +29,21 @@ def test_the_baseline_device_comes_from_the_environment() -> None:
     # The comet baseline's dynamic int8 Linear layers exist on the CPU only: said at start, not at the first request.
     with pytest.raises(RuntimeError, match="comet runs on the CPU"):
         BaselineConfig.from_env(env | {"HARE_BASELINE_MODE": "comet", "HARE_BASELINE_DEVICE": "cuda"})
+
+
+@pytest.mark.parametrize(
+    ("task", "inputs"),
+    [
+        ("text-classification", ["I like you", "word " * 2000]),
+        ("token-classification", ["Paris is in France", "word " * 2000]),
+        ("text-ranking", {"query": "capital", "documents": ["Paris", "word " * 2000]}),
+    ],
+)
+def test_every_tasks_vanilla_baseline_answers_short_and_long_inputs(
+    tiny_model: ModelFactory, task: str, inputs: object
+) -> None:
+    # The token-classification baseline raised TypeError on every request (transformers 5's pipeline takes no
+    # `truncation`), so `hare bench --baseline vanilla` on an NER bundle measured only errors.
+    predict = load_predictor(BaselineConfig(str(tiny_model(task)), task, "vanilla"))
+    answer = predict(inputs)
+    assert isinstance(answer, list) and len(answer) == 2
