@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 
 from api.config import Settings, describe, layout
+from api.engine.opened import checked_bundle
 from api.process import serve
 from container.bundle import (
     MANIFEST_FILE,
     MAX_BATCH_TOKENS,
     MODEL_FILE,
     TOKENIZER_FILE,
+    file_sizes,
     read_manifest,
     resolve_max_batch_tokens,
 )
@@ -216,6 +218,32 @@ def test_a_damaged_bundle_is_refused_before_any_worker_starts(
     with pytest.raises(InputError, match=said):
         serve.main(parser.parse_args([str(bundle)]))
     assert execs == []
+
+
+def test_a_bundle_of_links_openvino_cannot_read_is_refused_saying_to_copy_its_files(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    # Each worker failed inside OpenVINO ("resolves to ... outside the base directory") and said to rebuild.
+    import onnx
+
+    real = tmp_path / "real"
+    shutil.copytree(tiny_bundle("feature-extraction"), real)
+    graph = onnx.load(real / MODEL_FILE)
+    onnx.save(graph, real / MODEL_FILE, save_as_external_data=True, location=MODEL_FILE + ".data", size_threshold=0)
+    manifest = json.loads((real / MANIFEST_FILE).read_text()) | {"variant": "bf16", "files": file_sizes(real)}
+    (real / MANIFEST_FILE).write_text(json.dumps(manifest))
+    links = tmp_path / "links"
+    links.mkdir()
+    for file in real.iterdir():
+        (links / file.name).symlink_to(file)
+    with pytest.raises(InputError, match=r"model.onnx.data is a link to .+ copy the bundle with its files \(cp -rL\)"):
+        checked_bundle(links)
+    (tmp_path / "folder-link").symlink_to(real)
+    for served in (real, tmp_path / "folder-link"):  # the files themselves, or a link to their folder
+        checked_bundle(served)
+    manifest["variant"] = "fp32"  # ONNX Runtime follows the links
+    (real / MANIFEST_FILE).write_text(json.dumps(manifest))
+    checked_bundle(links)
 
 
 def test_the_bundles_max_batch_tokens_applies_only_on_the_target_it_was_measured_on(tiny_bundle: ModelFactory) -> None:

@@ -13,8 +13,9 @@ from tokenizers import Tokenizer
 from api.config import Settings
 from api.engine.encoder import Encoder, vocab
 from api.engine.pipeline import model_info
-from container.bundle import TOKENIZER_FILE, Manifest, read_manifest
+from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, read_manifest
 from container.cudagraphs import Shape, graph_shapes
+from container.openvino_runtime import VARIANTS as OPENVINO_VARIANTS
 from container.runtime import bound_malloc
 from tasks.base import ModelInfo, TaskSpec, Vocab
 from tasks.errors import InputError
@@ -46,6 +47,14 @@ def checked_bundle(bundle: Path) -> tuple[Manifest, Tokenizer]:
     manifest = read_manifest(bundle)
     if manifest.task not in TASKS:
         raise InputError(f"{bundle} serves task {manifest.task!r}, which this hare does not know")
+    data = bundle / (MODEL_FILE + ".data")
+    if manifest.variant in OPENVINO_VARIANTS and data.is_file() and data.resolve().parent != bundle.resolve():
+        # OpenVINO reads a graph's weights only from inside its folder (ONNX Runtime follows the link): a bundle
+        # of links (`cp -rs`, a store of blobs) failed in every worker, saying to rebuild it.
+        raise InputError(
+            f"{data} is a link to {data.resolve()}, outside the bundle's folder, and OpenVINO reads the weights of "
+            f"a {manifest.variant} graph only from inside it: copy the bundle with its files (cp -rL), not as links"
+        )
     try:
         tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
     except Exception as exc:  # tokenizers raises a bare Exception with its parser's message
