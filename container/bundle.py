@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -19,7 +21,7 @@ import numpy as np
 
 from container.machine import FULL_LEVELS
 from tasks.errors import InputError
-from tasks.ops import Dense
+from tasks.ops import POOLINGS, Dense
 from tasks.params import kind
 
 MODEL_FILE = "model.onnx"
@@ -121,10 +123,50 @@ class Manifest:
         required = [f.name for f in dataclasses.fields(cls) if f.default is f.default_factory is dataclasses.MISSING]
         if lacking := [name for name in required if name not in data]:
             raise ValueError(f"it lacks {', '.join(lacking)}")
+        hints = typing.get_type_hints(cls)
+        for name in hints.keys() & data.keys():
+            if not _fits(data[name], hints[name]):
+                raise ValueError(f"its {name} is {kind(data[name])}, where the build writes {_json_type(hints[name])}")
+        if data["max_length"] < 1 or data["target"] not in TARGETS or data["pooling"] not in (None, *POOLINGS):
+            said = f"max_length {data['max_length']}, target {data['target']!r}, pooling {data['pooling']!r}"
+            raise ValueError(f"one of its {said} is no build's")
         data = dict(data)
         data["labels"] = {int(k): v for k, v in data.get("labels", {}).items()}
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+TARGETS = ("cpu", "gpu")
+
+
+def _fits(value: object, hint: Any) -> bool:
+    """Whether a JSON value is of a manifest field's type: a hand-edited hare.json ("max_length": "256") failed
+    in every worker with a traceback, or as a request's error."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):
+        return isinstance(value, int | float if hint is float else int) and not isinstance(value, bool)
+    if origin is dict:  # JSON keys are strings: labels' ids are checked as they are converted
+        return isinstance(value, dict) and all(_fits(v, args[1]) for v in value.values())
+    if origin is list:
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+    if origin is Literal:
+        return value in args
+    return isinstance(value, hint)
+
+
+def _json_type(hint: Any) -> str:
+    """A field's type as JSON names it."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_json_type(arg) for arg in args)
+    names = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", type(None): "null"}
+    return names.get(hint) or {dict: "an object", list: "a list"}.get(origin, str(hint))
 
 
 def read_manifest(bundle: Path) -> Manifest:

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -316,4 +317,28 @@ def test_a_manifest_that_is_not_one_says_what_it_lacks(
     shutil.copytree(tiny_bundle("feature-extraction"), bundle)
     (bundle / MANIFEST_FILE).write_text(manifest)
     with pytest.raises(InputError, match=f"hare.json is unreadable: {said}"):
+        read_manifest(bundle)
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        # Each failed in every worker with a traceback, or as a request's error, or (labels) in `hare serve`.
+        ({"max_length": "256"}, "its max_length is a string, where the build writes an integer"),
+        ({"labels": ["a", "b"]}, "its labels is a list, where the build writes an object"),
+        ({"normalize": "no"}, "its normalize is a string, where the build writes a boolean"),
+        ({"pad_id": "x"}, "its pad_id is a string, where the build writes an integer"),
+        ({"format_version": "1"}, "its format_version is a string"),  # "has bundle format 1, this hare reads 1"
+        ({"max_length": -1}, "one of its max_length -1, target 'cpu', pooling 'mean' is no build's"),
+        ({"pooling": "weird"}, "pooling 'weird' is no build's"),
+        ({"target": "tpu"}, "target 'tpu'"),  # named HARE_TARGET, which the user never set
+    ],
+)
+def test_a_hand_edited_manifest_names_the_field_of_the_wrong_kind(
+    tiny_bundle: ModelFactory, tmp_path: Path, edit: dict[str, object], said: str
+) -> None:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle("feature-extraction"), bundle)
+    (bundle / MANIFEST_FILE).write_text(json.dumps(json.loads((bundle / MANIFEST_FILE).read_text()) | edit))
+    with pytest.raises(InputError, match="hare.json is unreadable: .*" + re.escape(said)):
         read_manifest(bundle)
