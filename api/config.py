@@ -33,14 +33,20 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _UNSET = object()
 
 
-def _int(low: int, high: int | None = None) -> Callable[[str], int]:
+# The largest integer a setting takes: the workers hand settings to orjson (/info) and numpy, which hold 64 bits;
+# HARE_MAX_BODY_BYTES=100000000000000000000 ("unlimited") passed, then failed every worker's start.
+INT64_MAX = 2**63 - 1
+
+
+def _int(low: int, high: int = INT64_MAX) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise ValueError("expected an integer") from None
-        if value < low or (high is not None and value > high):
-            raise ValueError(f"expected an integer {f'from {low} to {high}' if high else f'of at least {low}'}")
+        if not low <= value <= high:
+            bounds = f"from {low} to {high}" if high < INT64_MAX else f"of at least {low}, below 2**63"
+            raise ValueError(f"expected an integer {bounds}")
         return value
 
     return parse

@@ -91,6 +91,7 @@ def test_values_are_parsed_and_bad_ones_named() -> None:
         ("HARE_MAX_WAIT_MS", "1e999"),
         ("HARE_CORE_POOL", "/no/such/folder"),  # each worker failed with a traceback
         ("HARE_ENGINE_SOCKET", "/no/such/folder/engine.sock"),
+        ("HARE_MAX_BODY_BYTES", str(10**20)),  # "unlimited": every worker's start failed (orjson, 64 bits)
     ]:
         with pytest.raises(InputError, match=key):
             Settings.from_env({key: value})
