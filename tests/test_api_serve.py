@@ -72,6 +72,32 @@ def test_curl_predict(server: tuple[str, subprocess.Popen[bytes], Path]) -> None
     assert len(json.loads(body)) == 32
 
 
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"POST /predict HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\nxx\r\n",  # a broken chunk
+        b"POST /predict HTTP/1.1\r\nHost: h\r\nContent-Length: many\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS hello sent to plain HTTP
+    ],
+    ids=["chunk", "length", "tls"],
+)
+def test_a_request_the_parser_cannot_read_gets_the_json_error_shape(
+    server: tuple[str, subprocess.Popen[bytes], Path], request_bytes: bytes
+) -> None:
+    # uvicorn answered "Invalid HTTP request received." as text/plain, where every other error is JSON.
+    url, _, _ = server
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request_bytes)
+        response = http.client.HTTPResponse(conn)
+        response.begin()
+        body = json.loads(response.read())
+    assert response.status == 400 and response.getheader("content-type") == "application/json"
+    assert response.getheader("connection") == "close"
+    assert body["type"] == "InputError" and "not HTTP/1.1 this server can read" in body["error"]
+    assert httpx.post(f"{url}/predict", json={"inputs": "still here"}).status_code == 200
+
+
 def test_concurrent_clients_each_get_their_own_answer_and_batches_form(
     server: tuple[str, subprocess.Popen[bytes], Path],
 ) -> None:

@@ -60,6 +60,7 @@ from api.process.pace import Pace
 from api.process.refuser import LINGER_S, Refuser
 from api.web.errors import raw_answer
 from api.web.state import Resources
+from tasks.errors import InputError
 
 log = logging.getLogger("hare")
 ACCEPT_ERROR_PAUSE_S = 0.1  # after EMFILE and the like: let connections close before trying again
@@ -208,7 +209,7 @@ class PacedServer(Server):
     def _protocol(self) -> asyncio.Protocol:
         # As uvicorn's own startup builds it for loop.create_server, each answer sent in one write (onewrite.py).
         if self._http is None:
-            self._http = coalescing(self.config.http_protocol_class)
+            self._http = answering_json(coalescing(self.config.http_protocol_class))
         make: Any = self._http
         protocol: asyncio.Protocol = make(
             config=self.config, server_state=self.server_state, app_state=self.lifespan.state
@@ -391,6 +392,27 @@ class _Counted(set[Any]):
     def _tell(self) -> None:
         if self._accepting and self._publish is not None:
             self._publish(len(self))
+
+
+# What a request the HTTP parser cannot read is answered (a broken chunk, both Content-Length and chunked, a
+# Content-Length that is not a number, a method HTTP does not have, TLS sent to plain HTTP).
+UNREADABLE = (
+    "the request is not HTTP/1.1 this server can read: check its request line, its headers and how its body is "
+    "framed (one Content-Length, or chunked)"
+)
+
+
+def answering_json(cls: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
+    """`cls` (uvicorn's HTTP protocol) answering a request its parser cannot read in hare's error shape, as
+    every other error: uvicorn's own answer was a plain-text "Invalid HTTP request received."."""
+
+    class JsonErrors(cls):  # type: ignore[valid-type,misc]  # a class known only at run time
+        def send_400_response(self, msg: str) -> None:
+            self.transport.write(raw_answer(InputError(UNREADABLE), close=True))
+            self.transport.close()
+
+    JsonErrors.__name__ = JsonErrors.__qualname__ = f"JsonErrors{cls.__name__}"
+    return JsonErrors
 
 
 def _pending(sock: socket.socket) -> bool:

@@ -113,9 +113,12 @@ def error_response(exc: HareError, path: str = "") -> Response:
     return Response(content, status_code=status, headers=headers, media_type=JSON)
 
 
-def raw_answer(exc: HareError, path: str = "") -> bytes:
-    """`answer` as a whole HTTP/1.1 response, for a raw socket (the accept loop's refuser)."""
+def raw_answer(exc: HareError, path: str = "", close: bool = False) -> bytes:
+    """`answer` as a whole HTTP/1.1 response, for a raw socket (the accept loop's refuser, the HTTP parser's
+    refusal); `close`: it says the connection closes after it."""
     status, headers, content = answer(exc, path)
+    if close:
+        headers["connection"] = "close"
     head = [
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
         f"content-type: {JSON}",
