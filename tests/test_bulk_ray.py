@@ -113,8 +113,23 @@ def test_the_stage_answers_as_predict(cluster: Any, fp32_bundle: ModelFactory, t
     assert remote.schema.field("embeddings").type.value_type == pa.int8()
 
 
+def test_every_batch_has_the_answers_columns_even_when_all_its_rows_are_rejected(fp32_bundle: ModelFactory) -> None:
+    # A batch of only rejected rows had no answer column: a reader taking the schema of the output's first file
+    # (pyarrow's dataset, pandas.read_parquet on the folder) dropped every other file's answers.
+    from api.bulk.ray import HareStage
+
+    stage = HareStage(str(fp32_bundle("text-classification")))
+    answered = stage(pa.table({"id": [1, 2], "text": ["a fine day", "a bad one"]}))
+    rejected = stage(pa.table({"id": [3, 4], "text": ["", None]}))
+    mixed = stage(pa.table({"id": [5, 6], "text": ["", "a day"]}))
+    assert rejected.schema == answered.schema == mixed.schema
+    assert answered.column_names == ["id", "labels", "truncated", "error"]
+    assert rejected.column("labels").null_count == 2 and None not in rejected.column("error").to_pylist()
+    assert [r["error"] is None for r in mixed.sort_by("id").to_pylist()] == [False, True]
+
+
 def test_hare_run_on_ray_writes_every_row(
-    cluster: Any, fp32_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: Any, fp32_bundle: ModelFactory, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from hare.cli import main as hare
 
@@ -122,10 +137,14 @@ def test_hare_run_on_ray_writes_every_row(
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},{t}\n" for i, t in enumerate(texts)))
     args = ["run", str(fp32_bundle("feature-extraction")), "-i", str(tmp_path / "in.csv"), "-o", str(tmp_path / "out")]
     assert hare([*args, "--ray", cluster.address, "--chunk-rows", "64"]) == 0
-    assert "301 rows" in capsys.readouterr().out
+    assert "301 rows" in capfd.readouterr().out
     table = pq.read_table(tmp_path / "out")
     assert sorted(table.column("id").to_pylist()) == sorted(f"r{i}" for i in range(301))
     assert table.column("error").to_pylist().count("its text is an empty string") == 1
+    # -q: the summary alone. Ray Data's plan, its datasets' starts and its progress bars came out all the same.
+    assert hare([*args, "--ray", cluster.address, "--overwrite", "-q"]) == 0
+    out, err = capfd.readouterr()
+    assert "301 rows" in out and "Dataset" not in out + err and "Running" not in out + err, err
 
 
 def test_a_rerun_is_refused_or_replaces_and_a_killed_runs_files_are_not_kept(

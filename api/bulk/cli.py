@@ -169,7 +169,7 @@ def _on_ray(args: argparse.Namespace, settings: Settings, options: BulkOptions) 
         "max_chars": options.max_chars,
     }
     start = time.perf_counter()
-    rows = run_on_ray(args.ray, settings.bundle, options.input, options.output, stage, options.chunk_rows)
+    rows = run_on_ray(args.ray, settings.bundle, options.input, options.output, stage, options.chunk_rows, args.quiet)
     seconds = time.perf_counter() - start
     rejected = pq.read_table(options.output, columns=["error"]).column("error").drop_null()
     Console().print(

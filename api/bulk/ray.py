@@ -19,12 +19,15 @@ output, so no row goes missing. Ray restarts an actor whose process dies and run
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import logging
 import os
 import shutil
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,7 @@ import pyarrow as pa
 from api.bulk.job import check_apart
 from api.bulk.model import BulkModel
 from api.bulk.reader import Bad, Columns, check, checked_chunk, json_field, json_row, text_id
+from api.bulk.writer import conform
 from api.config import Settings
 from tasks.errors import InputError
 
@@ -63,6 +67,7 @@ class HareStage:
         self.model.check(self.columns)
         self.names = self.columns.values(self.model.task.pairs)
         self.max_chars = max_chars or settings.max_input_chars
+        self._schemas: dict[pa.DataType, pa.Schema] = {}
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         id_column = self.columns.id or "id"
@@ -85,15 +90,22 @@ class HareStage:
         id_type = batch.schema.field(id_column).type
         answered = self.model.answer(work, id_type).table()
         answered = answered.append_column("error", pa.nulls(len(answered), pa.string()))
-        if not chunk.rejects:
-            return answered
         rejected = pa.table(
             {
                 "id": pa.array([r.id for r in chunk.rejects], id_type),
                 "error": pa.array([r.reason for r in chunk.rejects], pa.string()),
             }
         )
-        return pa.concat_tables([answered, rejected], promote_options="default")
+        # Every batch in the one schema, the answer's columns null on rejected rows: a batch of only rejected rows
+        # lacked them, and a reader that takes the schema of the output's first file (pyarrow's dataset, so
+        # pandas.read_parquet on the folder) dropped the answers of every other file when that one came first.
+        table = pa.concat_tables([answered, rejected], promote_options="default") if chunk.rejects else answered
+        return conform(table, self._schema(id_type))
+
+    def _schema(self, id_type: pa.DataType) -> pa.Schema:
+        if id_type not in self._schemas:
+            self._schemas[id_type] = self.model.probe(id_type).append(pa.field("error", pa.string()))
+        return self._schemas[id_type]
 
 
 REASON = "_hare_reason"  # jsonl_rows' column: why a row cannot be run (null: it can)
@@ -126,14 +138,22 @@ def jsonl_rows(lines: pa.Table, names: list[str], id_column: str) -> pa.Table:
     return pa.table({id_column: pa.array(ids, pa.string()), **columns, REASON: pa.array(reasons, pa.string())})
 
 
-def run_on_ray(address: str, bundle: Path, source: Path, output: Path, stage: dict[str, Any], batch_rows: int) -> int:
+def run_on_ray(
+    address: str,
+    bundle: Path,
+    source: Path,
+    output: Path,
+    stage: dict[str, Any],
+    batch_rows: int,
+    quiet: bool = False,
+) -> int:
     """`source` (Parquet, JSONL or CSV, a file or a folder Ray Data reads) through HareStage on the Ray cluster
     at `address` into Parquet files in the folder `output`, one actor per CPU of the cluster but one (left to
     Ray Data's read and write tasks); returns the rows written. The files are written to a folder beside
     `output` and moved there whole at the end: a job killed on the way leaves `output` as it was, and the same
     command runs it again from the start (a rerun wrote every row a second time beside the first run's). The
     caller checked `output` (check_output). HARE_* settings go to the actors, which read their own
-    environment."""
+    environment. `quiet` (`hare run -q`): without Ray Data's progress bars and its log of the plan."""
     import ray
 
     _reachable(address)
@@ -170,8 +190,9 @@ def run_on_ray(address: str, bundle: Path, source: Path, output: Path, stage: di
     )
     work = output.parent / f".{output.name}.ray-partial"
     shutil.rmtree(work, ignore_errors=True)  # a killed job's, never moved to the output
-    done.write_parquet(str(work.resolve()))
-    rows = int(ray.data.read_parquet(str(work.resolve())).count())
+    with _quiet_data(quiet):
+        done.write_parquet(str(work.resolve()))
+        rows = int(ray.data.read_parquet(str(work.resolve())).count())
     if output.exists():
         aside = output.parent / f".{output.name}.ray-replaced"
         shutil.rmtree(aside, ignore_errors=True)  # one a job killed between the two renames left
@@ -181,6 +202,27 @@ def run_on_ray(address: str, bundle: Path, source: Path, output: Path, stage: di
     else:
         os.replace(work, output)
     return rows
+
+
+@contextlib.contextmanager
+def _quiet_data(quiet: bool) -> Iterator[None]:
+    """Ray Data without its progress bars and its INFO log (the plan it runs, each dataset's start), when
+    `quiet`; as it was afterwards (the settings are the process's)."""
+    if not quiet:
+        yield
+        return
+    import ray
+
+    context = ray.data.DataContext.get_current()
+    logger = logging.getLogger("ray.data")
+    saved = context.enable_progress_bars, context.print_on_execution_start, logger.level
+    context.enable_progress_bars = context.print_on_execution_start = False
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        context.enable_progress_bars, context.print_on_execution_start = saved[:2]
+        logger.setLevel(saved[2])
 
 
 def check_output(source: Path, output: Path, overwrite: bool) -> None:

@@ -106,10 +106,10 @@ def _merge_parquet(parts: list[Path], schema: pa.Schema, out: Any) -> None:
         for path in parts:
             part = pq.ParquetFile(path)
             for i in range(part.num_row_groups):
-                writer.write_table(_conform(part.read_row_group(i), schema))
+                writer.write_table(conform(part.read_row_group(i), schema))
 
 
-def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """`table` in `schema`: its columns cast, columns it lacks (a chunk of only rejected rows) as nulls."""
     if table.schema == schema:
         return table
