@@ -137,6 +137,7 @@ def test_a_flag_no_build_can_use_is_a_usage_error_before_any_work(
         (["--variants", ""], "--variants '' names no variant"),
         (["--validation-file", "{tmp}"], "is a folder; give a file of texts"),
         (["--validation-file", "{tmp}/none.txt"], "none.txt does not exist"),
+        (["--validation-file", "{tmp}-bad.jsonl"], "-bad.jsonl:2: not valid JSON"),  # read after the export
     ],
 )
 def test_an_input_the_build_would_ignore_or_fail_on_late_is_refused_first(
@@ -144,9 +145,11 @@ def test_an_input_the_build_would_ignore_or_fail_on_late_is_refused_first(
 ) -> None:
     # A gate of another task was ignored; an empty --variants (an unset variable) built every variant; a
     # validation file that is not one was said after the export.
+    Path(f"{tmp_path}-bad.jsonl").write_text('{"text": "a fine day"}\n{"text": "a bad one\n')
     args = [a.format(tmp=tmp_path) for a in flags]
     assert run(tiny_model("text-classification"), "--task", "text-classification", "--out", tmp_path / "b", *args) == 2
-    assert said in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert said in err and "export" not in err  # before the build's first stage
     assert list(tmp_path.iterdir()) == []
 
 

@@ -17,6 +17,7 @@ from container.bundle import Manifest
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK, default_model_dir
 from container.machine import FULL_LEVELS, NARROW_LEVELS
 from container.optimize.autotune import BUDGETS_HELP, HOPELESS, checked_budgets
+from container.optimize.textset import file_samples
 from container.optimize.validate import FP32_GATE
 from tasks.base import Gate
 from tasks.errors import InputError
@@ -166,9 +167,8 @@ def main(args: argparse.Namespace) -> int:
     given = {metric: getattr(args, f"gate_{metric}", None) for metric in gates_by_metric()}
     thresholds = {metric: value for metric, value in given.items() if value is not None}
     checked_gates(thresholds, task)
-    if args.validation_file is not None and not args.validation_file.is_file():  # else said after the export
-        what = "is a folder" if args.validation_file.is_dir() else "does not exist"
-        raise InputError(f"--validation-file {args.validation_file} {what}; give a file of texts")
+    if args.validation_file is not None:  # read whole here: what is wrong with it was said after the export
+        file_samples(args.validation_file, get_task(task).pairs)
     signal.signal(signal.SIGTERM, _stop)  # docker stop, Kubernetes, timeout: the build's folder is removed
     # Piped output (CI logs) gets a wide console so the variant table is not squeezed to 80 columns.
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)

@@ -154,7 +154,8 @@ def _encode(tokenizer: Tokenizer, text: str, query: str | None) -> list[int]:
 def file_samples(path: Path, pairs: bool) -> list[Sample]:
     """The user's set: one text per line, or JSONL of {"text"} or {"query", "document"|"documents"}."""
     if not path.is_file():
-        raise InputError(f"validation file {path} {'is a folder' if path.is_dir() else 'does not exist'}")
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise InputError(f"validation file {path} {what}; give a file of texts (--validation-file)")
     try:  # utf-8-sig: without the byte order mark Windows tools put first, which would begin the first text
         lines = path.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError as exc:
