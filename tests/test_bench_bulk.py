@@ -28,10 +28,10 @@ from bench.report import write_report
 from bench.store import Run, Store
 from tasks.errors import InputError
 from tests.conftest import ModelFactory, quick_bundle
-from tests.test_console_browser import CHROMIUM, CHROMIUM_ARGS
 from tests.test_console_browser_support import (
     GRID_RECORDER,
     RECORDER,
+    chromium,
     drawn,
     expect_headers,
     free_port,
@@ -225,7 +225,7 @@ def test_over_several_rounds_a_goal_is_the_median_of_the_ratios_taken_round_by_r
 def test_a_bulk_run_reads_well_in_a_browser_at_every_width(bulk_run: tuple[Store, Run], tmp_path: Path) -> None:
     """The Results tab of a real `hare console` in Chromium: the bulk run's table as painted, and the page at
     800, 1280 and 1920 pixels wide with nothing overlapping or cut (tests/test_console_browser_support.py)."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     store, _ = bulk_run
     port, log = free_port(), tmp_path / "console.log"
@@ -235,8 +235,7 @@ def test_a_bulk_run_reads_well_in_a_browser_at_every_width(bulk_run: tuple[Store
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(url + "/_stcore/health", lambda r: r.text == "ok", proc, log)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        with chromium() as browser:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.add_init_script(RECORDER)
             page.add_init_script(GRID_RECORDER)
@@ -260,6 +259,5 @@ def test_a_bulk_run_reads_well_in_a_browser_at_every_width(bulk_run: tuple[Store
             assert "None" not in canvas and "nan" not in canvas and "None" not in page.inner_text("main")
             problems = layout_problems_at_every_width(page, "bulk", tmp_path)
             assert not problems, f"the bulk run does not read well: {problems} (screenshots in {tmp_path})"
-            browser.close()
     finally:
         stop_process(proc)

@@ -8,15 +8,20 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.test_console_browser_support import free_port, no_traceback, start_process, stop_process, wait_for
+from tests.test_console_browser_support import (
+    chromium,
+    free_port,
+    no_traceback,
+    start_process,
+    stop_process,
+    wait_for,
+)
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
 TOKEN = "correct horse"
 TIMEOUT_MS = 60_000
 
@@ -42,16 +47,8 @@ def console(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (Playwright must not download a browser)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with chromium() as browser:
+        yield browser
 
 
 def _settled(pg: object) -> None:

@@ -34,6 +34,7 @@ from tests.test_console_browser_support import (
     GRID_RECORDER,
     LAYOUT,
     RECORDER,
+    chromium,
     distinct_colours,
     drawn,
     expect_headers,
@@ -53,16 +54,6 @@ pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts" / "console"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 TIMEOUT_MS = 60_000
 OVERVIEW_TABLE = "[data-testid='stMain'] [data-testid='stMarkdown'] table"
 
@@ -101,17 +92,9 @@ def console(appliance: tuple[str, Path], tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def browser(console: str) -> Iterator[object]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (Playwright must not download a browser)")
-    from playwright.sync_api import sync_playwright
-
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with chromium() as browser:
+        yield browser
 
 
 @pytest.fixture(scope="module")
