@@ -58,6 +58,8 @@ class Manifest:
     pad_id: the id batches are padded with (the model's pad token).
     pair_template: ranking with a causal LM: how a (query, document) pair is written (tasks.base.ModelInfo).
     heads: sparse-embedding from a bge-m3 folder: the outputs its graph carries (dense, sparse, colbert).
+    max_active_dims: sparse-embedding from a SparseEncoder folder that sets it: the weights a vector keeps when
+      a request names no top_k (None: every non-zero weight).
     source: where the model came from; fused_operators: what ONNX Runtime's fusion found in its graph;
       additive_masks: the attention masks the export made additive (container/optimize/masks.py).
     max_batch_tokens: the padded tokens per model call the server batches up to by default: the smallest batch
@@ -103,6 +105,7 @@ class Manifest:
     pad_id: int = 0
     pair_template: dict[str, str] = field(default_factory=dict)
     heads: list[str] = field(default_factory=list)
+    max_active_dims: int | None = None
     max_batch_tokens: int | None = None
     token_rates: dict[str, float] = field(default_factory=dict)
     budget_machine: dict[str, Any] = field(default_factory=dict)
@@ -130,6 +133,8 @@ class Manifest:
         if data["max_length"] < 1 or data["target"] not in TARGETS or data["pooling"] not in (None, *POOLINGS):
             said = f"max_length {data['max_length']}, target {data['target']!r}, pooling {data['pooling']!r}"
             raise ValueError(f"one of its {said} is no build's")
+        if data.get("max_active_dims") is not None and data["max_active_dims"] < 1:
+            raise ValueError(f"its max_active_dims {data['max_active_dims']} is no build's (at least 1, or null)")
         data = dict(data)
         data["labels"] = {int(k): v for k, v in data.get("labels", {}).items()}
         known = set(cls.__dataclass_fields__)
@@ -245,6 +250,7 @@ def model_head(bundle: Path, manifest: Manifest) -> dict[str, Any]:
         "activation": manifest.activation or "sigmoid",
         "pair_template": {k: v for k, v in manifest.pair_template.items() if k in ("format", "instruction")},
         "heads": tuple(manifest.heads),
+        "max_active_dims": manifest.max_active_dims,
     }
 
 

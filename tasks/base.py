@@ -57,11 +57,14 @@ class Vocab:
     word_aware: the model marks word continuations (WordPiece's "##"), so subwords are exact;
       otherwise a whitespace heuristic decides, as transformers does.
     decode: token strings -> text (the tokenizer's decoder; transformers' convert_tokens_to_string).
+    special_ids: the ids that carry no word: those the tokenizer puts around every text (CLS, SEP or EOS),
+      padding's and the unknown token's, whether the template added them or the text typed them ("</s>").
     """
 
     unk_id: int | None
     word_aware: bool
     decode: Callable[[list[str]], str]
+    special_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class ModelInfo:
       chat template's fixed prefix and suffix). Empty for cross-encoders.
     heads: sparse embeddings from a bge-m3 bundle: the outputs its graph carries (dense, sparse, colbert);
       empty for SPLADE and every other task.
+    max_active_dims: sparse embeddings: the weights a vector keeps when a request names no top_k (the SPLADE
+      folder's SparseEncoder setting; None: every non-zero weight).
     """
 
     labels: tuple[str, ...]
@@ -91,6 +96,7 @@ class ModelInfo:
     activation: str = "sigmoid"
     pair_template: Mapping[str, str] = field(default_factory=dict)
     heads: tuple[str, ...] = ()
+    max_active_dims: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

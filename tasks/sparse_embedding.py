@@ -83,7 +83,7 @@ class Head(params.Boolean):
 PARAMETERS: dict[str, params.Spec] = {
     "top_k": params.Integer(
         "keep only the k largest weights of each sparse vector (sentence-transformers' max_active_dims); "
-        "default: every non-zero weight",
+        "default: the model's max_active_dims where its folder set one, else every non-zero weight; null: every one",
         minimum=1,
         nullable=True,
     ),
@@ -112,7 +112,7 @@ def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
         )
     outputs = tuple(h for h in HEADS if asked[h] and h in model.heads)
     return Params(
-        PARAMETERS["top_k"].read(raw, "top_k", None),
+        PARAMETERS["top_k"].read(raw, "top_k", model.max_active_dims),
         PARAMETERS["threshold"].read(raw, "threshold", 0.0),
         outputs,
         bool(model.heads),
@@ -135,13 +135,12 @@ def sparse_entries(vector: Array, p: Params) -> list[dict[str, Any]]:
     return [{"index": int(i), "value": float(w)} for i, w in zip(index, weights, strict=True)]
 
 
-def lexical_weights(weights: Array, encoding: Encoding, unk_id: int | None) -> tuple[np.ndarray, Array]:
-    """FlagEmbedding's _process_token_weights: per token id, the largest weight of its occurrences; special
-    tokens (CLS, EOS; padding is trimmed already) and the unknown token dropped. Sorted by token id."""
+def lexical_weights(weights: Array, encoding: Encoding, special_ids: frozenset[int]) -> tuple[np.ndarray, Array]:
+    """FlagEmbedding's _process_token_weights: per token id, the largest weight of its occurrences; CLS, EOS,
+    padding and the unknown token dropped by id, as FlagEmbedding drops them (so a "</s>" typed in the text
+    is dropped too). Sorted by token id."""
     ids = np.asarray(encoding.ids, dtype=np.int64)
-    keep = (np.asarray(encoding.special_tokens_mask) == 0) & (weights > 0)
-    if unk_id is not None:
-        keep &= ids != unk_id
+    keep = ~np.isin(ids, list(special_ids)) & (weights > 0)
     ids, weights = ids[keep], weights[keep]
     unique, slot = np.unique(ids, return_inverse=True)
     best = np.zeros(len(unique), dtype=np.float32)
@@ -161,7 +160,7 @@ def m3_outputs(rows: Array, encoding: Encoding, p: Params, model: ModelInfo) -> 
     if "dense" in p.outputs:
         found["dense_vecs"] = normalize_vector(hidden[0])
     if "sparse" in p.outputs:
-        ids, best = prune(*lexical_weights(weights, encoding, model.vocab.unk_id), p)
+        ids, best = prune(*lexical_weights(weights, encoding, model.vocab.special_ids), p)
         found["lexical_weights"] = {str(int(i)): float(w) for i, w in zip(ids, best, strict=True)}
     if "colbert" in p.outputs:
         found["colbert_vecs"] = l2_normalize(colbert[1:])

@@ -333,6 +333,8 @@ def test_a_manifest_that_is_not_one_says_what_it_lacks(
         ({"max_length": -1}, "one of its max_length -1, target 'cpu', pooling 'mean' is no build's"),
         ({"pooling": "weird"}, "pooling 'weird' is no build's"),
         ({"target": "tpu"}, "target 'tpu'"),  # named HARE_TARGET, which the user never set
+        ({"max_active_dims": 0}, "its max_active_dims 0 is no build's"),  # every sparse vector emptied
+        ({"max_active_dims": "5"}, "its max_active_dims is a string, where the build writes an integer or null"),
     ],
 )
 def test_a_hand_edited_manifest_names_the_field_of_the_wrong_kind(

@@ -19,6 +19,8 @@ from tests.sparse_models import make_bge_m3, make_splade
 from tests.tiny_models import make_model
 
 TEXTS = ["A cat sits on the mat.", "How do I speed up inference on a small machine with many users?", "Paris"]
+# FlagEmbedding drops CLS, EOS, padding and the unknown token by id: typed in the text as well.
+M3_TEXTS = [*TEXTS, "typed </s>, <pad>, <s> and <unk> are no words"]
 TOL = 1e-4  # fp32 graph against PyTorch
 pytestmark = pytest.mark.anyio
 
@@ -157,7 +159,7 @@ def _m3_reference(folder: Path) -> list[dict[str, Any]]:
     unused = {tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
     found = []
     with torch.no_grad():
-        for text in TEXTS:
+        for text in M3_TEXTS:
             feeds = tokenizer(text, return_tensors="pt")
             states = model(**feeds).last_hidden_state
             weights = torch.relu(sparse(states))[0, :, 0].numpy()
@@ -180,7 +182,7 @@ async def test_bge_m3_matches_flag_embedding_math(m3: Path, m3_bundle: Path) -> 
     reference = _m3_reference(m3)
     every = {"return_dense": True, "return_sparse": True, "return_colbert_vecs": True}
     async with serve(m3_bundle) as client:
-        answer = (await client.post("/predict", json={"inputs": TEXTS, "parameters": every})).json()
+        answer = (await client.post("/predict", json={"inputs": M3_TEXTS, "parameters": every})).json()
         default = (await client.post("/predict", json={"inputs": TEXTS[0]})).json()
         colbert_only = (
             await client.post(
@@ -188,7 +190,7 @@ async def test_bge_m3_matches_flag_embedding_math(m3: Path, m3_bundle: Path) -> 
                 json={"inputs": TEXTS, "return_colbert_vecs": True, "return_dense": False, "return_sparse": False},
             )
         ).json()
-        tei = (await client.post("/embed_sparse", json={"inputs": TEXTS})).json()
+        tei = (await client.post("/embed_sparse", json={"inputs": M3_TEXTS})).json()
     # FlagEmbedding's answer: every key, null when not asked; one text: the items themselves.
     assert all(answer[k] is not None for k in ("dense_vecs", "lexical_weights", "colbert_vecs"))
     assert default["colbert_vecs"] is None and default["lexical_weights"] is not None
@@ -244,6 +246,27 @@ async def test_sparse_encoder_folder_pooling_is_honoured(splade: Path, tmp_path:
         served = (await client.post("/predict", json={"inputs": TEXTS})).json()
     for entries, ref in zip(served, reference, strict=True):
         assert np.allclose(_dense(entries, len(ref)), ref, atol=TOL)
+
+
+async def test_sparse_encoder_max_active_dims_is_the_default_top_k(splade: Path, tmp_path: Path) -> None:
+    """A SparseEncoder saved with max_active_dims keeps that many weights a vector, as its encode does, unless a
+    request names its own top_k (null: every weight)."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    mlm = MLMTransformer(str(splade))
+    pooling = SpladePooling("max", "relu", embedding_dimension=mlm.get_embedding_dimension())
+    folder = tmp_path / "st"
+    SparseEncoder(modules=[mlm, pooling], device="cpu", max_active_dims=5).save(str(folder))
+    reference = _sparse_encoder(folder)
+    bundle = quick_bundle(folder, "sparse-embedding", tmp_path / "bundle", ["fp32"])
+    async with serve(bundle) as client:
+        served = (await client.post("/predict", json={"inputs": TEXTS})).json()
+        every = (await client.post("/predict", json={"inputs": TEXTS, "parameters": {"top_k": None}})).json()
+    assert [len(entries) for entries in served] == [5] * len(TEXTS)
+    for entries, ref in zip(served, reference, strict=True):
+        assert np.allclose(_dense(entries, len(ref)), ref, atol=TOL)
+    assert all(len(entries) > 5 for entries in every)
 
 
 def test_int8_candidates_are_gated(splade: Path, tmp_path: Path) -> None:

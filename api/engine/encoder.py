@@ -381,8 +381,8 @@ def _parts(component: dict[str, Any] | None, kind: str) -> list[dict[str, Any]]:
     return [component]
 
 
-def vocab(tokenizer: Tokenizer) -> Vocab:
-    """What entity aggregation needs to know about `tokenizer` (see tasks.base.Vocab)."""
+def vocab(tokenizer: Tokenizer, pad_id: int) -> Vocab:
+    """What post-processing needs to know about `tokenizer` (see tasks.base.Vocab); `pad_id`: the bundle's."""
     model = json.loads(tokenizer.to_str())["model"]
     unk_id = model.get("unk_id")  # Unigram names the id
     if unk_id is None and model.get("unk_token"):  # WordPiece and BPE name the token
@@ -392,4 +392,6 @@ def vocab(tokenizer: Tokenizer) -> Vocab:
         unk_id=unk_id,
         word_aware=bool(model.get("continuing_subword_prefix")),
         decode=decoder.decode if decoder is not None else " ".join,
+        # An empty text is the template alone (padding too, where the tokenizer pads).
+        special_ids=frozenset({*tokenizer.encode("").ids, pad_id, *([] if unk_id is None else [unk_id])}),
     )

@@ -68,7 +68,7 @@ def open_bundle(settings: Settings, throughput: bool = False) -> OpenBundle:
     manifest, tokenizer = checked_bundle(settings.bundle)
     settings = settings.for_bundle(manifest, throughput)
     task = TASKS[manifest.task]
-    words = vocab(tokenizer)
+    words = vocab(tokenizer, manifest.pad_id)
     bound_malloc()  # before the sessions are made: their buffers then go back to the system when freed
     return OpenBundle(
         settings=settings,

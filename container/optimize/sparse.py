@@ -25,11 +25,13 @@ SPLADE_MODULES = ("MLMTransformer", "Transformer", "SpladePooling")
 
 @dataclass(frozen=True)
 class SparseModel:
-    """pooling/activation: SpladePooling's (SPLADE only). heads: bge-m3's head files by name (empty for SPLADE)."""
+    """pooling/activation: SpladePooling's (SPLADE only). heads: bge-m3's head files by name (empty for SPLADE).
+    max_active_dims: SparseEncoder's (config_sentence_transformers.json): the weights a vector keeps by default."""
 
     pooling: str = "max"
     activation: str = "relu"
     heads: dict[str, Path] = field(default_factory=dict)
+    max_active_dims: int | None = None
 
     @property
     def outputs(self) -> list[str]:
@@ -73,13 +75,24 @@ def _splade(folder: Path) -> SparseModel:
         if kind == "SpladePooling":
             config = folder / module.get("path", "") / "config.json"
             pooling = json.loads(config.read_text()) if config.is_file() else {}
-    found = SparseModel(pooling.get("pooling_strategy", "max"), pooling.get("activation_function", "relu"))
+    found = SparseModel(
+        pooling.get("pooling_strategy", "max"), pooling.get("activation_function", "relu"), {}, _max_active_dims(folder)
+    )
     if found.pooling not in SPLADE_POOLINGS or found.activation not in SPLADE_ACTIVATIONS:
         raise UnsupportedModel(
             f"{folder} pools with {found.pooling}/{found.activation}; hare computes SpladePooling's "
             f"{'/'.join(SPLADE_POOLINGS)} with {'/'.join(SPLADE_ACTIVATIONS)}"
         )
     return found
+
+
+def _max_active_dims(folder: Path) -> int | None:
+    """SparseEncoder's max_active_dims as the folder saved it: encode keeps that many weights a vector."""
+    path = folder / "config_sentence_transformers.json"
+    value = json.loads(path.read_text()).get("max_active_dims") if path.is_file() else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise UnsupportedModel(f"{path}: max_active_dims must be a positive integer or null, got {value!r}")
+    return value
 
 
 def load_head(path: Path, hidden: int, out_features: int) -> dict[str, Any]:

@@ -384,6 +384,7 @@ def manifest(
         pair_template=src.pair_template,
         name=opts.out.resolve().name,
         heads=src.sparse.outputs if src.sparse else [],
+        max_active_dims=src.sparse.max_active_dims if src.sparse else None,
         **(autotune.budget_fields(token_rates, streams) if token_rates else {}),
     )
 
