@@ -73,7 +73,8 @@ class ModelInfo:
 
     labels: label names in class-id order (empty for embeddings).
     dense: embeddings: sentence-transformers Dense modules applied after pooling, before normalizing.
-    prompts/default_prompt_name: embeddings: named prompts prepended to the texts, and the default one.
+    prompts/default_prompt_name: embeddings and sparse embeddings: named prompts prepended to the texts, and the
+      default one.
     activation: ranking: the name (tasks.ops.ACTIVATIONS) of what turns a one-logit head's logit into a score.
     pair_template: ranking with a causal LM (Qwen3-Reranker): "format" (with {instruction}, {query} and
       {document}) and the default "instruction"; each pair is read as that one text (the tokenizer adds the

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from tasks import params, quantize
+from tasks import params, prompts, quantize
 from tasks.base import (
     NUMBER,
     TEXT_TENSOR,
@@ -84,31 +84,8 @@ PARAMETERS = {
         "pooling, Dense, normalize and dimensions apply to sentence embeddings only, so they are ignored",
         options=OUTPUT_VALUES,
     ),
-    "prompt_name": params.ModelChoice(
-        "a prompt the model declares (config_sentence_transformers.json), prepended to every text "
-        "(default: the model's default_prompt_name, if any)",
-        among="prompts",
-    ),
-    "prompt": params.Text("a literal text prepended to every text; wins over prompt_name, as in sentence-transformers"),
+    **prompts.PARAMETERS,
 }
-
-
-def _prompt(raw: Mapping[str, object], model: ModelInfo) -> str:
-    """The prompt as sentence-transformers picks it: a literal prompt (which makes it ignore prompt_name), else
-    the named one, else the default."""
-    if "prompt" in raw:
-        literal: str = PARAMETERS["prompt"].read(raw, "prompt", "")
-        return literal
-    name = raw.get("prompt_name", model.default_prompt_name)
-    if name is None:
-        return ""
-    if not isinstance(name, str) or name not in model.prompts:
-        known = ", ".join(model.prompts) or "none (this model declares no prompts)"
-        shown = repr(name) if isinstance(name, str) and len(name) <= 40 else params.kind(name)
-        raise InvalidRequest(
-            f"{params.named(raw, 'prompt_name')} must be one of the model's prompts: {known}; got {shown}"
-        )
-    return model.prompts[name]
 
 
 def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
@@ -119,7 +96,7 @@ def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
         PARAMETERS["dimensions"].read(raw, "dimensions", None),
         PARAMETERS["encoding_format"].read(raw, "encoding_format", "float"),
         model.dense,
-        _prompt(raw, model),
+        prompts.read(raw, model),
         tokens,
         params.named(raw, "dimensions"),
     )
@@ -127,9 +104,7 @@ def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
 
 def prepare(inputs: Inputs, p: Params) -> Inputs:
     """Prepend the prompt to every text, as sentence-transformers does before tokenizing."""
-    if not p.prompt:
-        return inputs
-    return replace(inputs, texts=[p.prompt + t for t in inputs.texts])
+    return prompts.prepend(inputs, p.prompt)
 
 
 def check_dimensions(p: Params, width: int) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from tasks import params
+from tasks import params, prompts
 from tasks.base import (
     NUMBER,
     TEXT_TENSOR,
@@ -26,6 +26,7 @@ from tasks.base import (
     Array,
     Baseline,
     Gate,
+    Inputs,
     ModelInfo,
     Outputs,
     ParityInput,
@@ -88,6 +89,7 @@ PARAMETERS: dict[str, params.Spec] = {
         nullable=True,
     ),
     "threshold": Number("drop weights at or below this value (default 0: every non-zero weight)"),
+    **prompts.PARAMETERS,
     "return_dense": Head("bge-m3: answer dense_vecs, the normalized CLS vector (default true)"),
     "return_sparse": Head("bge-m3: answer lexical_weights, {token id: weight} (default true)"),
     "return_colbert_vecs": Head("bge-m3: answer colbert_vecs, one normalized vector per token but CLS (default false)"),
@@ -100,6 +102,7 @@ class Params:
     threshold: float
     outputs: tuple[str, ...]
     heads: bool  # a bge-m3 bundle: the answer is FlagEmbedding's dict of the asked outputs
+    prompt: str = ""
 
 
 def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
@@ -116,7 +119,13 @@ def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
         PARAMETERS["threshold"].read(raw, "threshold", 0.0),
         outputs,
         bool(model.heads),
+        prompts.read(raw, model),
     )
+
+
+def prepare(inputs: Inputs, p: Params) -> Inputs:
+    """A SparseEncoder's prompt before every text, as its encode writes it before tokenizing."""
+    return prompts.prepend(inputs, p.prompt)
 
 
 def prune(index: np.ndarray, weights: Array, p: Params) -> tuple[np.ndarray, Array]:
@@ -278,6 +287,7 @@ SPEC = TaskSpec(
     parse_inputs=params.texts,
     parse_params=parse_params,
     postprocess=postprocess,
+    prepare=prepare,
     # A sparse vector of overlapping windows has no agreed merge (and bge-m3's ColBERT rows would repeat):
     # inputs are read whole, truncated at the model's length.
     windows=False,

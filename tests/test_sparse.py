@@ -269,6 +269,38 @@ async def test_sparse_encoder_max_active_dims_is_the_default_top_k(splade: Path,
     assert all(len(entries) > 5 for entries in every)
 
 
+async def test_sparse_encoder_prompts_are_applied(splade: Path, tmp_path: Path) -> None:
+    """A SparseEncoder saved with prompts: its default prompt, a named one and a literal one are prepended as its
+    encode prepends them; a prompt it does not declare is a 422 naming those it does."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    mlm = MLMTransformer(str(splade))
+    pooling = SpladePooling("max", "relu", embedding_dimension=mlm.get_embedding_dimension())
+    folder = tmp_path / "st"
+    prompts = {"query": "query: ", "doc": "passage: "}
+    model: Any = SparseEncoder(modules=[mlm, pooling], device="cpu", prompts=prompts, default_prompt_name="query")
+    model.save(str(folder))
+    asked = {"default": {}, "doc": {"prompt_name": "doc"}, "literal": {"prompt": "search this: "}}
+    reference = {
+        case: np.asarray(model.encode(TEXTS, convert_to_tensor=True, convert_to_sparse_tensor=False, **kw).cpu())
+        for case, kw in asked.items()
+    }
+    bundle = quick_bundle(folder, "sparse-embedding", tmp_path / "bundle", ["fp32"])
+    async with serve(bundle) as client:
+        served = {
+            case: (await client.post("/predict", json={"inputs": TEXTS, "parameters": kw})).json()
+            for case, kw in asked.items()
+        }
+        unknown = await client.post("/predict", json={"inputs": TEXTS, "parameters": {"prompt_name": "title"}})
+    for case, answer in served.items():
+        for entries, ref in zip(answer, reference[case], strict=True):
+            assert np.allclose(_dense(entries, len(ref)), ref, atol=TOL), case
+    assert not np.allclose(reference["default"], reference["doc"])  # the prompts change the vectors
+    said = unknown.json()["error"]  # sentence-transformers saves a "document" prompt of its own beside these two
+    assert unknown.status_code == 422 and all(name in said for name in ("'title'", "doc, ", "query"))
+
+
 def test_int8_candidates_are_gated(splade: Path, tmp_path: Path) -> None:
     """Every candidate is measured on the sparse gates (cosine and top-20 overlap), not only fp32's exactness."""
     manifest = read_manifest(quick_bundle(splade, "sparse-embedding", tmp_path / "bundle", ["fp32", "int8"]))

@@ -323,7 +323,8 @@ def inspect_source(
         )
     weights = _weights(folder, allow_pickle)
     pooling, dense, normalize = _sentence_transformers(folder, allow_pickle) if task.embeddings else (None, [], False)
-    prompts, default_prompt = _prompts(folder) if task.embeddings else ({}, None)
+    # SparseEncoder folders declare prompts as SentenceTransformer folders do
+    prompts, default_prompt = _prompts(folder) if task.embeddings or task.sparse else ({}, None)
     id2label = config.get("id2label") or {}
     scorer = _scorer(folder, architecture) if task.pairs and architecture.endswith("ForCausalLM") else None
     return SourceModel(
