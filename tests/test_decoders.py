@@ -105,6 +105,26 @@ async def test_an_lm_reranker_scores_pairs_as_its_model_card(lm_reranker: Path, 
         assert np.allclose([1 / (1 + np.exp(-r["score"])) for r in raw], expected[[r["index"] for r in raw]], atol=TOL)
 
 
+async def test_max_tokens_per_doc_cuts_the_document_not_the_template(lm_reranker: Path, lm_bundle: Path) -> None:
+    """Cohere's max_tokens_per_doc on an LM reranker: each document cut to that many of its own tokens, then
+    written into the template (the whole template was cut to it: every document scored alike, unread)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(lm_bundle / "tokenizer.json"))
+    most = 4
+    cut = []
+    for document in DOCUMENTS:
+        offsets = tokenizer.encode(document, add_special_tokens=False).offsets
+        cut.append(document[: offsets[min(most, len(offsets)) - 1][1]])
+    async with serve(lm_bundle) as client:
+        body = {"query": QUERY, "documents": DOCUMENTS, "max_tokens_per_doc": most}
+        answer = await client.post("/v2/rerank", json=body)
+    assert answer.status_code == 200, answer.text
+    results = sorted(answer.json()["results"], key=lambda r: r["index"])
+    assert np.allclose([r["relevance_score"] for r in results], model_card_scores(lm_reranker, QUERY, cut), atol=TOL)
+    assert [r.get("truncated", False) for r in results] == [c != d for c, d in zip(cut, DOCUMENTS, strict=True)]
+
+
 async def test_instruction_is_documented_and_accepted_by_lm_rerankers_only(
     fp32_bundle: ModelFactory, lm_bundle: Path
 ) -> None:

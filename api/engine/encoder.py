@@ -147,21 +147,30 @@ class Encoder:
 
     def _capped_singles(self, inputs: Inputs, truncate: bool, side: Side, cap: int) -> Encoded:
         """Single texts cut to `cap` of their own tokens (fewer than the model reads) on `side`, as a request's
-        own cap asks; where the request refuses to cut, a text over it is refused."""
+        own cap asks; where the request refuses to cut, a text over it is refused. A text the task wrote around
+        the one sent (`inputs.sent`: an LM reranker's template, the document last) keeps the tokens the writing
+        added besides, up to the model's maximum: the cap is the sent text's (Cohere's max_tokens_per_doc)."""
         encodings, truncated = [], []
-        if truncate:
+        begins: dict[int, int] = {}
+        if inputs.sent is not None:  # whole: how many tokens the writing added is known only from all of them
+            contents = self._whole_contents(inputs.texts)
+            own = [len(e) for e in self._whole_contents(inputs.sent)]
+        elif truncate:
             contents, begins = self._contents(inputs.texts, side, cap + 1)
+            own = [len(e) for e in contents]
         else:
-            contents, begins = self._whole_contents(inputs.texts), {}
+            contents = self._whole_contents(inputs.texts)
+            own = [len(e) for e in contents]
         for i, content in enumerate(contents):
-            if len(content) > cap and not truncate:
+            if own[i] > cap and not truncate:
                 raise InputTooLong(  # the cap is Cohere's max_tokens, and the refusal its truncate NONE
-                    f"{inputs.named(i)} is {len(content)} tokens long, more than max_tokens ({cap}); send truncate "
+                    f"{inputs.named(i)} is {own[i]} tokens long, more than max_tokens ({cap}); send truncate "
                     "END or START to cut it",
                     limit=cap,
                 )
-            truncated.append(len(content) > cap)
-            content.truncate(cap, direction=side)
+            keep = min(len(content) - own[i] + cap, self.window_tokens)
+            truncated.append(len(content) > keep)
+            content.truncate(keep, direction=side)
             encodings.append(self._whole.post_process(content))
         return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings), begins)
 
