@@ -107,7 +107,8 @@ class Inputs:
     texts: the texts to encode; for pair tasks, the second member of each pair (the documents).
     single: the request sent one text, so the answer takes the single-input shape.
     query: pair tasks only: the first member of every pair.
-    sent: the texts as the client sent them, where the task's prepare rewrote `texts` (None: as in texts).
+    sent: the texts as the client sent them, where the task's prepare wrote `texts` around them (None: as in
+      texts); each of `texts` ends with its sent text (a prompt before it; an LM reranker's template).
     pairs: text pairs of a classifier (natural language inference, paraphrase): each text's second member,
       transformers' `text_pair` (None: single texts).
     name: what the request calls its list of texts ("inputs", OpenAI's "input", Cohere's "texts" or

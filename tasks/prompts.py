@@ -43,4 +43,4 @@ def prepend(inputs: Inputs, prompt: str) -> Inputs:
     """`prompt` before every text, as sentence-transformers writes it before tokenizing."""
     if not prompt:
         return inputs
-    return replace(inputs, texts=[prompt + t for t in inputs.texts])
+    return replace(inputs, texts=[prompt + t for t in inputs.texts], sent=inputs.sent or inputs.texts)

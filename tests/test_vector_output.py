@@ -172,6 +172,7 @@ async def test_cohere_v1_embed(server: httpx.AsyncClient) -> None:
 async def test_cohere_max_tokens_cuts_each_text_at_its_own_tokens(server: httpx.AsyncClient, st_folder: Path) -> None:
     # sentence-transformers with max_seq_length 7: five of a text's own tokens beside BERT's two.
     from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
 
     texts = ["Angela Merkel met Emmanuel Macron in Paris and Berlin.", "hello there"]
     reference = SentenceTransformer(str(st_folder), device="cpu")
@@ -181,6 +182,16 @@ async def test_cohere_max_tokens_cuts_each_text_at_its_own_tokens(server: httpx.
         body = {"texts": texts, "embedding_types": ["float"], "max_tokens": 5, "truncate": truncate}
         got = np.array((await post(server, "/v2/embed", body))["embeddings"]["float"])
         assert np.abs(got - reference.encode(texts)).max() < TOL, truncate
+    # With a prompt (input_type -> "query: "), the cap is still the text's: the prompt is read besides (it took
+    # the cap's room, so a prompt as long as the cap left every text unread).
+    reference.max_seq_length, reference.tokenizer.truncation_side = 128, "right"
+    tokenizer = Tokenizer.from_file(str(st_folder / "tokenizer.json"))
+    tokenizer.no_truncation()
+    offsets = [tokenizer.encode(t, add_special_tokens=False).offsets for t in texts]
+    cut = [t[: o[min(2, len(o)) - 1][1]] for t, o in zip(texts, offsets, strict=True)]
+    body = {"texts": texts, "embedding_types": ["float"], "max_tokens": 2, "input_type": "search_query"}
+    got = np.array((await post(server, "/v2/embed", body))["embeddings"]["float"])
+    assert np.abs(got - reference.encode(cut, prompt_name="query")).max() < TOL
     refused = await post(server, "/v2/embed", {"texts": texts, "max_tokens": 5, "truncate": "NONE"}, 413)
     assert re.match(r"texts\[0\] is \d+ tokens long, more than max_tokens \(5\); send truncate END", refused["error"])
     whole = await post(server, "/v2/embed", {"texts": texts, "max_tokens": 4096})

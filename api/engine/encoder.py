@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokenizers import Encoding, Regex, Tokenizer, pre_tokenizers
@@ -147,32 +147,47 @@ class Encoder:
 
     def _capped_singles(self, inputs: Inputs, truncate: bool, side: Side, cap: int) -> Encoded:
         """Single texts cut to `cap` of their own tokens (fewer than the model reads) on `side`, as a request's
-        own cap asks; where the request refuses to cut, a text over it is refused. A text the task wrote around
-        the one sent (`inputs.sent`: an LM reranker's template, the document last) keeps the tokens the writing
-        added besides, up to the model's maximum: the cap is the sent text's (Cohere's max_tokens_per_doc)."""
+        own cap asks; where the request refuses to cut, a text over it is refused."""
+        if inputs.sent is not None:
+            return self._capped_written(inputs, truncate, side, cap)
         encodings, truncated = [], []
-        begins: dict[int, int] = {}
-        if inputs.sent is not None:  # whole: how many tokens the writing added is known only from all of them
-            contents = self._whole_contents(inputs.texts)
-            own = [len(e) for e in self._whole_contents(inputs.sent)]
-        elif truncate:
+        if truncate:
             contents, begins = self._contents(inputs.texts, side, cap + 1)
-            own = [len(e) for e in contents]
         else:
-            contents = self._whole_contents(inputs.texts)
-            own = [len(e) for e in contents]
+            contents, begins = self._whole_contents(inputs.texts), {}
         for i, content in enumerate(contents):
-            if own[i] > cap and not truncate:
-                raise InputTooLong(  # the cap is Cohere's max_tokens, and the refusal its truncate NONE
-                    f"{inputs.named(i)} is {own[i]} tokens long, more than max_tokens ({cap}); send truncate "
-                    "END or START to cut it",
-                    limit=cap,
-                )
-            keep = min(len(content) - own[i] + cap, self.window_tokens)
-            truncated.append(len(content) > keep)
-            content.truncate(keep, direction=side)
+            self._check_cap(inputs, i, len(content), cap, truncate)
+            truncated.append(len(content) > cap)
+            content.truncate(cap, direction=side)
             encodings.append(self._whole.post_process(content))
         return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings), begins)
+
+    def _capped_written(self, inputs: Inputs, truncate: bool, side: Side, cap: int) -> Encoded:
+        """Texts the task wrote before the ones sent (a prompt; an LM reranker's template, the document last):
+        the cap is the sent text's. Each is cut to `cap` of its own tokens by their characters, written after
+        what the task wrote, and read as any text (the whole was cut to it: a long prompt or template left
+        no room for the text, and every text read alike)."""
+        assert inputs.sent is not None
+        texts, cut = [], []
+        for i, (text, sent) in enumerate(zip(inputs.texts, inputs.sent, strict=True)):
+            own = self._content(sent).offsets
+            self._check_cap(inputs, i, len(own), cap, truncate)
+            cut.append(len(own) > cap)
+            if cut[-1]:
+                kept = sent[: own[cap - 1][1]] if side == "right" else sent[own[-cap][0] :]
+                text = text[: len(text) - len(sent)] + kept  # the task's writing ends with the text sent
+            texts.append(text)
+        encoded = self._singles(replace(inputs, texts=texts), truncate, side)
+        return replace(encoded, truncated=[a or b for a, b in zip(encoded.truncated, cut, strict=True)])
+
+    @staticmethod
+    def _check_cap(inputs: Inputs, i: int, tokens: int, cap: int, truncate: bool) -> None:
+        if tokens > cap and not truncate:
+            raise InputTooLong(  # the cap is Cohere's max_tokens, and the refusal its truncate NONE
+                f"{inputs.named(i)} is {tokens} tokens long, more than max_tokens ({cap}); send truncate END or "
+                "START to cut it",
+                limit=cap,
+            )
 
     def _keep_end(self, text: str) -> tuple[Encoding, int]:
         """The encoding of `text`, too long for the model, that keeps its last tokens, and the character where
