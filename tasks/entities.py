@@ -153,6 +153,22 @@ def aggregate(
     return [e for e in entities if e.get("entity", e.get("entity_group")) not in ignore]
 
 
+def without_overlaps(entities: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pipeline's aggregate_overlapping_entities, which it runs on a text read in several windows: by start,
+    of entities whose spans overlap only the longest is kept, the higher score between equals. Byte-level BPE
+    gives several tokens of one character the same span, so this drops entities anywhere in such a text."""
+    kept: list[dict[str, Any]] = []
+    for entity in sorted(entities, key=lambda e: e["start"]):
+        previous = kept[-1] if kept else None
+        if previous is None or not previous["start"] <= entity["start"] < previous["end"]:
+            kept.append(entity)
+            continue
+        longer = entity["end"] - entity["start"] - (previous["end"] - previous["start"])
+        if longer > 0 or (longer == 0 and entity["score"] > previous["score"]):
+            kept[-1] = entity
+    return kept
+
+
 def _inside_spaces(text: str, start: int, end: int) -> tuple[int, int]:
     """The span without whitespace at its edges; a span of whitespace alone becomes empty at its end (where
     RoBERTa's trimmed offsets put a token of spaces)."""

@@ -27,7 +27,7 @@ from tasks.base import (
     json_object,
     tensor_io,
 )
-from tasks.entities import STRATEGIES, aggregate
+from tasks.entities import STRATEGIES, aggregate, without_overlaps
 from tasks.ops import softmax
 from tasks.windows import content_tokens
 
@@ -66,13 +66,17 @@ def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
 
 def postprocess(out: Outputs, p: Params, model: ModelInfo) -> Answer:
     """Per input, its entities with character offsets into the original text; windows are merged token by
-    token before aggregation, so an entity split by a window edge comes out whole."""
+    token before aggregation, so an entity split by a window edge comes out whole. Of a text read in several
+    windows, overlapping entities are then dropped as the pipeline drops them (the per-token answer of
+    strategy none, which the pipeline refuses with a stride, keeps every token)."""
     answers: list[list[dict[str, Any]]] = []
     predicted: list[str] = []
     zipped = zip(out.inputs.texts, out.windows, out.arrays, out.truncated, strict=True)
     for i, (text, windows, rows, truncated) in enumerate(zipped):
         tokens = content_tokens(windows, rows, out.stride, out.begins.get(i, 0))
         entities = aggregate(text, tokens, softmax(tokens.rows), p.strategy, model.labels, model.vocab, p.ignore)
+        if len(windows) > 1 and p.strategy != "none":  # as the pipeline does to a text of several windows
+            entities = without_overlaps(entities)
         for e in entities:
             predicted.append(e.get("entity_group") or e["entity"])
             if truncated:
