@@ -465,6 +465,24 @@ async def test_max_tokens_per_doc_cuts_each_document_first(ranker: httpx.AsyncCl
     assert whole.json()["results"] == plain.json()["results"]  # at or above the room, it changes nothing
 
 
+async def test_rank_fields_rank_documents_without_text(ranker: httpx.AsyncClient) -> None:
+    # Cohere's structured documents: the listed fields are what is ranked, and no "text" is needed (it was refused).
+    documents = [{"Title": "Paris", "Content": "capital of France", "year": 2024}, {"Title": "fox", "Content": "quick"}]
+    fields = ["Title", "Content", "year"]
+    body = {"query": "capital", "documents": documents, "rank_fields": fields, "return_documents": True}
+    answer = await ranker.post("/v1/rerank", json=body)
+    assert answer.status_code == 200, answer.text
+    written = ["Title: Paris\nContent: capital of France\nyear: 2024", "Title: fox\nContent: quick"]
+    plain = (await ranker.post("/v1/rerank", json={"query": "capital", "documents": written})).json()
+    assert [(r["index"], r["relevance_score"]) for r in answer.json()["results"]] == [
+        (r["index"], r["relevance_score"]) for r in plain["results"]
+    ]
+    assert answer.json()["results"][0]["document"] in documents  # the object as sent
+    lacking = await ranker.post("/v2/rerank", json={**body, "documents": [{"Author": "x"}]})
+    assert lacking.status_code == 422
+    assert lacking.json()["error"] == "documents[0] has none of rank_fields (Title, Content, year) and no text"
+
+
 async def test_ranking_parameters(ranker: httpx.AsyncClient) -> None:
     documents = ["a cat", "a dog", "Paris is the capital of France"]
     full = await predict(ranker, {"query": "capital", "documents": documents})

@@ -17,6 +17,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -50,12 +51,21 @@ def document_text(doc: object, i: int, fields: tuple[str, ...]) -> str:
         return params.text(doc, name)
     if not isinstance(doc, dict):
         raise InvalidRequest(f"{name} must be a string or an object with text, got {params.kind(doc)}")
-    text = params.text(doc.get("text"), f"{name}.text")
     for field, value in doc.items():
         if isinstance(value, dict | list):
             raise InvalidRequest(f"{name}.{field} must be a string, number, boolean or null, got {params.kind(value)}")
-    lines = [f"{f}: {doc[f]}" for f in fields if f in doc]
-    return "\n".join(lines) if lines else text
+    # A structured document needs no "text" when it has a listed field (Cohere's own example has none).
+    lines = [f"{f}: {_value(doc[f])}" for f in fields if doc.get(f) is not None]
+    if lines:
+        return "\n".join(lines)
+    if doc.get("text") is None and fields:
+        raise InvalidRequest(f"{name} has none of rank_fields ({', '.join(fields)}) and no text")
+    return params.text(doc.get("text"), f"{name}.text")
+
+
+def _value(value: object) -> str:
+    """A field's value as written in its line: a string as it is, a number or boolean as JSON writes it."""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any], bool]]:
