@@ -229,3 +229,12 @@ async def test_public_mode_limits_and_hides_admin_routes(tiny_bundle: ModelFacto
         assert allowed.headers["access-control-allow-origin"] == "https://demo.example"
         other = await client.get("/health", headers={"origin": "https://evil.example"})
         assert "access-control-allow-origin" not in other.headers
+        # A refused preflight is an error like any other: JSON, saying what is allowed (it was plain text).
+        refused = await client.options(
+            "/predict", headers={"origin": "https://evil.example", "access-control-request-method": "PUT"}
+        )
+        assert refused.status_code == 400 and refused.json()["type"] == "InputError"
+        assert refused.json()["error"] == (
+            "Disallowed CORS origin, method: this server allows origins https://demo.example (HARE_CORS_ORIGINS), "
+            "methods GET, POST, headers accept, accept-language, authorization, content-language, content-type"
+        )

@@ -16,7 +16,6 @@ from contextlib import asynccontextmanager
 import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tokenizers import Encoding
 
@@ -57,7 +56,7 @@ def create_app(settings: Settings) -> Starlette:
         middleware.insert(
             0,
             Middleware(
-                CORSMiddleware,
+                errors.JsonCors,
                 allow_origins=list(settings.cors_origins),
                 allow_methods=["GET", "POST"],
                 allow_headers=["content-type", "authorization"],

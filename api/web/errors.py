@@ -29,7 +29,9 @@ import logging
 from http import HTTPStatus
 
 import orjson
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -111,6 +113,25 @@ def error_response(exc: HareError, path: str = "") -> Response:
     """`answer` as a Starlette response."""
     status, headers, content = answer(exc, path)
     return Response(content, status_code=status, headers=headers, media_type=JSON)
+
+
+class JsonCors(CORSMiddleware):
+    """Starlette's CORS, its refused preflight answered in the one error shape (it was plain text) with the
+    CORS headers it had, and saying what this server allows."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code == 200:
+            return response
+        allowed = (
+            f"origins {', '.join(sorted(self.allow_origins))} (HARE_CORS_ORIGINS), methods "
+            f"{', '.join(sorted(self.allow_methods))}, headers {', '.join(sorted(set(self.allow_headers)))}"
+        )
+        said = f"{bytes(response.body).decode()}: this server allows {allowed}"
+        kept = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+        refused = error_response(InputError(said))
+        refused.headers.update(kept)
+        return refused
 
 
 def raw_answer(exc: HareError, path: str = "", close: bool = False) -> bytes:
