@@ -297,9 +297,9 @@ class Settings:
     api_key: str | None = _setting(
         "HARE_API_KEY",
         _optional,
-        "when set, the inference and model routes (POST /, /predict, /similarity, /embed, /rerank, /tokenize, "
-        "/decode, /v1/*, /v2/rerank, /v2/models/*) need `Authorization: Bearer <key>` (health, /v2, /docs "
-        "stay open); unset, an Authorization header is ignored",
+        "when set, the inference and model routes (POST /, /predict, /similarity, /embed, /embed_all, "
+        "/embed_sparse, /rerank, /tokenize, /decode, /v1/*, /v2/embed, /v2/rerank, /v2/models/*) need "
+        "`Authorization: Bearer <key>` (health, /v2, /docs stay open); unset, an Authorization header is ignored",
         None,
     )
     public: bool = _setting(
@@ -312,7 +312,11 @@ class Settings:
         "HARE_CORS_ORIGINS", _origins, "comma-separated origins allowed by CORS (empty: no CORS headers)", ()
     )
     rate_limit: float = _setting(
-        "HARE_RATE_LIMIT", _float(0), "requests per minute per client on /predict (0: no limit)", 0.0, public=60.0
+        "HARE_RATE_LIMIT",
+        _float(0),
+        "requests per minute per client on the inference routes, those HARE_API_KEY guards (0: no limit)",
+        0.0,
+        public=60.0,
     )
     rate_burst: int = _setting("HARE_RATE_BURST", _int(1), "requests a client may send at once", 10)
     forwarded_allow_ips: str = _setting(
