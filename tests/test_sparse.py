@@ -211,11 +211,16 @@ async def test_bge_m3_requests_that_ask_little_or_wrong(m3_bundle: Path) -> None
     async with serve(m3_bundle) as client:
         nothing = await client.post("/predict", json={"inputs": ["hi"], "parameters": none})
         misspelt = await client.post("/predict", json={"inputs": "hi", "parameters": {"return_colbert": True}})
+        at_root = await client.post("/predict", json={"inputs": "hi", "return_colbert": True})
         spec = (await client.get("/openapi.json")).json()
     assert nothing.json() == {"dense_vecs": None, "lexical_weights": None, "colbert_vecs": None}  # as FlagEmbedding
     assert misspelt.status_code == 422
     message = misspelt.json()["error"]
     assert "return_colbert" in message and "return_dense, return_sparse, return_colbert_vecs" in message
+    # At the body's root too (it said only the body's shape); no stride, which a sparse bundle refuses.
+    said = at_root.json()["error"]
+    assert at_root.status_code == 422 and "return_dense, return_sparse, return_colbert_vecs" in said
+    assert "stride" not in said and "stride" not in message
     documented = spec["paths"]["/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert "return_colbert_vecs" in documented["properties"]["parameters"]["anyOf"][0]["properties"]
 

@@ -189,7 +189,8 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
     if unknown:
         raise InvalidRequest(
             f"unknown field(s) {', '.join(unknown)}; the body is "
-            f'{{"inputs": ..., "parameters": {{...}}}} (parameters may also sit at the root)'
+            f'{{"inputs": ..., "parameters": {{...}}}}, and a parameter may also sit at the root: '
+            f"{', '.join(accepted(task))}"
         )
     for name in set(raw) & set(root):  # a parameter at the root wins; the one it hides is still checked
         (task.parameters.get(name) or COMMON[name]).read(raw, name, None)
@@ -198,6 +199,12 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
     if task.embeddings and isinstance(value, dict):
         return checked(similarity_inputs(value), for_cosines(raw, task), task, model, limits, uncounted=1), True
     return checked(task.parse_inputs(value), raw, task, model, limits), False
+
+
+def accepted(task: TaskSpec) -> list[str]:
+    """The parameters a request of `task` may name: its own, then the common ones it can use (a stride reads
+    windows, which a task that reads its inputs whole refuses)."""
+    return [*task.parameters, *(name for name in COMMON if task.windows or name != "stride")]
 
 
 def only_fields(data: Mapping[str, object], accepted: Sequence[str]) -> None:
@@ -255,8 +262,9 @@ def checked(
     check_limits(inputs, limits, uncounted)
     unknown = sorted(k for k in raw if k not in task.parameters and k not in COMMON)
     if unknown:
-        accepted = ", ".join([*task.parameters, *COMMON])
-        raise InvalidRequest(f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {accepted}")
+        raise InvalidRequest(
+            f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {', '.join(accepted(task))}"
+        )
     task_params = task.parse_params(params.only(raw, task.parameters), model)
     if task.prepare is not None:
         inputs = task.prepare(inputs, task_params)
