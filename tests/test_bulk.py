@@ -317,6 +317,12 @@ async def test_a_folder_of_shards_is_one_corpus(fp32_bundle: ModelFactory, tmp_p
     [chunk] = Corpus(csvs, Columns(), pairs=False).chunks(100, 100)
     assert chunk.ids == ["a1", "a2", "b1", "b3"] and chunk.values == [["first", "second", "third", "fifth"]]
     assert [r.reason for r in chunk.rejects] == ["line 3 of b.csv has 3 fields, the header 2"]
+    # Without an id column a row's id is its place: a skipped line keeps its own (the good rows before it in
+    # its block took the ids after theirs, the line the first), also past a value spanning lines.
+    (csvs / "b.csv").write_text('text\nr0\n"r1\nstill r1"\nr2,extra\nr3\nr4,x\nr5\n')
+    [chunk] = Corpus(csvs / "b.csv", Columns(), pairs=False).chunks(100, 100)
+    assert chunk.ids == [0, 1, 3, 5] and chunk.values == [["r0", "r1\nstill r1", "r3", "r5"]]
+    assert [(r.row, r.id) for r in chunk.rejects] == [(2, 2), (4, 4)]
 
 
 @pytest.mark.parametrize(

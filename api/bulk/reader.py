@@ -281,11 +281,12 @@ class _File:
     def _csv(self) -> Iterator[_Piece]:
         # Text columns as bytes, decoded per row, so that one undecodable value rejects its row, not the file.
         types = {name: pa.binary() for name in self.names} | ({self._id: pa.string()} if self._id else {})
-        pending: list[Any] = []
+        pending: list[tuple[int | None, Bad]] = []  # (its row of the file, the header's 1, if known; the row)
+        seen = 0  # rows of the file before the next batch, skipped ones included
 
         def bad_line(row: Any) -> str:
             fields = f"{row.actual_columns} fields, the header {row.expected_columns}"
-            pending.append(Bad(f"line {row.number}{self.where} has {fields}"))
+            pending.append((row.number, Bad(f"line {row.number}{self.where} has {fields}")))
             return "skip"
 
         with self.path.open("rb") as file:
@@ -318,9 +319,11 @@ class _File:
                 bad, pending[:] = list(pending), []
                 ids = batch.column(self._id).to_pylist() if self._id else None
                 values = [batch.column(name).to_pylist() for name in self.names]
-                if bad:  # lines the parser skipped: rows of their own, ahead of the batch they were found in
-                    ids = [None] * len(bad) + ids if ids is not None else None
-                    values = [list(bad) + column for column in values]
+                if bad:  # lines the parser skipped: rows of their own, where they stand among the batch's
+                    at = _places([number for number, _ in bad], seen, batch.num_rows + len(bad))
+                    ids = _among(ids, at, [None] * len(bad)) if ids is not None else None
+                    values = [_among(column, at, [row for _, row in bad]) for column in values]
+                seen += batch.num_rows + len(bad)
                 yield _Piece(ids, values, file.tell())
 
     def _open_parquet(self) -> Iterator[_Piece]:
@@ -507,3 +510,22 @@ def _refuse_compressed(path: Path) -> None:
             f"{path} is {packed}-compressed; decompress it first: hare run reads JSONL and CSV as plain text "
             "(and Parquet, which compresses inside)"
         )
+
+
+def _places(numbers: list[int | None], seen: int, rows: int) -> list[int]:
+    """Where the parser's skipped lines stand among the `rows` of their batch, from their rows of the file (the
+    header is row 1; `seen` rows came before the batch); all ahead of it where the parser did not say (so a row
+    numbered by its place gets the place it had in the file, and the good rows around it theirs)."""
+    places = [n - 2 - seen if n is not None else -1 for n in numbers]
+    if sorted(places) != places or places[0] < 0 or places[-1] >= rows or len(set(places)) < len(places):
+        return list(range(len(numbers)))
+    return places
+
+
+def _among(good: list[Any], places: list[int], bad: list[Any]) -> list[Any]:
+    """`good` with `bad[i]` put at index `places[i]` of the result (places ascending)."""
+    out, rest = [], iter(good)
+    marks = dict(zip(places, bad, strict=True))
+    for i in range(len(good) + len(bad)):
+        out.append(marks[i] if i in marks else next(rest))
+    return out
