@@ -447,12 +447,22 @@ def test_an_output_where_no_folder_can_be_made_stops_with_one_sentence(
         ("a-folder", ["--overwrite"], "is a folder; name a file to write"),  # it ran the whole job, then failed
         ("o.csv", [], "writes Parquet or JSONL, not CSV"),  # it wrote Parquet into o.csv
         ("o.parquet", ["-p", "dimensions=100000"], "dimensions"),  # it left a work folder that refused the fix
+        # Each of these destroyed a file, exit 0: the rejects merged over the output or the input, the summary
+        # written over the output; the rejects inside the work folder went with it.
+        ("o.parquet", ["--rejects", "o.parquet"], "--rejects o.parquet is the output"),
+        ("o.parquet", ["--rejects", "in.jsonl"], "--rejects in.jsonl is the input"),
+        ("o.parquet", ["--summary", "o.parquet"], "--summary o.parquet is the output"),
+        ("o.parquet", ["--rejects", "r.jsonl", "--summary", "r.jsonl"], "--summary r.jsonl is --rejects"),
+        ("o.parquet", ["--rejects", "o.parquet.parts/r.jsonl"], "is the job's work folder, inside it"),
+        # Found only once the output was written (its summary then lost to "already exists").
+        ("o.parquet", ["--summary", "nowhere/s.json"], "--summary nowhere/s.json cannot be written"),
     ],
 )
 def test_a_bad_output_stops_before_any_work_and_leaves_nothing_in_the_way(
     fp32_bundle: ModelFactory,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
     output: str,
     args: list[str],
     said: str,
@@ -461,11 +471,24 @@ def test_a_bad_output_stops_before_any_work_and_leaves_nothing_in_the_way(
     (tmp_path / "a-folder").mkdir()
     bundle = fp32_bundle("feature-extraction")
     capsys.readouterr()
-    code = hare(["run", str(bundle), "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / output), *args])
+    monkeypatch.chdir(tmp_path)  # the paths as a user types them, relative
+    code = hare(["run", str(bundle), "-i", "in.jsonl", "-o", output, *args])
     err = capsys.readouterr().err
     assert code == 2 and said in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-folder", "in.jsonl"]
     assert hare(["run", str(bundle), "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.parquet"), "-q"]) == 0
+
+
+def test_two_outputs_of_one_stem_do_not_take_each_others_rejects(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    # out.parquet and out.jsonl both reject to out.rejects.jsonl: the second job deleted the first one's.
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "fine"}, {"text": ""}])
+    bundle = fp32_bundle("feature-extraction")
+    run_job(settings(bundle), BulkOptions(source, tmp_path / "out.parquet"))
+    kept = (tmp_path / "out.rejects.jsonl").read_bytes()
+    with pytest.raises(InputError, match=r"out\.rejects\.jsonl already exists; delete it or pass --overwrite"):
+        run_job(settings(bundle), BulkOptions(source, tmp_path / "out.jsonl"))
+    assert (tmp_path / "out.rejects.jsonl").read_bytes() == kept and not (tmp_path / "out.jsonl").exists()
+    run_job(settings(bundle), BulkOptions(source, tmp_path / "out.jsonl", rejects=tmp_path / "other.jsonl"))
 
 
 def test_a_job_stopped_before_its_first_part_leaves_no_job_to_resume(

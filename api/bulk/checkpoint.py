@@ -68,15 +68,22 @@ class WorkFolder:
         self.path.rmdir()
 
 
-def open_folder(output: Path, job: dict[str, Any], overwrite: bool) -> WorkFolder:
+def open_folder(output: Path, job: dict[str, Any], overwrite: bool, rejects: Path | None = None) -> WorkFolder:
     """The work folder for `job`, locked: made if new, resumed (`resumed`) if it holds the same job. A folder
     that holds no committed part (its run stopped before its first chunk was written, or was refused after
-    the folder was made) is taken over by this job; one with parts of another job stops it with a sentence."""
+    the folder was made) is taken over by this job; one with parts of another job stops it with a sentence.
+    A new job's output, and its `rejects` file, are not replaced unless `overwrite` (two outputs of one stem,
+    out.parquet and out.jsonl, share out.rejects.jsonl: the second job deleted the first one's)."""
     folder = work_folder(output)
+
+    def refuse_replacing() -> None:
+        for path in (output, *([rejects] if rejects is not None else [])):
+            if path.exists() and not overwrite:
+                raise InputError(f"{path} already exists; delete it or pass --overwrite")
+
     while True:
         if not folder.is_dir():
-            if output.exists() and not overwrite:
-                raise InputError(f"{output} already exists; delete it or pass --overwrite")
+            refuse_replacing()
             try:
                 folder.mkdir(parents=True)
             except FileExistsError:  # another run made it just now: the lock decides
@@ -100,8 +107,7 @@ def open_folder(output: Path, job: dict[str, Any], overwrite: bool) -> WorkFolde
                     f"{folder} holds an unfinished job with another {', '.join(changed) or 'description'}; run the "
                     f"same command as before to finish it, or delete {folder} to start over"
                 )
-            if output.exists() and not overwrite:
-                raise InputError(f"{output} already exists; delete it or pass --overwrite")
+            refuse_replacing()
             for stale in folder.iterdir():  # nothing of a run without a committed part is worth keeping
                 stale.unlink()
             tmp = folder / (JOB_FILE + ".tmp")

@@ -109,6 +109,7 @@ def main(args: argparse.Namespace) -> int:
         rejects=args.rejects,
         overwrite=args.overwrite,
         streams=args.streams or 0,
+        summary=args.summary,
     )
     if args.ray:
         return _on_ray(args, settings, options)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import queue
 import threading
 import time
@@ -54,6 +55,7 @@ class BulkOptions:
     rejects: Path | None = None
     overwrite: bool = False
     streams: int = 0
+    summary: Path | None = None  # where the CLI writes the summary: checked with the job's other files
 
     @property
     def rejects_path(self) -> Path:
@@ -101,7 +103,7 @@ class Progress:
 def run_job(settings: Settings, options: BulkOptions, progress: Progress | None = None) -> Summary:
     """Run `options.input` through the bundle of `settings` into `options.output`; see the module docstring."""
     progress = progress or Progress()
-    _check_output(options.input, options.output)
+    _check_files(options)
     model = BulkModel(settings, options.parameters, options.long_input, options.truncation_direction)
     model.check(options.columns)
     corpus = Corpus(options.input, options.columns, model.task.pairs, options.input_format)
@@ -122,7 +124,7 @@ def run_job(settings: Settings, options: BulkOptions, progress: Progress | None 
     if model.side != "right":  # only where asked: a job begun before the option existed resumes as it was
         job["truncation_direction"] = model.side
     schema = model.probe(corpus.id_type)  # before the work folder: a job refused here leaves nothing behind
-    with checkpoint.open_folder(options.output, job, options.overwrite) as work:
+    with checkpoint.open_folder(options.output, job, options.overwrite, options.rejects_path) as work:
         parts = Parts(work.path, fmt)
         done = parts.done()
         streams = options.streams or model.streams
@@ -144,11 +146,33 @@ def check_apart(source: Path, output: Path) -> None:
         raise InputError(f"the output {output} is the input or inside it, or holds it; give an output outside {source}")
 
 
-def _check_output(source: Path, output: Path) -> None:
-    """Refuse an output `check_apart` refuses, or that names a folder."""
-    check_apart(source, output)
-    if output.is_dir():
-        raise InputError(f"the output {output} is a folder; name a file to write, such as {output / 'out.parquet'}")
+def _check_files(options: BulkOptions) -> None:
+    """Refuse an output `check_apart` refuses or that names a folder, and a rejects file or summary that is
+    another of the job's files or inside one, or in no folder that can be written: the rejects were merged
+    over the output or the input, the summary written over the output, and an unwritable one found only once
+    the output was done."""
+    check_apart(options.input, options.output)
+    if options.output.is_dir():
+        raise InputError(
+            f"the output {options.output} is a folder; name a file to write, such as {options.output / 'out.parquet'}"
+        )
+    taken = {"the input": options.input, "the output": options.output}
+    taken["the job's work folder"] = checkpoint.work_folder(options.output)
+    named = {"--rejects" if options.rejects else "the rejects file": options.rejects_path, "--summary": options.summary}
+    for name, path in named.items():
+        if path is None:
+            continue
+        target = path.resolve()
+        for what, other in taken.items():
+            held = other.resolve()
+            if target == held or held in target.parents or target in held.parents:
+                raise InputError(f"{name} {path} is {what}, inside it or holds it; give a file of its own")
+        folder = target.parent
+        # The default rejects file is beside the output, whose folder the job makes: the output's check covers it.
+        given = name.startswith("--")
+        if given and (not folder.is_dir() or not os.access(folder, os.W_OK) or target.is_dir()):
+            raise InputError(f"{name} {path} cannot be written (is {folder} a folder this user can write?)")
+        taken[name] = path
 
 
 class _Pipeline:
