@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,6 +105,23 @@ def test_another_job_in_the_folder_is_refused(fp32_bundle: ModelFactory, tmp_pat
         run_job(settings, BulkOptions(source, out, chunk_rows=CHUNK, max_chars=2000, truncation_direction="left"))
     with pytest.raises(Exception, match="is the input or inside it"):
         run_job(settings, BulkOptions(source, tmp_path / "in.jsonl", chunk_rows=CHUNK, overwrite=True))
+
+
+def test_a_bundle_rebuilt_in_place_is_not_resumed_into_the_same_output(
+    fp32_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    # Same path, task and variant, other weights: the job resumed, one output of two models' vectors, exit 0.
+    bundle = tmp_path / "model"
+    shutil.copytree(fp32_bundle("feature-extraction"), bundle)
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(orjson.dumps({"text": f"row {i}"}) + b"\n" for i in range(2000)))
+    out = tmp_path / "out.parquet"
+    kill_after(hare_run(bundle, source, out), tmp_path / "out.parquet.parts", 1)
+    shutil.rmtree(bundle)
+    shutil.copytree(fp32_bundle("feature-extraction", "roberta"), bundle)
+    settings = dataclasses.replace(Settings.from_env({}), bundle=bundle)
+    with pytest.raises(Exception, match="holds an unfinished job with another model"):
+        run_job(settings, BulkOptions(source, out, chunk_rows=CHUNK, max_chars=2000))
 
 
 def test_a_second_job_on_the_same_output_is_refused_while_the_first_runs(

@@ -112,6 +112,9 @@ def run_job(settings: Settings, options: BulkOptions, progress: Progress | None 
     job = {
         "input": checkpoint.describe_input(options.input, corpus.files),
         "bundle": str(settings.bundle.resolve()),
+        # What the bundle is, not only where: a bundle rebuilt in place from other weights resumed into one
+        # output of two models' answers.
+        "model": {"weights_sha256": model.manifest.source.get("weights_sha256"), "files": model.manifest.files},
         "variant": model.manifest.variant,
         "task": model.task.name,
         "columns": [*corpus.names, corpus.id_column],
