@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from api.bulk.job import BulkOptions, run_job
+from api.bulk.job import BulkOptions, _reason_kind, run_job
 from api.bulk.model import BulkModel
 from api.bulk.reader import Columns, Corpus
 from api.config import Settings
@@ -383,6 +383,28 @@ def test_undecodable_csv_values_are_rejected_rows(tmp_path: Path) -> None:
     assert chunk.values == [["fine", "also fine"]] and chunk.ids == [0, 3]
     assert [(r.row, r.reason) for r in chunk.rejects] == [
         (1, "its text is not valid UTF-8 (byte 0)"), (2, "its text is an empty string")
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("dictionary", [False, True])
+def test_parquet_text_that_is_not_utf8_is_a_rejected_row(tmp_path: Path, dictionary: bool) -> None:
+    # Arrow reads a string column without checking its UTF-8: one bad value stopped the job with a traceback.
+    column = pa.array([b"fine", b"bad \xff", b"also fine"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"text": column.dictionary_encode() if dictionary else column}), tmp_path / "in.parquet")
+    [chunk] = Corpus(tmp_path / "in.parquet", Columns(), pairs=False).chunks(100, 100)
+    assert chunk.values == [["fine", "also fine"]] and chunk.ids == [0, 2]
+    assert [(r.row, r.reason) for r in chunk.rejects] == [(1, "its text is not valid UTF-8 (byte 4)")]
+    ids = pa.array([b"a", b"\xff", b"c"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"id": ids, "text": ["x", "y", "z"]}), tmp_path / "ids.parquet")
+    with pytest.raises(InputError, match=r"column id of .*ids\.parquet holds an id that is not UTF-8 text"):
+        list(Corpus(tmp_path / "ids.parquet", Columns(), pairs=False).chunks(100, 100))
+
+
+def test_the_summary_counts_reasons_without_their_numbers_but_keeps_names() -> None:
+    # "UTF-8" was counted as "UTF-N", and "(byte 4)" lost its bracket.
+    reasons = ("its text is not valid UTF-8 (byte 4)", "line 12 of part-0001.csv has 3 fields")
+    assert [_reason_kind(r) for r in reasons] == [
+        "its text is not valid UTF-8 (byte N)", "line N of part-0001.csv has N fields"
     ]  # fmt: skip
 
 

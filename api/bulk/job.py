@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -300,4 +301,5 @@ def _join(thread: threading.Thread) -> None:
 def _reason_kind(reason: str) -> str:
     """A reason without its particulars (a parser's message; lengths and line numbers as N), for the summary's
     counts: "line N of a.csv has N fields, the header N"."""
-    return " ".join("N" if any(c.isdigit() for c in w) else w for w in reason.split(":")[0].split())
+    # A number standing alone, not one inside a name ("UTF-8", "part-0001.csv" stay as they are).
+    return re.sub(r"(?<![\w.-])\d[\d,.]*", "N", reason.split(":")[0])

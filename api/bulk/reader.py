@@ -352,8 +352,17 @@ class _File:
         with pq.ParquetFile(self.path) as parquet:
             for batch in parquet.iter_batches(batch_size=4096, columns=columns):
                 read += batch.num_rows
-                ids = batch.column(self._id).to_pylist() if self._id else None
-                yield _Piece(ids, [batch.column(name).to_pylist() for name in self.names], read)
+                ids = self._parquet_ids(batch.column(self._id)) if self._id else None
+                yield _Piece(ids, [_texts(batch.column(name)) for name in self.names], read)
+
+    def _parquet_ids(self, column: pa.Array) -> list[Any]:
+        try:
+            return column.to_pylist()
+        except UnicodeDecodeError as exc:  # Arrow does not check a string column's UTF-8 when it reads it
+            raise InputError(
+                f"column {self._id} of {self.path} holds an id that is not UTF-8 text ({exc.reason} at byte "
+                f"{exc.start}); fix the file's ids, or name another id column (--id-column)"
+            ) from None
 
     def _id_column(self, names: list[str]) -> str | None:
         if self.columns.id is None:
@@ -510,6 +519,21 @@ def _refuse_compressed(path: Path) -> None:
             f"{path} is {packed}-compressed; decompress it first: hare run reads JSONL and CSV as plain text "
             "(and Parquet, which compresses inside)"
         )
+
+
+# A string column's bytes, as the binary type of the same layout.
+AS_BYTES = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary(), pa.string_view(): pa.binary_view()}
+
+
+def _texts(column: pa.Array) -> list[Any]:
+    """A text column's values; where some are not UTF-8 (Arrow reads a Parquet string column unchecked), all
+    as bytes, so that `check` rejects those rows by name (one stopped the job with a traceback)."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        if pa.types.is_dictionary(column.type):
+            column = column.dictionary_decode()
+        return column.view(AS_BYTES[column.type]).to_pylist()
 
 
 def _places(numbers: list[int | None], seen: int, rows: int) -> list[int]:
