@@ -377,6 +377,13 @@ def test_a_csv_row_longer_than_a_megabyte_is_a_reject_not_the_end_of_the_job(tmp
     assert [(r.id, r.reason.split(",")[0]) for r in chunk.rejects] == [("big", "its text is 2097152 characters long")]
 
 
+def test_an_empty_csv_id_is_a_rejected_row_as_a_null_one(tmp_path: Path) -> None:
+    (tmp_path / "in.csv").write_bytes(b'id,text\n,no id\nb,fine\n"",quoted empty\n')  # "" was written as an id
+    [chunk] = Corpus(tmp_path / "in.csv", Columns(), pairs=False).chunks(100, 100)
+    assert chunk.ids == ["b"] and chunk.values == [["fine"]]
+    assert [(r.row, r.reason) for r in chunk.rejects] == [(0, "its id is empty (null)"), (2, "its id is empty (null)")]
+
+
 def test_undecodable_csv_values_are_rejected_rows(tmp_path: Path) -> None:
     (tmp_path / "in.csv").write_bytes(b'text\nfine\n\xff\xfe bad\n""\nalso fine\n')
     [chunk] = Corpus(tmp_path / "in.csv", Columns(), pairs=False).chunks(100, 100)
@@ -420,6 +427,9 @@ def test_the_summary_counts_reasons_without_their_numbers_but_keeps_names() -> N
         ("in.jsonl.gz", gzip.compress(b'{"text": "x"}\n', mtime=0), [], "is gzip-compressed; decompress it first"),
         ("in.csv", gzip.compress(b"text\nx\n", mtime=0), [], "is gzip-compressed"),  # its header read as garbage
         ("in.csv", b"id;text\n1;x\n", [], "its fields seem separated by ';'; hare run reads comma-separated"),
+        # A JSON array read as lines: all but its last object rejected as bad JSON, exit 0.
+        ("in.json", b'[\n  {"text": "a"},\n  {"text": "b"}\n]\n', [], "holds a JSON array; hare run reads JSON Lines"),
+        ("in.jsonl", b'[{"text": "a"}, {"text": "b"}]\n', [], "holds a JSON array"),
     ],
 )  # fmt: skip
 def test_a_bad_file_stops_with_one_sentence(

@@ -227,6 +227,13 @@ class _File:
     def _first_object(self, file: io.BufferedReader) -> dict[str, Any]:
         """The first line that is a JSON object (the file's fields are named by it)."""
         for line in file:
+            if line.strip() == b"[" or line.lstrip().startswith(b"[{"):
+                # A JSON array, pretty-printed or on one line: read as lines, all but its last object were
+                # rejects of bad JSON (or the whole file one bad line), exit 0.
+                raise InputError(
+                    f"{self.path} holds a JSON array; hare run reads JSON Lines, one object per line: convert it "
+                    f"(jq -c '.[]' {self.path.name} > lines.jsonl)"
+                )
             try:
                 value = orjson.loads(line)
             except orjson.JSONDecodeError:
@@ -296,7 +303,8 @@ class _File:
                     read_options=pacsv.ReadOptions(use_threads=False, block_size=CSV_BLOCK),
                     parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line, newlines_in_values=True),
                     convert_options=pacsv.ConvertOptions(
-                        column_types=types, include_columns=[*self.names, *([self._id] if self._id else [])]
+                        column_types=types,
+                        include_columns=[*self.names, *([self._id] if self._id else [])],
                     ),
                 )
             except pa.ArrowInvalid as exc:
@@ -317,7 +325,8 @@ class _File:
                         ) from None
                     raise InputError(f"{self.path} stops being readable CSV: {_first_line(exc)}") from None
                 bad, pending[:] = list(pending), []
-                ids = batch.column(self._id).to_pylist() if self._id else None
+                # An empty id is no id, rejected as a JSONL null id is (it was written as "").
+                ids = [i or None for i in batch.column(self._id).to_pylist()] if self._id else None
                 values = [batch.column(name).to_pylist() for name in self.names]
                 if bad:  # lines the parser skipped: rows of their own, where they stand among the batch's
                     at = _places([number for number, _ in bad], seen, batch.num_rows + len(bad))
