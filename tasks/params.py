@@ -138,8 +138,11 @@ def string_list(raw: Mapping[str, object], name: str, default: Sequence[str]) ->
     value = raw.get(name, _MISSING)
     if value is _MISSING or value is None:
         return tuple(default)
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list):
         raise InvalidRequest(f"{named(raw, name)} must be a list of strings, got {kind(value)}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):  # "must be a list of strings, got a list" named nothing to fix
+            raise InvalidRequest(f"{named(raw, name)}[{i}] must be a string, got {kind(item)}")
     return tuple(value)
 
 

@@ -481,6 +481,8 @@ async def test_rank_fields_rank_documents_without_text(ranker: httpx.AsyncClient
     lacking = await ranker.post("/v2/rerank", json={**body, "documents": [{"Author": "x"}]})
     assert lacking.status_code == 422
     assert lacking.json()["error"] == "documents[0] has none of rank_fields (Title, Content, year) and no text"
+    typo = await ranker.post("/v1/rerank", json={**body, "rank_fields": ["Title", 3]})
+    assert typo.status_code == 422 and typo.json()["error"].startswith("rank_fields[1] must be a string, got ")
 
 
 async def test_ranking_parameters(ranker: httpx.AsyncClient) -> None:
