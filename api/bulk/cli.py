@@ -39,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input", "-i", type=Path, required=True, help="JSONL, CSV or Parquet file, or a folder of them"
     )
-    parser.add_argument("--output", "-o", type=_output_file, required=True, help="Parquet file (or .jsonl)")
+    parser.add_argument("--output", "-o", required=True, help="Parquet file (or .jsonl)")
     parser.add_argument("--input-format", choices=FORMATS, help="the input's format (default: from its suffix)")
     parser.add_argument("--output-format", choices=OUTPUT_FORMATS, help="default: jsonl for .jsonl, else parquet")
     parser.add_argument("--text-column", default="text", help="the texts' column (default: text)")
@@ -90,6 +90,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not args.ray and args.output.endswith(("/", os.sep)):  # Path drops the slash: a file of that name was written
+        raise InputError(
+            f"the output {args.output} names a folder; name a file to write, such as {args.output}out.parquet"
+        )
+    args.output = Path(args.output)
     settings = Settings.from_env()
     if args.bundle is not None:
         settings = dataclasses.replace(settings, bundle=args.bundle)
@@ -248,14 +253,6 @@ class _Rate(ProgressColumn):
         rows, rate, left = task.fields.get("rows", 0), task.fields.get("rate", 0.0), task.fields.get("left")
         eta = "-:--:--" if left is None else time.strftime("%H:%M:%S", time.gmtime(left))
         return Text(f"{rows:,} rows  {rate:,.0f} rows/s  {eta} left")
-
-
-def _output_file(text: str) -> Path:
-    """The output as given: a name that ends in a slash asks for a folder (Path drops the slash, and the job
-    wrote a file of the folder's name)."""
-    if text.endswith(("/", os.sep)):
-        raise argparse.ArgumentTypeError(f"{text} names a folder; name a file to write, such as {text}out.parquet")
-    return Path(text)
 
 
 def report(summary: Summary) -> Table:
