@@ -384,6 +384,12 @@ def test_an_empty_csv_id_is_a_rejected_row_as_a_null_one(tmp_path: Path) -> None
     assert [(r.row, r.reason) for r in chunk.rejects] == [(0, "its id is empty (null)"), (2, "its id is empty (null)")]
 
 
+def test_a_nan_id_is_a_rejected_row(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"id": [1.5, float("nan"), 3.0], "text": ["a", "b", "c"]}), tmp_path / "in.parquet")
+    [chunk] = Corpus(tmp_path / "in.parquet", Columns(), pairs=False).chunks(100, 100)
+    assert chunk.ids == [1.5, 3.0] and [(r.row, r.reason) for r in chunk.rejects] == [(1, "its id is empty (NaN)")]
+
+
 def test_undecodable_csv_values_are_rejected_rows(tmp_path: Path) -> None:
     (tmp_path / "in.csv").write_bytes(b'text\nfine\n\xff\xfe bad\n""\nalso fine\n')
     [chunk] = Corpus(tmp_path / "in.csv", Columns(), pairs=False).chunks(100, 100)

@@ -403,8 +403,9 @@ def checked_chunk(
     chunk = Chunk(index, first, len(ids), end, values=[[] for _ in names])
     for i, row in enumerate(zip(*values.values(), strict=True)):
         reason = next((r for name, v in zip(names, row, strict=True) if (r := check(v, name, max_chars))), None)
-        if reason is None and id_column is not None and ids[i] is None:
-            reason = f"its {id_column} is empty (null)"
+        if reason is None and id_column is not None and (ids[i] is None or ids[i] != ids[i]):
+            # NaN (a float id column's missing value) is no id either: JSONL output wrote it as null.
+            reason = f"its {id_column} is empty ({'null' if ids[i] is None else 'NaN'})"
         if reason is not None:
             chunk.rejects.append(Reject(first + i, ids[i], reason))
             continue
