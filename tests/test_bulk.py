@@ -384,6 +384,13 @@ def test_an_empty_csv_id_is_a_rejected_row_as_a_null_one(tmp_path: Path) -> None
     assert [(r.row, r.reason) for r in chunk.rejects] == [(0, "its id is empty (null)"), (2, "its id is empty (null)")]
 
 
+def test_a_jsonl_line_that_is_not_utf8_is_rejected_with_its_id(tmp_path: Path) -> None:
+    (tmp_path / "in.jsonl").write_bytes(b'{"id": "a", "text": "fine"}\n{"id": "b", "text": "bad \xff"}\n')
+    [chunk] = Corpus(tmp_path / "in.jsonl", Columns(), pairs=False).chunks(100, 100)
+    assert chunk.ids == ["a"] and [(r.row, r.id) for r in chunk.rejects] == [(1, "b")]  # its id was None
+    assert chunk.rejects[0].reason.startswith("the line is not valid JSON (UTF-8)")
+
+
 def test_a_nan_id_is_a_rejected_row(tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": [1.5, float("nan"), 3.0], "text": ["a", "b", "c"]}), tmp_path / "in.parquet")
     [chunk] = Corpus(tmp_path / "in.parquet", Columns(), pairs=False).chunks(100, 100)

@@ -253,7 +253,7 @@ class _File:
                     continue
                 row = json_row(line)
                 if isinstance(row, Bad):
-                    ids.append(None)
+                    ids.append(self._salvaged_id(line))
                     for column in values:
                         column.append(row)
                 else:
@@ -265,6 +265,14 @@ class _File:
                     ids, values = [], [[] for _ in self.names]
             if ids:
                 yield _Piece(ids if self._id is not None else None, values, read)
+
+    def _salvaged_id(self, line: bytes) -> Any:
+        """The id of a line rejected for bytes that are not UTF-8, read with those bytes replaced, so that its
+        reject names the row (its id was null); None where the line is no JSON object even so."""
+        if self._id is None:
+            return None
+        row = json_row(line.decode("utf-8", "replace"))
+        return None if isinstance(row, Bad) else text_id(row.get(self._id))
 
     def _open_csv(self) -> Iterator[_Piece]:
         # utf-8-sig: the header without a byte order mark, as Arrow's reader (below) reads it.
