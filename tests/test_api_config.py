@@ -321,6 +321,18 @@ def test_a_manifest_that_is_not_one_says_what_it_lacks(
         read_manifest(bundle)
 
 
+@pytest.mark.parametrize("task", ["text-classification", "token-classification", "text-ranking", "sparse-embedding"])
+def test_a_bundle_whose_task_was_edited_is_refused_before_any_worker(
+    tiny_bundle: ModelFactory, tmp_path: Path, task: str
+) -> None:
+    # Each failed in every worker with a traceback from post-processing an embedding model's states.
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle("feature-extraction"), bundle)
+    (bundle / MANIFEST_FILE).write_text(json.dumps(json.loads((bundle / MANIFEST_FILE).read_text()) | {"task": task}))
+    with pytest.raises(InputError, match=f"its graph answers 'last_hidden_state'.*hare optimize --task {task}"):
+        checked_bundle(bundle)
+
+
 @pytest.mark.parametrize(
     ("edit", "said"),
     [

@@ -47,6 +47,12 @@ def checked_bundle(bundle: Path) -> tuple[Manifest, Tokenizer]:
     manifest = read_manifest(bundle)
     if manifest.task not in TASKS:
         raise InputError(f"{bundle} serves task {manifest.task!r}, which this hare does not know")
+    if manifest.output != TASKS[manifest.task].output:  # a build writes its task's: the task was edited
+        raise InputError(
+            f"{bundle} serves task {manifest.task!r}, which reads a graph's {TASKS[manifest.task].output!r}, but "
+            f"its graph answers {manifest.output!r} (hare.json's task was edited?); build the model again with "
+            f"hare optimize --task {manifest.task}"
+        )
     data = bundle / (MODEL_FILE + ".data")
     if manifest.variant in OPENVINO_VARIANTS and data.is_file() and data.resolve().parent != bundle.resolve():
         # OpenVINO reads a graph's weights only from inside its folder (ONNX Runtime follows the link): a bundle
