@@ -81,6 +81,9 @@ class SourceModel:
     sparse: sparse_source.SparseModel | None = None  # sparse-embedding: SPLADE's pooling or bge-m3's heads
 
 
+ST_CONFIG = "config_sentence_transformers.json"
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -182,12 +185,15 @@ def _sentence_transformers(folder: Path, allow_pickle: bool) -> tuple[str | None
     return pooling, dense, normalize
 
 
-def _prompts(folder: Path) -> tuple[dict[str, str], str | None]:
-    """prompts and default_prompt_name from config_sentence_transformers.json."""
-    path = folder / "config_sentence_transformers.json"
-    if not path.is_file():
-        return {}, None
-    cfg = _read_json(path)
+def _st_config(folder: Path) -> dict[str, Any]:
+    """config_sentence_transformers.json, as SentenceTransformer and SparseEncoder save it ({} without one)."""
+    path = folder / ST_CONFIG
+    return _read_json(path) if path.is_file() else {}
+
+
+def _prompts(folder: Path, cfg: dict[str, Any]) -> tuple[dict[str, str], str | None]:
+    """prompts and default_prompt_name from config_sentence_transformers.json (`cfg`)."""
+    path = folder / ST_CONFIG
     prompts = {str(k): str(v) for k, v in (cfg.get("prompts") or {}).items()}
     default = cfg.get("default_prompt_name")
     if default is not None and default not in prompts:
@@ -315,7 +321,9 @@ def inspect_source(
     architectures = config.get("architectures") or []
     architecture = architectures[0] if architectures else f"{model_type} (base model)"
     # A sparse model is SPLADE (a masked LM) or bge-m3 (a base encoder with head files): its own check.
-    sparse = sparse_source.inspect(folder, architectures) if task.sparse else None
+    # SparseEncoder folders declare prompts (and max_active_dims) as SentenceTransformer folders do
+    st_config = _st_config(folder) if task.embeddings or task.sparse else {}
+    sparse = sparse_source.inspect(folder, architectures, st_config) if task.sparse else None
     if task.architectures and sparse is None and not any(a.endswith(task.architectures) for a in architectures):
         raise UnsupportedModel(
             f"{folder} has no {task.name} head (architectures: {architectures or 'none'}; expected one ending "
@@ -323,8 +331,7 @@ def inspect_source(
         )
     weights = _weights(folder, allow_pickle)
     pooling, dense, normalize = _sentence_transformers(folder, allow_pickle) if task.embeddings else (None, [], False)
-    # SparseEncoder folders declare prompts as SentenceTransformer folders do
-    prompts, default_prompt = _prompts(folder) if task.embeddings or task.sparse else ({}, None)
+    prompts, default_prompt = _prompts(folder, st_config)
     id2label = config.get("id2label") or {}
     scorer = _scorer(folder, architecture) if task.pairs and architecture.endswith("ForCausalLM") else None
     return SourceModel(

@@ -39,8 +39,9 @@ class SparseModel:
         return ["dense", "sparse", "colbert"] if self.heads else []
 
 
-def inspect(folder: Path, architectures: list[str]) -> SparseModel:
-    """The folder as a sparse model, or a refusal that says what to build instead."""
+def inspect(folder: Path, architectures: list[str], st_config: dict[str, Any]) -> SparseModel:
+    """The folder as a sparse model, or a refusal that says what to build instead. `st_config`: its
+    config_sentence_transformers.json ({} without one)."""
     present = {name: folder / f for name, f in HEAD_FILES.items() if (folder / f).is_file()}
     if present:
         missing = [HEAD_FILES[n] for n in HEAD_FILES if n not in present]
@@ -57,10 +58,10 @@ def inspect(folder: Path, architectures: list[str]) -> SparseModel:
             "colbert_linear.pt beside the model). For dense vectors from this model, build it with "
             "--task feature-extraction"
         )
-    return _splade(folder)
+    return _splade(folder, st_config)
 
 
-def _splade(folder: Path) -> SparseModel:
+def _splade(folder: Path, st_config: dict[str, Any]) -> SparseModel:
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
         return SparseModel()  # SparseEncoder's defaults for a bare masked LM
@@ -76,7 +77,9 @@ def _splade(folder: Path) -> SparseModel:
             config = folder / module.get("path", "") / "config.json"
             pooling = json.loads(config.read_text()) if config.is_file() else {}
     found = SparseModel(
-        pooling.get("pooling_strategy", "max"), pooling.get("activation_function", "relu"), {}, _max_active_dims(folder)
+        pooling.get("pooling_strategy", "max"),
+        pooling.get("activation_function", "relu"),
+        max_active_dims=_max_active_dims(st_config),
     )
     if found.pooling not in SPLADE_POOLINGS or found.activation not in SPLADE_ACTIVATIONS:
         raise UnsupportedModel(
@@ -86,12 +89,13 @@ def _splade(folder: Path) -> SparseModel:
     return found
 
 
-def _max_active_dims(folder: Path) -> int | None:
+def _max_active_dims(st_config: dict[str, Any]) -> int | None:
     """SparseEncoder's max_active_dims as the folder saved it: encode keeps that many weights a vector."""
-    path = folder / "config_sentence_transformers.json"
-    value = json.loads(path.read_text()).get("max_active_dims") if path.is_file() else None
+    value = st_config.get("max_active_dims")
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise UnsupportedModel(f"{path}: max_active_dims must be a positive integer or null, got {value!r}")
+        raise UnsupportedModel(
+            f"config_sentence_transformers.json: max_active_dims must be a positive integer or null, got {value!r}"
+        )
     return value
 
 
