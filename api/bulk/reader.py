@@ -311,8 +311,7 @@ class _File:
                     read_options=pacsv.ReadOptions(use_threads=False, block_size=CSV_BLOCK),
                     parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line, newlines_in_values=True),
                     convert_options=pacsv.ConvertOptions(
-                        column_types=types,
-                        include_columns=[*self.names, *([self._id] if self._id else [])],
+                        column_types=types, include_columns=[*self.names, *([self._id] if self._id else [])]
                     ),
                 )
             except pa.ArrowInvalid as exc:

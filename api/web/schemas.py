@@ -190,7 +190,7 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
         raise InvalidRequest(
             f"unknown field(s) {', '.join(unknown)}; the body is "
             f'{{"inputs": ..., "parameters": {{...}}}}, and a parameter may also sit at the root: '
-            f"{', '.join(accepted(task))}"
+            f"{', '.join(accepted_parameters(task))}"
         )
     for name in set(raw) & set(root):  # a parameter at the root wins; the one it hides is still checked
         (task.parameters.get(name) or COMMON[name]).read(raw, name, None)
@@ -201,7 +201,7 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
     return checked(task.parse_inputs(value), raw, task, model, limits), False
 
 
-def accepted(task: TaskSpec) -> list[str]:
+def accepted_parameters(task: TaskSpec) -> list[str]:
     """The parameters a request of `task` may name: its own, then the common ones it can use (a stride reads
     windows, which a task that reads its inputs whole refuses)."""
     return [*task.parameters, *(name for name in COMMON if task.windows or name != "stride")]
@@ -262,9 +262,8 @@ def checked(
     check_limits(inputs, limits, uncounted)
     unknown = sorted(k for k in raw if k not in task.parameters and k not in COMMON)
     if unknown:
-        raise InvalidRequest(
-            f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {', '.join(accepted(task))}"
-        )
+        accepted = ", ".join(accepted_parameters(task))
+        raise InvalidRequest(f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {accepted}")
     task_params = task.parse_params(params.only(raw, task.parameters), model)
     if task.prepare is not None:
         inputs = task.prepare(inputs, task_params)
