@@ -50,7 +50,7 @@ def hare_serve(
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, process, log)
+        wait_ready(url, process, log)
         yield url, process
     finally:
         if process.poll() is None:
@@ -62,7 +62,7 @@ def hare_serve(
                 process.wait()
 
 
-def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 90) -> None:
+def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,9 +33,10 @@ from api.config import Settings
 from api.process.worker import PacedServer
 from api.web.app import create_app
 from api.web.metrics import FLUSH_SECONDS
+from container.bundle import TOKENIZER_FILE
 from container.optimize.textset import SENTENCES
 from tests.conftest import ModelFactory
-from tests.live_server import ROOT, alive, group, hare_serve
+from tests.live_server import ROOT, alive, group, hare_serve, wait_ready
 
 # Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
 pytestmark = pytest.mark.serial
@@ -294,6 +296,43 @@ def test_a_master_killed_outright_leaves_the_port_to_the_next_server(tiny_bundle
     with hare_serve(bundle, tmp_path / "again.log", 1, port=int(url.rsplit(":", 1)[1])) as (again, _):
         assert httpx.post(f"{again}/predict", json={"inputs": "I like you"}).status_code == 200
         assert not any(p.exists() for p in left)
+
+
+def test_sighup_reloads_a_good_bundle_and_refuses_a_broken_one_serving_on(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    """kill -HUP, gunicorn's reload, after the bundle on disk was replaced: onto a broken one it stopped the whole
+    server (its new workers failed to boot); now it is refused with the check's reason and the old workers serve
+    on, and a good one is still reloaded onto new workers."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle("text-classification"), bundle)
+    tokenizer = (bundle / TOKENIZER_FILE).read_bytes()
+    log = tmp_path / "server.log"
+
+    def workers() -> set[int]:
+        return group(process.pid) - {process.pid}
+
+    with hare_serve(bundle, log, 1, own_group=True) as (url, process):
+        first = workers()
+        (bundle / TOKENIZER_FILE).write_text("{")
+        process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while "SIGHUP: not reloaded" not in log.read_text():
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert f"{bundle / TOKENIZER_FILE} is unreadable" in log.read_text()
+        assert httpx.post(f"{url}/predict", json={"inputs": "I like you"}).status_code == 200
+        assert workers() == first
+
+        (bundle / TOKENIZER_FILE).write_bytes(tokenizer)
+        process.send_signal(signal.SIGHUP)
+        while not (workers() and workers().isdisjoint(first)):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline + 60, log.read_text()
+            time.sleep(0.1)
+        wait_ready(url, process, log)
+        assert httpx.post(f"{url}/predict", json={"inputs": "I like you"}).status_code == 200
 
 
 def scratch_of(pid: int) -> list[Path]:

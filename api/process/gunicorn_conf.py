@@ -19,6 +19,10 @@ behave the same.
   started here before the workers (api/process/engine.py), which reach it by HARE_ENGINE_SOCKET, and stopped
   after them (its stdin closed); the server does not start if the engine does not, and stops (its workers
   draining) if the engine dies, so that whatever runs it (Docker, Kubernetes) restarts the whole.
+- SIGHUP (gunicorn's reload: new workers on the bundle on disk, the old ones drained) checks the bundle first, as
+  `hare serve` does before it starts, and refuses the reload with its reason in the log when the bundle fails the
+  check or a shared engine holds the model (the engine is not reloaded): the old workers serve on. Unchecked, a
+  bundle replaced by a broken one stopped the whole server ("Worker failed to boot").
 - Prometheus multiprocess mode: every worker writes its samples under PROMETHEUS_MULTIPROC_DIR, a fresh
   folder made here (before prometheus_client is imported anywhere, since it reads the variable on import)
   and removed when gunicorn exits; a dead worker's live gauges are dropped.
@@ -139,6 +143,33 @@ def _watch_engine(engine: subprocess.Popen[bytes], server: Any) -> None:
         server.log.error("the shared engine (pid %d) is gone: stopping the server", engine.pid)
         _engine_died = True
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def when_ready(server: Any) -> None:
+    reload = server.handle_hup  # the arbiter calls handle_<signal> by name: the instance's attribute wins
+
+    def checked_reload() -> None:
+        refusal = _reload_refusal()
+        if refusal is not None:
+            server.log.error("SIGHUP: not reloaded, the workers serve on the bundle they loaded: %s", refusal)
+            return
+        reload()
+
+    server.handle_hup = checked_reload
+
+
+def _reload_refusal() -> str | None:
+    """Why a reload must not start workers on the bundle on disk now, or None."""
+    if _engine is not None:
+        return "the shared engine holds the model and is not reloaded; restart the server to serve a new bundle"
+    from api.engine.opened import checked_bundle  # here: the master imports no model code unless asked to reload
+    from tasks.errors import InputError
+
+    try:
+        checked_bundle(_settings.bundle)
+    except InputError as exc:
+        return str(exc)
+    return None
 
 
 def child_exit(server: Any, worker: Any) -> None:
