@@ -391,6 +391,18 @@ def test_a_jsonl_line_that_is_not_utf8_is_rejected_with_its_id(tmp_path: Path) -
     assert chunk.rejects[0].reason.startswith("the line is not valid JSON (UTF-8)")
 
 
+def test_a_first_jsonl_row_without_the_text_or_its_id_is_a_reject_not_the_files_fields(tmp_path: Path) -> None:
+    # The first object alone named the fields: without "text" it stopped the whole job ("has no field text"),
+    # and without "id" every row's id was its number.
+    (tmp_path / "in.jsonl").write_bytes(b'{"id": "a", "body": "x"}\n{"text": "no id"}\n{"id": "c", "text": "fine"}\n')
+    [chunk] = Corpus(tmp_path / "in.jsonl", Columns(), pairs=False).chunks(100, 100)
+    assert chunk.ids == ["c"] and chunk.values == [["fine"]]
+    assert [(r.row, r.id, r.reason) for r in chunk.rejects] == [
+        (0, "a", 'the row has no "text" field'),
+        (1, None, "its id is empty (null)"),
+    ]
+
+
 def test_a_nan_id_is_a_rejected_row(tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": [1.5, float("nan"), 3.0], "text": ["a", "b", "c"]}), tmp_path / "in.parquet")
     [chunk] = Corpus(tmp_path / "in.parquet", Columns(), pairs=False).chunks(100, 100)

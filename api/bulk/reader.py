@@ -42,6 +42,9 @@ SUFFIXES = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
+# JSONL objects whose fields name the file's fields (the text, pair and id fields looked for among them): a
+# corpus whose first rows are bad still runs, each of them a reject.
+HEAD_OBJECTS = 100
 TEXT_TYPES = (pa.string(), pa.large_string(), pa.string_view(), pa.binary(), pa.large_binary(), pa.binary_view())
 
 
@@ -215,19 +218,23 @@ class _File:
     def _open_jsonl(self) -> Iterator[_Piece]:
         with self.path.open("rb") as file:
             _skip_bom(file)
-            first = self._first_object(file)
-        self._id = self._id_column(list(first))
+            fields = self._head_fields(file)
+        self._id = self._id_column(fields)
         if self._id is not None:
             self.id_type = pa.string()
-        missing = [name for name in self.names if name not in first]
+        missing = [name for name in self.names if name not in fields]
         if missing:
-            raise InputError(self._missing(missing, list(first), "field"))
+            raise InputError(self._missing(missing, fields, "field"))
         return self._jsonl()
 
-    def _first_object(self, file: io.BufferedReader) -> dict[str, Any]:
-        """The first line that is a JSON object (the file's fields are named by it)."""
+    def _head_fields(self, file: io.BufferedReader, objects: int = HEAD_OBJECTS) -> list[str]:
+        """The fields of the file's first `objects` JSON objects, in the order first seen: the file's fields. One
+        object alone named them, so a first row without the text stopped the whole job, and one without its id
+        numbered every row."""
+        fields: dict[str, None] = {}
+        seen = 0
         for line in file:
-            if line.strip() == b"[" or line.lstrip().startswith(b"[{"):
+            if not seen and (line.strip() == b"[" or line.lstrip().startswith(b"[{")):
                 # A JSON array, pretty-printed or on one line: read as lines, all but its last object were
                 # rejects of bad JSON (or the whole file one bad line), exit 0.
                 raise InputError(
@@ -239,8 +246,13 @@ class _File:
             except orjson.JSONDecodeError:
                 continue
             if isinstance(value, dict):
-                return value
-        raise InputError(f"{self.path} holds no JSON object on any line; JSONL input is one object per line")
+                fields.update(dict.fromkeys(value))
+                seen += 1
+                if seen == objects:
+                    break
+        if not seen:
+            raise InputError(f"{self.path} holds no JSON object on any line; JSONL input is one object per line")
+        return list(fields)
 
     def _jsonl(self, rows: int = 4096) -> Iterator[_Piece]:
         with self.path.open("rb") as file:
