@@ -316,13 +316,14 @@ async def test_a_folder_of_shards_is_one_corpus(fp32_bundle: ModelFactory, tmp_p
     (csvs / "b.csv").write_text('id,text\nb1,third\nb2,"fourth",extra\nb3,fifth\n')
     [chunk] = Corpus(csvs, Columns(), pairs=False).chunks(100, 100)
     assert chunk.ids == ["a1", "a2", "b1", "b3"] and chunk.values == [["first", "second", "third", "fifth"]]
-    assert [r.reason for r in chunk.rejects] == ["line 3 of b.csv has 3 fields, the header 2"]
+    assert [r.reason for r in chunk.rejects] == ["row 3 of b.csv (the header is row 1) has 3 fields, the header 2"]
     # Without an id column a row's id is its place: a skipped line keeps its own (the good rows before it in
     # its block took the ids after theirs, the line the first), also past a value spanning lines.
     (csvs / "b.csv").write_text('text\nr0\n"r1\nstill r1"\nr2,extra\nr3\nr4,x\nr5\n')
     [chunk] = Corpus(csvs / "b.csv", Columns(), pairs=False).chunks(100, 100)
     assert chunk.ids == [0, 1, 3, 5] and chunk.values == [["r0", "r1\nstill r1", "r3", "r5"]]
     assert [(r.row, r.id) for r in chunk.rejects] == [(2, 2), (4, 4)]
+    assert chunk.rejects[0].reason.startswith("row 4 (the header is row 1)")  # Arrow's record, not line 5
 
 
 @pytest.mark.parametrize(
@@ -434,9 +435,9 @@ def test_parquet_text_that_is_not_utf8_is_a_rejected_row(tmp_path: Path, diction
 
 def test_the_summary_counts_reasons_without_their_numbers_but_keeps_names() -> None:
     # "UTF-8" was counted as "UTF-N", and "(byte 4)" lost its bracket.
-    reasons = ("its text is not valid UTF-8 (byte 4)", "line 12 of part-0001.csv has 3 fields")
+    reasons = ("its text is not valid UTF-8 (byte 4)", "row 12 of part-0001.csv has 3 fields")
     assert [_reason_kind(r) for r in reasons] == [
-        "its text is not valid UTF-8 (byte N)", "line N of part-0001.csv has N fields"
+        "its text is not valid UTF-8 (byte N)", "row N of part-0001.csv has N fields"
     ]  # fmt: skip
 
 

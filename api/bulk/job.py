@@ -300,6 +300,6 @@ def _join(thread: threading.Thread) -> None:
 
 def _reason_kind(reason: str) -> str:
     """A reason without its particulars (a parser's message; lengths and line numbers as N), for the summary's
-    counts: "line N of a.csv has N fields, the header N"."""
+    counts: "row N of a.csv (the header is row N) has N fields, the header N"."""
     # A number standing alone, not one inside a name ("UTF-8", "part-0001.csv" stay as they are).
     return re.sub(r"(?<![\w.-])\d[\d,.]*", "N", reason.split(":")[0])

@@ -313,7 +313,8 @@ class _File:
 
         def bad_line(row: Any) -> str:
             fields = f"{row.actual_columns} fields, the header {row.expected_columns}"
-            pending.append((row.number, Bad(f"line {row.number}{self.where} has {fields}")))
+            # Arrow numbers records, not lines (a quoted value may span lines): said as a row, as a spreadsheet would.
+            pending.append((row.number, Bad(f"row {row.number}{self.where} (the header is row 1) has {fields}")))
             return "skip"
 
         with self.path.open("rb") as file:
