@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import gzip
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -484,6 +485,18 @@ def test_a_bad_file_stops_with_one_sentence(
     err = capsys.readouterr().err
     assert code == 2 and said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_pipe_as_input_stops_with_one_sentence(
+    fp32_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `-i <(zcat corpus.jsonl.gz)` or `-i /dev/stdin` from a pipe: "does not exist", which it did.
+    os.mkfifo(tmp_path / "in.jsonl")
+    bundle = fp32_bundle("feature-extraction")
+    capsys.readouterr()
+    code = hare(["run", str(bundle), "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.parquet")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not a file but a pipe or device" in err and len(err.strip().splitlines()) == 1
 
 
 def test_an_output_where_no_folder_can_be_made_stops_with_one_sentence(

@@ -483,6 +483,11 @@ def corpus_files(path: Path, fmt: str | None = None) -> list[Path]:
     _SUCCESS) and empty ones (Spark's empty partitions) left out."""
     if path.is_file():
         return [path]
+    if path.exists() and not path.is_dir():  # a pipe (`-i /dev/stdin`, `<(...)`), a device: read once, no resume
+        raise InputError(
+            f"the input {path} is not a file but a pipe or device; hare run reads a file (a killed job resumes from "
+            "its place in it): save the rows to a JSONL, CSV or Parquet file first"
+        )
     if not path.is_dir():
         raise InputError(f"the input {path} does not exist; give a JSONL, CSV or Parquet file, or a folder of them")
     files = sorted(
