@@ -310,6 +310,8 @@ class TaskSpec:
     head: the transformers Auto class the optimizer instantiates.
     architectures: suffixes a checkpoint's `architectures` must end with; empty means any checkpoint.
     output: the graph output the server reads.
+    output_axes: that output's rank, where tasks share its name (three read "logits": a sequence's row, or a
+      token's); a bundle whose graph's differs was built for another task (None: not checked).
     pairs: inputs are (query, document) pairs rather than single texts.
     text_pairs: parse_inputs also takes transformers' text pairs ({"text", "text_pair"}) beside single texts.
     parity: task metrics from reference vs candidate outputs.
@@ -353,6 +355,7 @@ class TaskSpec:
     postprocess: Callable[[Outputs, Any, ModelInfo], Answer] = field(kw_only=True)
     prepare: Callable[[Inputs, Any], Inputs] | None = field(default=None, kw_only=True)
     pooling: Callable[[Any], str | None] | None = field(default=None, kw_only=True)
+    output_axes: int | None = field(default=None, kw_only=True)
     windows: bool = field(default=True, kw_only=True)
     text_pairs: bool = field(default=False, kw_only=True)
     offsets: bool = field(default=False, kw_only=True)

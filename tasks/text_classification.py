@@ -151,6 +151,7 @@ SPEC = TaskSpec(
     head="AutoModelForSequenceClassification",
     architectures=("ForSequenceClassification",),
     output="logits",
+    output_axes=2,
     pairs=False,
     parity=parity,
     gates=(

@@ -204,6 +204,7 @@ SPEC = TaskSpec(
     head="AutoModelForSequenceClassification",
     architectures=("ForSequenceClassification", "ForCausalLM"),
     output="logits",
+    output_axes=2,
     pairs=True,
     parity=parity,
     # Gated on the worst query, so no single query's ranking may drift; and on the scores themselves, so that a

@@ -117,6 +117,7 @@ SPEC = TaskSpec(
     head="AutoModelForTokenClassification",
     architectures=("ForTokenClassification",),
     output="logits",
+    output_axes=3,
     pairs=False,
     offsets=True,
     parity=parity,

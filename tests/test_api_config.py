@@ -334,6 +334,36 @@ def test_a_bundle_whose_task_was_edited_is_refused_before_any_worker(
 
 
 @pytest.mark.parametrize(
+    ("built", "edited", "said"),
+    [
+        ("text-classification", "token-classification", "reads one row a token, but its graph answers one row a text"),
+        ("token-classification", "text-classification", "reads one row a text, but its graph answers one row a token"),
+        ("token-classification", "text-ranking", "reads one row a text, but its graph answers one row a token"),
+    ],
+)
+def test_a_bundle_whose_task_was_edited_among_those_reading_logits_is_refused(
+    tiny_bundle: ModelFactory, tmp_path: Path, built: str, edited: str, said: str
+) -> None:
+    # Their graphs all answer "logits": each failed in every worker with a traceback (IndexError, ValueError).
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle(built), bundle)
+    (bundle / MANIFEST_FILE).write_text(json.dumps(json.loads((bundle / MANIFEST_FILE).read_text()) | {"task": edited}))
+    with pytest.raises(InputError, match=f"{said} .*hare optimize --task {edited}"):
+        checked_bundle(bundle)
+
+
+@pytest.mark.parametrize("task", ["feature-extraction", "text-classification"])
+def test_a_graph_that_is_no_onnx_model_is_refused_before_any_worker(
+    tiny_bundle: ModelFactory, tmp_path: Path, task: str
+) -> None:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle(task), bundle)
+    (bundle / MODEL_FILE).write_bytes(b"\xff" * (bundle / MODEL_FILE).stat().st_size)  # its size, as hare.json says
+    with pytest.raises(InputError, match=r"model\.onnx is not an ONNX graph .*rebuild the bundle"):
+        checked_bundle(bundle)
+
+
+@pytest.mark.parametrize(
     ("edit", "said"),
     [
         # Each failed in every worker with a traceback, or as a request's error, or (labels) in `hare serve`.

@@ -15,6 +15,7 @@ from api.engine.encoder import Encoder, vocab
 from api.engine.pipeline import model_info
 from container.bundle import MODEL_FILE, TOKENIZER_FILE, Manifest, read_manifest
 from container.cudagraphs import Shape, graph_shapes
+from container.onnx_wire import output_ranks
 from container.openvino_runtime import VARIANTS as OPENVINO_VARIANTS
 from container.runtime import bound_malloc
 from tasks.base import ModelInfo, TaskSpec, Vocab
@@ -53,6 +54,7 @@ def checked_bundle(bundle: Path) -> tuple[Manifest, Tokenizer]:
             f"its graph answers {manifest.output!r} (hare.json's task was edited?); build the model again with "
             f"hare optimize --task {manifest.task}"
         )
+    _check_graph(bundle, manifest, TASKS[manifest.task].output_axes)
     data = bundle / (MODEL_FILE + ".data")
     if manifest.variant in OPENVINO_VARIANTS and data.is_file() and data.resolve().parent != bundle.resolve():
         # OpenVINO reads a graph's weights only from inside its folder (ONNX Runtime follows the link): a bundle
@@ -66,6 +68,23 @@ def checked_bundle(bundle: Path) -> tuple[Manifest, Tokenizer]:
     except Exception as exc:  # tokenizers raises a bare Exception with its parser's message
         raise InputError(f"{bundle / TOKENIZER_FILE} is unreadable ({exc}); rebuild the bundle") from None
     return manifest, tokenizer
+
+
+def _check_graph(bundle: Path, manifest: Manifest, axes: int | None) -> None:
+    """InputError when the graph is no ONNX model (each worker failed to load it, with a traceback), or its
+    output has another rank than the task reads (`axes`): among the tasks that read "logits", a hare.json's task
+    edited to another failed in every worker with a traceback."""
+    try:
+        rank = output_ranks(bundle / MODEL_FILE).get(manifest.output)
+    except ValueError as exc:
+        raise InputError(f"{bundle / MODEL_FILE} is not an ONNX graph ({exc}); rebuild the bundle") from None
+    if axes is not None and rank is not None and rank != axes:
+        per = {2: "one row a text", 3: "one row a token"}
+        raise InputError(
+            f"{bundle} serves task {manifest.task!r}, which reads {per[axes]}, but its graph answers "
+            f"{per.get(rank, f'{rank} axes')} (hare.json's task was edited?); build the model again with "
+            f"hare optimize --task {manifest.task}"
+        )
 
 
 def open_bundle(settings: Settings, throughput: bool = False) -> OpenBundle:

@@ -1,0 +1,68 @@
+"""The ranks of an ONNX graph's outputs, read from the file's protobuf wire format without the onnx package
+(not installed at serve time) and without loading the weights: the master checks a bundle with it before any
+worker starts (api/engine/opened.py), where a session would load the whole model.
+
+The wire format is a sequence of (key, value) fields; a length-delimited value (a message, bytes) is skipped in
+one step, so reading a graph's outputs passes over its weights and nodes without parsing them. The path read,
+by field numbers of onnx.proto: ModelProto.graph (7) -> GraphProto.output (12, a ValueInfoProto each) ->
+name (1), type (2) -> TypeProto.tensor_type (1) -> shape (2) -> TensorShapeProto.dim (1, one a dimension)."""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterator
+from pathlib import Path
+
+LENGTH_DELIMITED = 2
+SKIPPED = {0: None, 1: 8, 5: 4}  # wire type -> bytes to skip (None: a varint)
+
+
+def output_ranks(path: Path) -> dict[str, int | None]:
+    """Each graph output's name and rank (None where the graph gives no shape); ValueError if the file is not
+    an ONNX model's protobuf."""
+    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        ranks: dict[str, int | None] = {}
+        for graph in _messages(data, 0, len(data), 7):
+            for start, end in _messages(data, *graph, 12):
+                name = b"".join(data[s:e] for s, e in _messages(data, start, end, 1)).decode()
+                shapes = [
+                    shape
+                    for kind in _messages(data, start, end, 2)
+                    for tensor in _messages(data, *kind, 1)
+                    for shape in _messages(data, *tensor, 2)
+                ]
+                ranks[name] = sum(1 for shape in shapes for _ in _messages(data, *shape, 1)) if shapes else None
+        return ranks
+
+
+def _messages(data: mmap.mmap, start: int, end: int, number: int) -> Iterator[tuple[int, int]]:
+    """The (start, end) of each length-delimited field `number` among the fields in data[start:end]."""
+    at = start
+    while at < end:
+        key, at = _varint(data, at)
+        field, wire = key >> 3, key & 7
+        if wire == LENGTH_DELIMITED:
+            length, at = _varint(data, at)
+            if at + length > end:
+                raise ValueError(f"a field runs past its message at byte {at}")
+            if field == number:
+                yield at, at + length
+            at += length
+        elif wire in SKIPPED:
+            width = SKIPPED[wire]
+            at = _varint(data, at)[1] if width is None else at + width
+        else:
+            raise ValueError(f"wire type {wire} at byte {at}: not an ONNX model")
+
+
+def _varint(data: mmap.mmap, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise ValueError(f"a number runs past the end at byte {at}")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
