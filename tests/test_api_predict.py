@@ -7,9 +7,12 @@ nothing because attention masks it out), labels, words and offsets exactly equal
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import itertools
 import re
+import threading
 import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -298,6 +301,30 @@ async def test_window_entities_cover_the_whole_text_with_true_offsets(fp32_bundl
     keep = len(cut) - 20
     assert all(e.pop("truncated") for e in cut)
     assert whole[:keep] == cut[:keep]
+
+
+async def test_a_large_requests_entities_are_grouped_while_the_worker_answers_others(
+    fp32_bundle: ModelFactory,
+) -> None:
+    # Grouping costs Python about 15 us a token: it ran on the event loop, so a 1 MB request of entities held its
+    # worker, health probes included, for 8 s. Here its grouping waits until a /health is answered meanwhile.
+    entered, released, waited = threading.Event(), threading.Event(), []
+    async with serve(fp32_bundle("token-classification")) as client:
+        pipeline = client.resources.pipeline
+        grouping = pipeline.task.postprocess
+
+        def held(*args: Any) -> Any:
+            entered.set()
+            waited.append(released.wait(10))  # False: nothing else ran meanwhile
+            return grouping(*args)
+
+        pipeline.task = dataclasses.replace(pipeline.task, postprocess=held)
+        large = asyncio.ensure_future(client.post("/predict", json={"inputs": ["John lives in Berlin. " * 50] * 20}))
+        await asyncio.to_thread(entered.wait, 30)
+        health = await client.get("/health")
+        released.set()
+        assert health.status_code == 200 and (await large).status_code == 200
+    assert waited == [True]
 
 
 async def test_window_entities_overlap_nowhere_as_the_pipelines(
