@@ -68,3 +68,15 @@ def test_samples_reach_the_registry_within_the_flush_interval_without_a_render()
     assert (at_once, later) == (0.0, 1.0)
     metrics.observe_request("/predict", 200, 0.001)  # outside a loop: written at once
     assert count() == 2.0
+
+
+def test_a_refusal_before_routing_counts_as_its_routes_429() -> None:
+    from api.web.routes import ROUTES
+
+    metrics = Metrics()
+    for path in ("/predict", "/v2/models/any-name/infer", "/v2/models/other/infer", "/no/such/route"):
+        metrics.refused(ROUTES, path)
+    text = metrics.render().decode()
+    for route, count in (("/predict", 1), ("/v2/models/{name}/infer", 2), ("other", 1)):
+        assert f'hare_requests_total{{route="{route}",status="429"}} {count}.0' in text
+    assert 'hare_errors_total{type="Overloaded"} 4.0' in text

@@ -5,6 +5,7 @@ and no connection is reset or left hanging; other methods still reach the app.""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -111,10 +112,16 @@ def test_a_burst_at_a_full_server_gets_an_answer_or_a_429_each(full_server: str,
     hare's there)."""
     body = json.dumps({text: "a short text"}).encode()
     request = post_bytes(full_server, body, path=path)
+    counted = refusals_counted(full_server, path)
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda _: raw_post(full_server, body, request=request), range(BURST)))
     statuses = [status for status, _, _ in answers]
     assert set(statuses) <= {200, 429} and 429 in statuses, statuses  # every connection answered, no 5xx
+    # Every one counted as its route's 429 (the accept loop's and RefuseEarly's were counted only as errors),
+    # the busy client's own refusals (on /predict) besides.
+    time.sleep(0.2)  # each worker's samples reach the shared values within FLUSH_SECONDS
+    seen = refusals_counted(full_server, path) - counted
+    assert seen >= statuses.count(429) if path == "/predict" else seen == statuses.count(429)
     for status, headers, rest in answers:
         if status == 429:
             assert int(headers["retry-after"]) >= 1
@@ -122,6 +129,13 @@ def test_a_burst_at_a_full_server_gets_an_answer_or_a_429_each(full_server: str,
             assert error_in(path, json.loads(rest[: int(headers["content-length"])]))[1] == "Overloaded"
     # Most came from the accept loop, not the app (uvicorn names itself in a `server` header).
     assert any("server" not in headers for status, headers, _ in answers if status == 429)
+
+
+def refusals_counted(url: str, route: str) -> int:
+    """hare_requests_total's 429s of `route` on the server at `url`."""
+    text = httpx.get(f"{url}/metrics", timeout=TIMEOUT_S).text
+    found = re.search(rf'^hare_requests_total{{route="{re.escape(route)}",status="429"}} (\S+)$', text, re.M)
+    return int(float(found[1])) if found else 0
 
 
 # Unpaced only: paced, a connection waits in the listen backlog for its turn, its whole request arrives

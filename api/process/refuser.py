@@ -38,13 +38,13 @@ class Refuser:
     """Connections this worker took while refusing. `refusal` gives the whole 429 to send to a request for a
     target (its path as sent) when admission refuses now (None: it admits), built by the app's one error
     answer (api/web/errors.py, `raw_answer`: OpenAI's routes answer OpenAI's shape);
-    `hand_off` gives a connection to uvicorn; `refused` counts one canned refusal (metrics)."""
+    `hand_off` gives a connection to uvicorn; `refused` counts one canned refusal of a target (metrics)."""
 
     def __init__(
         self,
         refusal: Callable[[bytes], bytes | None],
         hand_off: Callable[[socket.socket], object],
-        refused: Callable[[], None],
+        refused: Callable[[bytes], None],
     ) -> None:
         self._refusal = refusal
         self._hand_off = hand_off
@@ -75,7 +75,8 @@ class Refuser:
         if not head:  # the client left before sending anything
             self._close(conn)
             return True
-        refusal = self._refusal(target(head)) if head.startswith(REFUSED_METHOD) else None
+        path = target(head)
+        refusal = self._refusal(path) if head.startswith(REFUSED_METHOD) else None
         if refusal is None:  # another method, a request split before its 5th byte, or admission opened
             self._give(conn)
             return True
@@ -87,7 +88,7 @@ class Refuser:
         except OSError:  # the client is gone
             self._close(conn)
             return True
-        self._refused()
+        self._refused(path)
         if whole:
             self._close(conn)
             return True

@@ -59,6 +59,7 @@ from api.process.onewrite import coalescing
 from api.process.pace import Pace
 from api.process.refuser import LINGER_S, Refuser
 from api.web.errors import raw_answer
+from api.web.routes import ROUTES
 from api.web.state import Resources
 from tasks.errors import InputError
 
@@ -278,10 +279,10 @@ class PacedServer(Server):
         self._looked = now
         return self._surplus() >= REBALANCE_AT
 
-    def _count_refusal(self) -> None:
+    def _count_refusal(self, target: bytes) -> None:
         res = self._resources()
         if res is not None:
-            res.metrics.errors.labels("Overloaded").inc()
+            res.metrics.refused(ROUTES, target.partition(b"?")[0].decode("latin-1"))
 
     def _hand_off(self, conn: socket.socket) -> asyncio.Task[None]:
         """Give `conn` to uvicorn's protocol in a task of its own, which shutdown waits for, never cancels."""

@@ -170,7 +170,7 @@ class RefuseEarly:
             res = getattr(scope["app"].state, "hare", None)
             refusal = res.batcher.refusal() if res is not None else None
             if res is not None and refusal is not None:
-                res.metrics.errors.labels(type(refusal).__name__).inc()
+                res.metrics.refused(scope["app"].routes, scope["path"])
                 await drop_body(scope, receive, res.limits.max_body_bytes)
                 await error_response(refusal, scope["path"])(scope, receive, send)
                 return

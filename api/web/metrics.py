@@ -21,10 +21,11 @@ import os
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.engine.batching import BatchStats
@@ -46,6 +47,7 @@ TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 # Routes are labelled by name; anything else is "other", so scanners cannot explode the label set.
 SERVED = "hare.served"  # scope key: the api.engine.pipeline.Served of an answered inference request
 FLUSH_SECONDS = 0.05  # a worker's samples reach the shared values at most this late
+ROUTES_SEEN = 256  # refused paths whose route label a worker keeps
 PHASES = ("tokenize", "queue", "inference", "postprocess")
 
 
@@ -136,6 +138,7 @@ class Metrics:
         self._phases = [(p,) for p in PHASES]
         self.tally = Tally()
         self._flush_pending: asyncio.TimerHandle | None = None
+        self._routes: dict[str, str] = {}  # a refused request's path -> its route's label (see refused)
 
     def render(self) -> bytes:
         """The exposition text: every worker's samples in multiprocess mode, else this registry's."""
@@ -200,6 +203,29 @@ class Metrics:
             for label in served.answer.labels:
                 tally.inc(self.predictions, (label,))
         self._soon()
+
+    def refused(self, routes: Sequence[BaseRoute], path: str) -> None:
+        """One POST to `path` refused before the app routed it (RefuseEarly, or the accept loop's canned 429):
+        counted as the route's 429, as the middleware counts the answers it sees. Those refusals were counted
+        only as errors, so under a flood hare_requests_total held a third of the 429s clients got."""
+        route = self._routes.get(path)
+        if route is None:
+            route = route_label(routes, path)
+            if len(self._routes) < ROUTES_SEEN:  # paths are the client's: a scanner's must not grow this
+                self._routes[path] = route
+        self.tally.inc(self.requests, (route, "429"))
+        self.tally.inc(self.errors, ("Overloaded",))
+        self._soon()
+
+
+def route_label(routes: Sequence[BaseRoute], path: str) -> str:
+    """The label a POST to `path` is counted under: its route's template, as Starlette's router leaves it in
+    the scope (/v2/models/{name}/infer whatever the name), or "other"."""
+    scope = {"type": "http", "method": "POST", "path": path, "root_path": ""}
+    for route in routes:
+        if route.matches(scope)[0] is Match.FULL:
+            return str(getattr(route, "path", "other"))
+    return "other"
 
 
 class MetricsMiddleware:
