@@ -58,7 +58,7 @@ from api.engine.errors import Overloaded
 from api.process.onewrite import coalescing
 from api.process.pace import Pace
 from api.process.refuser import LINGER_S, Refuser
-from api.web.errors import raw_answer
+from api.web.errors import HeadTooLarge, raw_answer
 from api.web.routes import ROUTES
 from api.web.state import Resources
 from tasks.errors import InputError
@@ -403,17 +403,75 @@ UNREADABLE = (
 )
 
 
+# The most a request's head (request line and headers) may take: httptools sets no bound, and grows a header
+# it reads in pieces by copying it whole at each piece, so a header trickled in 16 kB writes cost a worker
+# seconds of CPU and its memory (40 connections of 8 MB headers: 320 MB), all its clients waiting. nginx
+# allows 32 kB (4 lines of 8 kB), Node.js 16 kB.
+MAX_HEAD_BYTES = 32 << 10
+HEAD_TOO_LARGE = (
+    f"the request's head (its request line and headers) is over {MAX_HEAD_BYTES >> 10} kB; send long values in the body"
+)
+
+
 def answering_json(cls: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
     """`cls` (uvicorn's HTTP protocol) answering a request its parser cannot read in hare's error shape, as
-    every other error: uvicorn's own answer was a plain-text "Invalid HTTP request received."."""
+    every other error: uvicorn's own answer was a plain-text "Invalid HTTP request received."; and, on
+    httptools' protocol, refusing a head over MAX_HEAD_BYTES (431) before it is all read (h11's bounds one
+    itself, at 16 kB)."""
 
     class JsonErrors(cls):  # type: ignore[valid-type,misc]  # a class known only at run time
         def send_400_response(self, msg: str) -> None:
             self.transport.write(raw_answer(InputError(UNREADABLE), close=True))
             self.transport.close()
 
-    JsonErrors.__name__ = JsonErrors.__qualname__ = f"JsonErrors{cls.__name__}"
-    return JsonErrors
+    answering = _bounded_head(JsonErrors) if hasattr(cls, "on_headers_complete") else JsonErrors
+    answering.__name__ = answering.__qualname__ = f"JsonErrors{cls.__name__}"
+    return answering
+
+
+def _bounded_head(cls: type[Any]) -> type[Any]:
+    """httptools' protocol `cls` answering a head over MAX_HEAD_BYTES with a 431, and closing: while it is read
+    in pieces, once the pieces pass the bound; read whole, by its parsed size."""
+
+    class BoundedHead(cls):  # type: ignore[valid-type,misc]
+        _in_head = True  # reading a head: from the connection's start and each message's end to its headers' end
+        _heads = 0  # heads read whole on this connection
+        _head = 0  # the bytes of reads that were all head, since the last head read whole
+        _too_large = False
+
+        def data_received(self, data: bytes) -> None:
+            # Only a read that began and ended in one head counts: one may also end a body, or begin the next
+            # request after a whole one, and those bytes are not a head's.
+            in_head, heads = self._in_head, self._heads
+            super().data_received(data)
+            if in_head and self._in_head and self._heads == heads and not self.transport.is_closing():
+                self._head += len(data)
+                if self._head > MAX_HEAD_BYTES:
+                    self._refuse_head()
+
+        def on_headers_complete(self) -> None:
+            self._in_head, self._head = False, 0
+            self._heads += 1
+            if len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > MAX_HEAD_BYTES:
+                self._too_large = True
+                raise HeadTooLarge(HEAD_TOO_LARGE)  # httptools stops; uvicorn answers with send_400_response
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._in_head = True
+
+        def send_400_response(self, msg: str) -> None:
+            if self._too_large:
+                self._refuse_head()
+            else:
+                super().send_400_response(msg)
+
+        def _refuse_head(self) -> None:
+            self.transport.write(raw_answer(HeadTooLarge(HEAD_TOO_LARGE), close=True))
+            self.transport.close()
+
+    return BoundedHead
 
 
 def _pending(sock: socket.socket) -> bool:

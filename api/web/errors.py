@@ -9,6 +9,7 @@ HareError (tasks/errors.py)                       500
 │   ├── InputTooLong (tasks/errors.py)            413
 │   ├── NotFound                                  404
 │   ├── UnsupportedEncoding                       415
+│   ├── HeadTooLarge                              431
 │   ├── ClientGone (api/engine/errors.py)         499
 │   └── UnsupportedModel (container/optimize/)    (the optimizer's; exit code 2)
 ├── Unauthorized                                  401 (WWW-Authenticate: Bearer)
@@ -53,6 +54,11 @@ class UnsupportedEncoding(InputError):
     """A body sent with a `Content-Encoding` other than `gzip`, `deflate` or `identity` (the message lists them)."""
 
 
+class HeadTooLarge(InputError):
+    """A request whose head (its request line and headers) is over 32 kB (MAX_HEAD_BYTES, api/process/worker.py):
+    refused once that much is read, and the connection closed."""
+
+
 class Unauthorized(HareError):
     """An inference route without `HARE_API_KEY`'s bearer token (when one is set), `/metrics` or `/info` without
     the admin token (when one is set); answered with `WWW-Authenticate: Bearer`."""
@@ -67,6 +73,7 @@ STATUS: dict[type[HareError], int] = {
     InputTooLong: 413,
     NotFound: 404,
     UnsupportedEncoding: 415,
+    HeadTooLarge: 431,
     ClientGone: 499,  # nginx's "client closed request": nobody reads it, but metrics tell it from a 400
     InputError: 400,
     Unauthorized: 401,
