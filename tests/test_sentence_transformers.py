@@ -130,7 +130,14 @@ def _copy_with(folder: Path, dst: Path, path: str, edit: dict[str, Any]) -> Path
     ("path", "edit", "message"),
     [
         ("1_Pooling/config.json", {"include_prompt": False}, "include_prompt"),
+        # sentence-transformers 6 takes the first token after the prompt: hare answered the first one.
+        ("1_Pooling/config.json", {"pooling_mode": "cls", "include_prompt": False}, "pools cls without its prompt"),
+        ("1_Pooling/config.json", {"pooling_mode": ["cls", "mean"]}, "pools with cls, mean;"),  # was "no mode"
         ("2_Dense/config.json", {"activation_function": "my.Activation"}, "my.Activation"),
+        # Each was served as if absent, so its vectors were not the model's:
+        ("2_Dense/config.json", {"use_residual": True}, "use_residual"),
+        ("2_Dense/config.json", {"module_input_name": "token_embeddings"}, "projects token_embeddings"),
+        ("config_sentence_transformers.json", {"truncate_dim": 8}, "truncate_dim 8"),
         ("config_sentence_transformers.json", {"default_prompt_name": "other"}, "default_prompt_name"),
     ],
 )
@@ -150,6 +157,45 @@ def test_an_unknown_module_is_refused(st_folder: Path, tmp_path: Path) -> None:
     (folder / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(UnsupportedModel, match="'LayerNorm'"):
         source.inspect_source(folder, get_task("feature-extraction"))
+
+
+@pytest.mark.parametrize(
+    ("order", "message"),
+    [
+        # Normalize before a Dense: served as Dense then Normalize.
+        (["0", "1", "4", "2", "3"], "in the order Transformer, Pooling, Normalize, Dense, Dense"),
+        # The older layout: "has no config.json; is it a Hugging Face model folder?"
+        (["0_Transformer", "1", "2", "3", "4"], "keeps its transformer in 0_Transformer/"),
+    ],
+    ids=["normalize first", "transformer in a subfolder"],
+)
+def test_modules_hare_cannot_apply_as_laid_out_are_refused(
+    st_folder: Path, tmp_path: Path, order: list[str], message: str
+) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(st_folder, folder)
+    modules = sorted(json.loads((folder / "modules.json").read_text()), key=lambda m: int(m["idx"]))
+    if order[0] == "0_Transformer":
+        modules[0]["path"] = "0_Transformer"
+    else:
+        modules = [modules[int(i)] for i in order]
+    (folder / "modules.json").write_text(json.dumps([m | {"idx": i} for i, m in enumerate(modules)]))
+    with pytest.raises(UnsupportedModel, match=message):
+        source.inspect_source(folder, get_task("feature-extraction"))
+
+
+async def test_do_lower_case_lowercases_as_sentence_transformers_does(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    # sentence_bert_config.json's do_lower_case adds a Lowercase to a cased tokenizer; hare served it as cased.
+    from sentence_transformers import SentenceTransformer
+
+    folder = make_sentence_transformer(tmp_path / "model", tiny_model("feature-extraction", "roberta"))
+    config = folder / "sentence_bert_config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"do_lower_case": True}))
+    texts = ["Hello World", "THE Quick Brown Fox", "already lower"]
+    async with serve(quick_bundle(folder, "feature-extraction", tmp_path / "bundle")) as client:
+        got = await predict(client, texts)
+    expected = SentenceTransformer(str(folder), device="cpu").encode(texts)
+    assert np.abs(got - expected).max() < TOL
 
 
 async def test_a_sentence_t5_folder_serves_its_encoders_vectors(tiny_model: ModelFactory, tmp_path: Path) -> None:

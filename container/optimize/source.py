@@ -57,7 +57,9 @@ class DenseModule:
 
 @dataclass(frozen=True)
 class SourceModel:
-    """What the optimizer learned from the folder; everything later stages need about the source."""
+    """What the optimizer learned from the folder; everything later stages need about the source.
+    lowercase: the bundle's tokenizer lowercases every text first (sentence_bert_config.json's do_lower_case,
+    which sentence-transformers applies whatever the tokenizer does)."""
 
     path: Path
     config: dict[str, Any]
@@ -79,6 +81,7 @@ class SourceModel:
     scorer: tuple[int, int] | None = None
     pair_template: dict[str, str] = field(default_factory=dict)
     sparse: sparse_source.SparseModel | None = None  # sparse-embedding: SPLADE's pooling or bge-m3's heads
+    lowercase: bool = False
 
 
 ST_CONFIG = "config_sentence_transformers.json"
@@ -128,29 +131,36 @@ def _modules(folder: Path) -> list[dict[str, Any]]:
 
 def _pooling_mode(folder: Path, module: dict[str, Any]) -> str:
     cfg = _read_json(folder / module["path"] / "config.json")
-    if isinstance(cfg.get("pooling_mode"), str):
-        mode = cfg["pooling_mode"].removesuffix("_tokens")
-        chosen = [mode] if mode in ST_POOLING_KEYS else []
-    else:
-        chosen = [name for name, key in ST_POOLING_KEYS.items() if cfg.get(key)]
-    if len(chosen) != 1:
+    named = cfg.get("pooling_mode")
+    if named is None:
+        modes = [name for name, key in ST_POOLING_KEYS.items() if cfg.get(key)]
+    else:  # a name, or (sentence-transformers 6) a list of names
+        modes = [str(m).removesuffix("_tokens") for m in ([named] if isinstance(named, str) else named)]
+    if len(modes) != 1 or modes[0] not in ST_POOLING_KEYS:
         raise UnsupportedModel(
-            f"{folder} pools with {chosen or 'no mode'}; hare supports exactly one of {', '.join(ST_POOLING_KEYS)}"
+            f"{folder} pools with {', '.join(modes) or 'no mode'}; hare supports exactly one of "
+            f"{', '.join(ST_POOLING_KEYS)}"
         )
-    # Leaving the prompt's tokens out of pooling changes nothing for cls (sentence-transformers takes the first
-    # token whatever the mask) or lasttoken (the last token is never the prompt's); the other modes would need
-    # the prompt's token count per request.
-    if cfg.get("include_prompt") is False and chosen[0] not in ("cls", "lasttoken"):
+    # Leaving the prompt's tokens out of pooling changes nothing for lasttoken (the last token is never the
+    # prompt's). sentence-transformers 6's cls then takes the first token after the prompt, and the other modes
+    # average past it: hare would need each request's prompt length.
+    if cfg.get("include_prompt") is False and modes[0] != "lasttoken":
         raise UnsupportedModel(
-            f"{folder} pools {chosen[0]} without its prompt tokens (include_prompt false); hare pools every token "
-            "(with cls or lasttoken pooling, where leaving the prompt out changes nothing, such folders are served)"
+            f"{folder} pools {modes[0]} without its prompt tokens (include_prompt false); hare pools every token "
+            "(with lasttoken pooling, whose last token is never the prompt's, such folders are served)"
         )
-    return chosen[0]
+    return modes[0]
 
 
 def _dense(folder: Path, module: dict[str, Any], allow_pickle: bool) -> DenseModule:
     path = folder / module["path"]
     cfg = _read_json(path / "config.json")
+    if cfg.get("use_residual"):
+        raise UnsupportedModel(f"{path} adds its input to its output (use_residual true), which hare's Dense does not")
+    if cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+        raise UnsupportedModel(
+            f"{path} projects {cfg['module_input_name']}; hare applies a Dense to the pooled sentence embedding only"
+        )
     return DenseModule(
         weights=_weights(path, allow_pickle)[0],
         in_features=int(cfg["in_features"]),
@@ -163,14 +173,30 @@ def _dense(folder: Path, module: dict[str, Any], allow_pickle: bool) -> DenseMod
 def _sentence_transformers(folder: Path, allow_pickle: bool) -> tuple[str | None, list[DenseModule], bool]:
     """Pooling, Dense modules and Normalize from sentence-transformers' modules.json, in their order.
 
-    Modules hare cannot apply (anything after the transformer but Pooling, Dense and Normalize) are refused:
-    serving without them would answer different vectors than the model's own library.
+    Modules hare cannot apply (anything after the transformer but Pooling, Dense and Normalize, or those in
+    another order than hare applies them: pooling, then each Dense, then Normalize) are refused: serving
+    without them would answer different vectors than the model's own library.
     """
-    pooling, dense, normalize = None, [], False
+    pooling: str | None = None
+    dense: list[DenseModule] = []
+    normalize = False
     for module in _modules(folder):
         kind = module.get("type", "").rsplit(".", 1)[-1]
-        if kind == "Transformer" or (kind == "Pooling" and pooling is not None):
+        if kind == "Transformer":
+            if module.get("path", "") not in ("", "."):
+                raise UnsupportedModel(
+                    f"{folder} keeps its transformer in {module['path']}/ (an older sentence-transformers layout); "
+                    f"hare reads it at the folder's top: move the files of {module['path']}/ into {folder} and set "
+                    'its "path" in modules.json to ""'
+                )
             continue
+        if kind == "Pooling" and pooling is not None:
+            continue
+        if (kind == "Dense" and (pooling is None or normalize)) or (kind == "Pooling" and dense):
+            raise UnsupportedModel(
+                f"{folder} applies its modules in the order {', '.join(_kinds(folder))}; hare applies pooling, "
+                "then each Dense, then Normalize"
+            )
         if kind == "Pooling":
             pooling = _pooling_mode(folder, module)
         elif kind == "Dense":
@@ -185,10 +211,30 @@ def _sentence_transformers(folder: Path, allow_pickle: bool) -> tuple[str | None
     return pooling, dense, normalize
 
 
+def _kinds(folder: Path) -> list[str]:
+    return [str(m.get("type", "")).rsplit(".", 1)[-1] for m in _modules(folder)]
+
+
 def _st_config(folder: Path) -> dict[str, Any]:
     """config_sentence_transformers.json, as SentenceTransformer and SparseEncoder save it ({} without one)."""
     path = folder / ST_CONFIG
     return _read_json(path) if path.is_file() else {}
+
+
+def _st_module_config(folder: Path) -> dict[str, Any]:
+    """sentence_bert_config.json, the Transformer module's settings ({} without one)."""
+    path = folder / "sentence_bert_config.json"
+    return _read_json(path) if path.is_file() else {}
+
+
+def _refuse_truncate_dim(folder: Path, cfg: dict[str, Any]) -> None:
+    """sentence-transformers cuts every vector of a folder saved with truncate_dim; hare does not (yet)."""
+    if cfg.get("truncate_dim") is not None:
+        raise UnsupportedModel(
+            f"{folder / ST_CONFIG} sets truncate_dim {cfg['truncate_dim']}, and hare serves the model's whole "
+            "vector: remove it there, and ask for the shorter vector per request (OpenAI's dimensions, /predict's "
+            "dimensions)"
+        )
 
 
 def _prompts(folder: Path, cfg: dict[str, Any]) -> tuple[dict[str, str], str | None]:
@@ -215,9 +261,8 @@ def _cross_encoder_activation(config: dict[str, Any]) -> str:
 def _max_length(folder: Path, config: dict[str, Any]) -> int:
     """The smallest maximum the model's own files declare (sentence-transformers, tokenizer, positions)."""
     limits: list[int] = []
-    st = folder / "sentence_bert_config.json"
-    if st.is_file() and isinstance(_read_json(st).get("max_seq_length"), int):
-        limits.append(_read_json(st)["max_seq_length"])
+    if isinstance(declared := _st_module_config(folder).get("max_seq_length"), int):
+        limits.append(declared)
     tc = folder / "tokenizer_config.json"
     if tc.is_file():
         declared = _read_json(tc).get("model_max_length")
@@ -330,8 +375,12 @@ def inspect_source(
             f"in {' or '.join(task.architectures)})"
         )
     weights = _weights(folder, allow_pickle)
-    pooling, dense, normalize = _sentence_transformers(folder, allow_pickle) if task.embeddings else (None, [], False)
     prompts, default_prompt = _prompts(folder, st_config)
+    if task.embeddings:
+        pooling, dense, normalize = _sentence_transformers(folder, allow_pickle)
+        _refuse_truncate_dim(folder, st_config)
+    else:
+        pooling, dense, normalize = None, [], False
     id2label = config.get("id2label") or {}
     scorer = _scorer(folder, architecture) if task.pairs and architecture.endswith("ForCausalLM") else None
     return SourceModel(
@@ -355,6 +404,7 @@ def inspect_source(
         scorer=scorer,
         pair_template=dict(QWEN3_RERANKER) if scorer else {},
         sparse=sparse,
+        lowercase=task.embeddings and _st_module_config(folder).get("do_lower_case") is True,
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import Tokenizer, processors
+from tokenizers import Tokenizer, normalizers, processors
 
 from container.optimize.errors import UnsupportedModel
 from container.optimize.source import SourceModel
@@ -47,6 +47,11 @@ def _load(folder: Path, trust_remote_code: bool = False) -> Tokenizer:
     )
 
 
+def _lowercases(normalizer: normalizers.Normalizer | None) -> bool:
+    """Whether `normalizer` lowercases (a Lowercase, or BERT's normalizer told to: lowercasing twice is once)."""
+    return normalizer is not None and normalizer.normalize_str("HARE") == "hare"
+
+
 def around(tokenizer: Tokenizer, prefix: str, suffix: str) -> processors.TemplateProcessing:
     """A post-processor that puts `prefix` and `suffix`, each tokenized on its own (as Qwen3-Reranker's card
     does), around every text; truncation then cuts the text between them, never the template."""
@@ -65,6 +70,10 @@ def write_tokenizer(source: SourceModel, out: Path) -> Path:
     tokenizer = _load(source.path, source.trust_remote_code)
     if source.pair_template:
         tokenizer.post_processor = around(tokenizer, source.pair_template["prefix"], source.pair_template["suffix"])
+    if source.lowercase and not _lowercases(tokenizer.normalizer):
+        # As sentence-transformers does: Lowercase before the tokenizer's own normalizers.
+        first = [normalizers.Lowercase()]
+        tokenizer.normalizer = normalizers.Sequence(first + ([tokenizer.normalizer] if tokenizer.normalizer else []))
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=source.max_length)
     tokenizer.save(str(out))
