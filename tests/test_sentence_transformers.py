@@ -184,6 +184,19 @@ def test_modules_hare_cannot_apply_as_laid_out_are_refused(
         source.inspect_source(folder, get_task("feature-extraction"))
 
 
+def test_the_maximum_length_is_sentence_transformers_max_seq_length_over_the_tokenizers(
+    st_folder: Path, tmp_path: Path
+) -> None:
+    # sentence-transformers sets the tokenizer's model_max_length to max_seq_length: hare took the smaller.
+    from sentence_transformers import SentenceTransformer
+
+    folder = _copy_with(st_folder, tmp_path / "model", "tokenizer_config.json", {"model_max_length": 32})
+    config = folder / "sentence_bert_config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"max_seq_length": 48}))
+    length = source.inspect_source(folder, get_task("feature-extraction")).max_length
+    assert length == SentenceTransformer(str(folder), device="cpu").max_seq_length == 48
+
+
 async def test_do_lower_case_lowercases_as_sentence_transformers_does(tiny_model: ModelFactory, tmp_path: Path) -> None:
     # sentence_bert_config.json's do_lower_case adds a Lowercase to a cased tokenizer; hare served it as cased.
     from sentence_transformers import SentenceTransformer

@@ -259,12 +259,14 @@ def _cross_encoder_activation(config: dict[str, Any]) -> str:
 
 
 def _max_length(folder: Path, config: dict[str, Any]) -> int:
-    """The smallest maximum the model's own files declare (sentence-transformers, tokenizer, positions)."""
+    """The maximum sentence-transformers reads with: sentence_bert_config.json's max_seq_length, else the
+    tokenizer's model_max_length (the first overrides the second, as sentence-transformers sets it), within the
+    position embeddings."""
     limits: list[int] = []
+    tc = folder / "tokenizer_config.json"
     if isinstance(declared := _st_module_config(folder).get("max_seq_length"), int):
         limits.append(declared)
-    tc = folder / "tokenizer_config.json"
-    if tc.is_file():
+    elif tc.is_file():
         declared = _read_json(tc).get("model_max_length")
         if isinstance(declared, int | float) and declared < HUGE_MAX_LENGTH:
             limits.append(int(declared))
