@@ -110,6 +110,20 @@ async def test_every_pooling_mode_equals_sentence_transformers(
             assert np.abs(got - expected).max() < TOL, mode
 
 
+async def test_a_text_too_long_with_its_prompt_says_the_prompt_counts(st_server: httpx.AsyncClient) -> None:
+    # "inputs is 66 tokens long; this model reads at most 64" of a text that alone fits: its prompt unnamed.
+    limit = st_server.resources.manifest.max_length  # type: ignore[attr-defined]
+    text = " ".join(["word"] * 200)
+    while len(st_server.resources.encoder.whole.encode(text)) > limit:  # type: ignore[attr-defined]
+        text = text.rsplit(" ", 1)[0]
+    body = {"inputs": text, "parameters": {"truncate": False}}
+    alone = await st_server.post("/predict", json=body | {"parameters": {"truncate": False, "prompt_name": "document"}})
+    assert alone.status_code == 200  # the empty prompt: the text fits
+    refused = await st_server.post("/predict", json=body)  # the default prompt, "query: "
+    assert refused.status_code == 413
+    assert refused.json()["error"].startswith("inputs with the prompt or template it is written in is")
+
+
 def test_bundle_carries_the_dense_weights(st_folder: Path, tmp_path: Path) -> None:
     out = quick_bundle(st_folder, "feature-extraction", tmp_path / "bundle")
     assert (out / DENSE_FILE).is_file()

@@ -135,7 +135,10 @@ class Encoder:
                 overflows = self._overflows(enc)
             if overflows:
                 if not truncate:
-                    raise self._too_long(inputs.named(i), len(self._whole.encode(whole[i])))
+                    name = inputs.named(i)
+                    if inputs.sent is not None and inputs.sent[i] != whole[i]:  # its prompt's tokens count too
+                        name += " with the prompt or template it is written in"
+                    raise self._too_long(name, len(self._whole.encode(whole[i])))
                 if side == "left":
                     enc, begin = self._keep_end(whole[i])
                     encodings[i] = enc
