@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import threading
 from collections.abc import Mapping
 from functools import cache
@@ -56,6 +57,11 @@ STORED_BF16 = ".hare_bf16"
 
 
 def _openvino() -> Any:
+    # `import openvino` imports its converter, which sends a Google Analytics event and writes a client id
+    # under $HOME/intel unless a consent file there says no (openvino-telemetry assumes yes without one).
+    # An appliance must not call out on every worker's start: with the telemetry module unimportable, OpenVINO
+    # falls back to its own stub. setdefault, so that a process that imported it on purpose keeps it.
+    sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
     try:
         import openvino
     except ImportError as exc:

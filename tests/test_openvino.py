@@ -60,6 +60,15 @@ def bf16_bundle(tiny_model: ModelFactory, torch_work: TorchWork, tmp_path_factor
         return quick_bundle(tiny_model("feature-extraction"), "feature-extraction", out, ["bf16"], torch_work)
 
 
+def test_opening_openvino_sends_no_telemetry(tmp_path: Path) -> None:
+    """`import openvino` alone sends a Google Analytics event and leaves a client id under $HOME/intel; a worker
+    that opens a bundle on OpenVINO (here, the plugin's own question) leaves nothing there."""
+    probe = "from container.openvino_runtime import bf16_capable; bf16_capable()"
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-c", probe], check=True, env=env, cwd=Path(__file__).parent.parent)
+    assert not (tmp_path / "intel").exists()
+
+
 def test_the_bf16_variant_is_offered_only_where_openvino_computes_it() -> None:
     assert "bf16" not in [v.name for v in variants_for("cpu")]
     assert "bf16" in [v.name for v in variants_for("cpu", bf16=True)]
