@@ -125,6 +125,34 @@ async def test_max_tokens_per_doc_cuts_the_document_not_the_template(lm_reranker
     assert [r.get("truncated", False) for r in results] == [c != d for c, d in zip(cut, DOCUMENTS, strict=True)]
 
 
+async def test_a_left_cut_loses_the_documents_start_not_the_instruction(lm_reranker: Path, lm_bundle: Path) -> None:
+    """truncation_direction Left on an LM reranker: a document too long for the model loses its first tokens,
+    as few as fit, and the instruction and query before it are read (cut with the rest, every document was
+    scored alike on its last tokens alone)."""
+    from tokenizers import Tokenizer
+
+    from tasks.text_ranking import write_pair
+
+    tokenizer = Tokenizer.from_file(str(lm_bundle / "tokenizer.json"))
+    tokenizer.no_truncation()
+    most = read_manifest(lm_bundle).max_length
+    template = QWEN3_RERANKER["format"]
+    documents = [" ".join([d] * 90) for d in DOCUMENTS[:3]]
+    tails = []
+    for document in documents:
+        writing = write_pair(template, QWEN3_RERANKER["instruction"], QUERY, "")
+        starts = [start for start, _ in tokenizer.encode(document, add_special_tokens=False).offsets]
+        tail = next(document[s:] for s in starts if len(tokenizer.encode(writing + document[s:])) <= most)
+        assert len(tail) < len(document)
+        tails.append(tail)
+    async with serve(lm_bundle) as client:
+        body = {"inputs": {"query": QUERY, "documents": documents}, "parameters": {"truncation_direction": "Left"}}
+        answer = await client.post("/predict", json=body)
+    assert answer.status_code == 200, answer.text
+    assert_ranked(answer.json(), model_card_scores(lm_reranker, QUERY, tails), TOL)
+    assert all(r["truncated"] for r in answer.json())
+
+
 async def test_instruction_is_documented_and_accepted_by_lm_rerankers_only(
     fp32_bundle: ModelFactory, lm_bundle: Path
 ) -> None:

@@ -139,7 +139,9 @@ class Encoder:
                     if inputs.sent is not None and inputs.sent[i] != whole[i]:  # its prompt's tokens count too
                         name += " with the prompt or template it is written in"
                     raise self._too_long(name, len(self._whole.encode(whole[i])))
-                if side == "left":
+                if side == "left" and inputs.sent is not None and inputs.sent[i] != whole[i]:
+                    enc = encodings[i] = self._keep_written(whole[i], inputs.sent[i])
+                elif side == "left":
                     enc, begin = self._keep_end(whole[i])
                     encodings[i] = enc
                     if begin:  # read by its end alone
@@ -198,6 +200,20 @@ class Encoder:
         content, begin = self._end_content(text, "left", self.window_tokens) or (self._content(text), 0)
         content.truncate(self.window_tokens, direction="left")
         return self._whole.post_process(content), begin
+
+    def _keep_written(self, text: str, sent: str) -> Encoding:
+        """The encoding of `text`, written by the task around `sent` (which it ends with) and too long for the
+        model, that loses the start of `sent` alone: a prompt, or an LM reranker's instruction and query, stays
+        read (cut with the rest, every document scored alike, unread). As few of its tokens go as fit, by their
+        characters; where the writing alone overflows, the whole text's last tokens."""
+        own = self._content(sent).offsets
+        writing = text[: len(text) - len(sent)]
+        over = len(self._whole.encode(text)) - self.max_length
+        for drop in range(max(over, 1), len(own)):  # more than `over` where tokens merge across the new start
+            enc = self._cut.encode(writing + sent[own[drop][0] :])
+            if not self._overflows(enc):
+                return enc
+        return self._keep_end(text)[0]
 
     def _overflows(self, enc: Encoding) -> bool:
         """Whether `enc` was cut at the maximum (only an encoding at the limit can have been; `overflowing` copies,
