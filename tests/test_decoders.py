@@ -272,6 +272,34 @@ def test_a_decoder_without_a_pad_token_is_refused_at_build_time(
     assert not out.exists()
 
 
+async def test_a_decoder_classifier_whose_config_names_no_pad_id_reads_each_texts_last_token(
+    tiny_model: ModelFactory, tmp_path: Path
+) -> None:
+    """config.json's pad_token_id null, the tokenizer's pad_token set (as in many Llama and Qwen fine-tunes):
+    transformers' head reads one text at a time at its last token (it refuses batches); hare pads with the
+    tokenizer's pad and answers each text as transformers does alone."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = _copy(tiny_model("text-classification", "qwen3"), tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"pad_token_id": None}))
+    out = tmp_path / "bundle"
+    assert main(["optimize", str(folder), "--task", "text-classification", "--out", str(out), *QUICK]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        expected = [model(**tokenizer(t, return_tensors="pt")).logits[0].softmax(-1).numpy() for t in DOCUMENTS]
+    async with serve(out) as client:
+        body = {"inputs": DOCUMENTS, "parameters": {"top_k": None}}
+        answer = await client.post("/predict", json=body)
+    assert answer.status_code == 200, answer.text
+    for ranked, want in zip(answer.json(), expected, strict=True):
+        got = {r["label"]: r["score"] for r in ranked}
+        labels = [model.config.id2label[i] for i in range(len(want))]
+        assert np.allclose([got[label] for label in labels], want, atol=TOL)
+
+
 def test_a_causal_lm_that_cannot_answer_yes_or_no_is_refused_as_a_reranker(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -192,6 +192,19 @@ def last_token(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tens
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 
 
+class LastTokenClassifier(torch.nn.Module):  # type: ignore[misc]
+    """A decoder's sequence-classification head (`score`, linear) read at each row's last real token, found by
+    the attention mask: transformers' head on one text whose config names no pad id."""
+
+    def __init__(self, model: Any, max_length: int) -> None:
+        super().__init__()
+        self.body = DecoderGraph(model.base_model, "last_hidden_state", max_length)
+        self.score = model.score
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.score(last_token(self.body(input_ids, attention_mask), attention_mask))
+
+
 class YesNoScorer(torch.nn.Module):  # type: ignore[misc]
     """A causal LM read as a reranker (Qwen3-Reranker): the relevance logit is logit("yes") - logit("no") at
     the last token, so its sigmoid is the model card's softmax probability of "yes". Only the two rows of the

@@ -149,8 +149,28 @@ def graph_module(model, source: SourceModel, task: TaskSpec):  # type: ignore[no
                 "classification heads, to find each row's last token as transformers does. Set pad_token in "
                 "tokenizer_config.json and pad_token_id in config.json (decoders usually pad with their EOS)"
             )
+        if task.head == "AutoModelForSequenceClassification" and model.config.get_text_config().pad_token_id is None:
+            return _last_token_classifier(model, source)
         return decoder.DecoderGraph(model, task.output, source.max_length)
     return decoder.EncoderGraph(model, task.output)
+
+
+def _last_token_classifier(model, source: SourceModel):  # type: ignore[no-untyped-def]
+    """A decoder classifier whose config.json names no pad id (null; the tokenizer's pad_token pads the
+    bundle's batches): transformers' head then refuses batches and reads a text alone at its last token, so
+    the graph reads each row there by its mask (finding it by the pad id would skip a trailing EOS that is
+    the pad token too)."""
+    import torch
+
+    from container.optimize import decoder
+
+    if not isinstance(getattr(model, "score", None), torch.nn.Linear):
+        raise UnsupportedModel(
+            f"stage export: {source.model_type}'s classification head has no `score` layer hare reads, and "
+            "config.json's pad_token_id is null, so transformers finds no row's last token in a batch; set "
+            "pad_token_id in config.json to the tokenizer's pad token id"
+        )
+    return decoder.LastTokenClassifier(model, source.max_length)
 
 
 def skeleton(source: SourceModel):  # type: ignore[no-untyped-def]
