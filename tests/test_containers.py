@@ -142,11 +142,12 @@ def world_readable_copy(folder: Path, into: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def cpu_server(engine: Engine, cpu_image: str) -> Iterator[tuple[str, str, float]]:
-    """hare:cpu as `docker run` starts it, with a read-only root as in container/k8s: (url, name, seconds to ready)."""
+    """hare:cpu as `docker run` starts it, with a read-only root as in container/k8s: (url, name, seconds to ready).
+    Its port is given as `hare serve`'s flag, so the image's HEALTHCHECK must find it in the server's settings."""
     started = Containers(engine)
     port = free_port()
     start = time.perf_counter()
-    name = started.run(cpu_image, "--read-only", "--tmpfs", "/tmp", env={"HARE_PORT": str(port)})
+    name = started.run(cpu_image, "--read-only", "--tmpfs", "/tmp", command=("--port", str(port)))
     try:
         ready = wait_for(f"http://127.0.0.1:{port}/ready", 120, name, engine)
         took = time.perf_counter() - start

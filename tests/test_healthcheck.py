@@ -1,9 +1,11 @@
 """The images' health check asks the server's settings for the port, so it follows HARE_PORT as the server does:
-against a real `hare serve` on loopback, healthy while it serves, unhealthy once it has stopped."""
+against a real `hare serve` on loopback, healthy while it serves, unhealthy once it has stopped. In a container
+it reads them from the server's environment (PID 1's), where `docker run IMAGE --port N` put them."""
 
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,21 @@ def test_unhealthy_when_nothing_answers_or_the_port_is_bad(
     monkeypatch.setenv("HARE_PORT", "eighty")
     assert healthcheck.main() == 1
     assert "HARE_PORT='eighty' is invalid" in capsys.readouterr().err
+
+
+def test_in_a_container_the_port_is_the_servers_not_the_images(
+    tiny_bundle: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`docker run hare:cpu --port N`: the image's HARE_PORT (the check's own) says 8080, the server listens on
+    N; PID 1 is hare's gunicorn, whose environment `hare serve` wrote the flag into (a /proc laid out here)."""
+    with hare_serve(tiny_bundle("feature-extraction"), tmp_path / "server.log") as (url, _):
+        monkeypatch.setenv("HARE_PORT", "1")  # nothing listens there
+        proc = tmp_path / "proc"
+        (proc / "1").mkdir(parents=True)
+        gunicorn = [sys.executable, "-m", "gunicorn", "-c", "python:api.process.gunicorn_conf", "app"]
+        (proc / "1" / "cmdline").write_bytes(b"\0".join(a.encode() for a in gunicorn) + b"\0")
+        (proc / "1" / "environ").write_bytes(f"PATH=/bin\0HARE_PORT={url.rsplit(':', 1)[1]}\0".encode())
+        assert healthcheck.main(proc) == 0
+        # PID 1 another program (outside a container, or under --init): the check's own settings.
+        (proc / "1" / "cmdline").write_bytes(b"/sbin/init\0")
+        assert healthcheck.main(proc) == 1
