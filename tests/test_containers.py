@@ -378,6 +378,17 @@ def test_optimizer_image_optimizes_a_mounted_model_once(
         "HARE_WORKERS": "1",
     }
     try:
+        # docker stop while it optimizes: the entrypoint passes SIGTERM on and exits (as PID 1 it ignored it,
+        # and the SIGKILL 10 s later left a half-built folder in the cache, which the next build now removes).
+        stopped = {**env, "HARE_PORT": str(free_port())}
+        name = containers.run("hare:cpu-optimizer", "-v", f"{model}:/bundle:ro", "-v", f"{volume}:/cache", env=stopped)
+        deadline = time.monotonic() + 120
+        while "optimizing" not in containers.logs(name) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        engine.docker("stop", name, timeout=90)
+        state = engine.inspect(name)["State"]
+        assert isinstance(state, dict) and state["ExitCode"] == 2, containers.logs(name)
+        assert "stopped (SIGTERM) while optimizing" in containers.logs(name)
         for attempt in ("optimizes", "reuses"):
             port = free_port()
             name = containers.run(
@@ -392,6 +403,9 @@ def test_optimizer_image_optimizes_a_mounted_model_once(
             expected = "optimizing" if attempt == "optimizes" else "serving the cached bundle"
             assert expected in logs, logs
             engine.docker("stop", name, timeout=90)
+        cache = engine.docker("run", "--rm", "-v", f"{volume}:/cache", "--entrypoint", "ls", "hare:cpu-optimizer", "-a",
+                              "/cache/bundles").stdout  # fmt: skip
+        assert ".partial-" not in cache, cache
     finally:
         containers.cleanup()
         engine.docker("volume", "rm", "-f", volume, check=False)

@@ -7,8 +7,14 @@ against each other, and the images' entrypoint and requirements helper.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -542,3 +548,41 @@ def test_entrypoint_optimizes_a_model_once(
         [], {**env, "HARE_OPTIMIZE_ARGS": "--variants int8 --tune-lengths 8 --tune-batches 1 --tune-seconds 0.02"}
     )
     assert third["HARE_BUNDLE"] != str(bundle)
+
+
+def test_a_stop_while_the_entrypoint_optimizes_stops_the_optimizer_too(
+    tiny_model: ModelFactory, tmp_path: Path
+) -> None:
+    """docker stop's SIGTERM during the start-time build: the entrypoint passes it on to the optimizer and exits,
+    saying so. PID 1 ignored it until the SIGKILL; outside a container the entrypoint died and left the
+    optimizer running on, orphaned."""
+    env = {
+        **os.environ,
+        "HARE_BUNDLE": str(tiny_model("text-classification")),
+        "HARE_TASK": "text-classification",
+        "HARE_CACHE_DIR": str(tmp_path),
+        "HARE_TARGET": "cpu",
+    }
+    cmd = [sys.executable, "-m", "container.docker.entrypoint"]
+    with subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True) as started:
+        assert started.stderr is not None
+        said = started.stderr.readline()
+        while said and "optimizing" not in said:  # the optimizer's own lines may come first
+            said = started.stderr.readline()
+        assert "optimizing" in said
+        started.send_signal(signal.SIGTERM)
+        assert started.wait(timeout=60) == 2
+        assert "stopped (SIGTERM) while optimizing" in started.stderr.read()
+
+    def builds() -> list[str]:  # optimizer processes building into this cache
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError):
+                if str(tmp_path).encode() in cmdline.read_bytes():
+                    found.append(cmdline.parent.name)
+        return found
+
+    deadline = time.monotonic() + 30
+    while builds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert builds() == []

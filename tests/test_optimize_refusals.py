@@ -85,6 +85,22 @@ def test_a_second_build_onto_a_bundle_being_built_is_refused_at_once(
     assert not out.exists() and list(tmp_path.iterdir()) == []  # the lock goes with its holder
 
 
+def test_a_killed_builds_folder_is_removed_by_the_next_build_not_by_one_refused_beside_a_running_one(
+    tiny_model: ModelFactory, tmp_path: Path
+) -> None:
+    """kill -9 (or docker stop's SIGKILL of a container optimizing at start) leaves a build's folder beside its
+    --out, a model's size each time; the next build of that --out removes it, once it holds the --out."""
+    out, model = tmp_path / "bundle", tiny_model("text-classification")
+    running = tmp_path / ".bundle.partial-running"
+    (running / "bundle").mkdir(parents=True)
+    with holding(out):  # a build that runs: its folder stays
+        assert run(model, "--task", "text-classification", "--out", out, *QUICK) == 2
+    assert running.is_dir()
+    # That build was killed: its folder stays behind it, until the next build.
+    assert run(model, "--task", "text-classification", "--out", out, "--variants", "fp32", *QUICK) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
+
+
 def test_a_checkpoint_that_lacks_weights_its_output_reads_is_refused(
     tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

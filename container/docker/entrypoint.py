@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -95,10 +96,19 @@ def cached_bundle(model: Path, env: Mapping[str, str]) -> Path:
         if is_bundle(out):
             print(f"hare: serving the cached bundle {out} for {model}", file=sys.stderr)
             return out
-        print(f"hare: optimizing {model} for {task} on {target} into {out} (once; cached)", file=sys.stderr)
         # A child process, not an import: the deploy files sit below the `hare` command line (hare/cli.py).
         args = ["optimize", str(model), "--task", task, "--target", target, "--out", str(out), "--force", *extra]
-        if subprocess.call([sys.executable, "-m", "hare.cli", *args]) != 0:
+        child = subprocess.Popen([sys.executable, "-m", "hare.cli", *args])
+        # PID 1 ignores a signal it has no handler for: docker stop's SIGTERM reached neither this process nor
+        # the optimizer, and its SIGKILL cut the build short 10 s later. Passed on, it stops the build now (the
+        # next start's build removes what it left in the cache).
+        for stop in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(stop, lambda signum, _: child.send_signal(signum))
+        print(f"hare: optimizing {model} for {task} on {target} into {out} (once; cached)", file=sys.stderr)
+        code = child.wait()
+        if code < 0:
+            raise SetupError(f"stopped ({signal.Signals(-code).name}) while optimizing {model}; nothing is served")
+        if code != 0:
             raise SetupError(f"the optimizer could not build a bundle from {model} (see above)")
     return out
 

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -28,6 +28,8 @@ from container.runtime import PROVIDERS, available_targets
 from tasks.errors import HareError, InputError
 
 __all__ = ["HINTS", "OptimizeOptions", "Stages", "optimize"]
+
+PARTIAL = ".partial-"  # a build's folder beside its --out: .NAME.partial-XXXX, its bundle renamed to NAME
 
 # What to try when a stage fails unexpectedly, by stage (its progress line's name), in the order they run.
 HINTS = {
@@ -71,28 +73,31 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
     for name in sorted({static_int8.NAME, grouped_int8.NAME} & set(opts.only or ())):
         if not openvino_available():
             raise InputError(f"variant {name} runs on OpenVINO: pip install 'hare[openvino]'")
-    try:
-        opts.out.parent.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}.partial-", dir=opts.out.parent))
-    except OSError as exc:
-        raise InputError(f"--out {opts.out}: cannot write in {opts.out.parent} ({exc.strerror})") from None
-    try:
-        with holding(opts.out):
-            check_replaceable(opts.out, opts.force)  # under the lock: another build may have just written it
-            model_dir = adapters.merge(opts.model_dir, adapter, folder / "merged") if adapter else opts.model_dir
-            src = source.inspect_source(model_dir, opts.task, opts.allow_pickle, opts.trust_remote_code)
-            if adapter in src.prompts:  # sentence-transformers' prompt of the same name goes with the adapter
-                src = replace(src, default_prompt_name=adapter)
-            tried = candidates(opts.target, fuse.attention_shape(src.config), opts.int8_levels)
-            manifest = _compose(opts, src, variants.plan(tried, opts.only), folder, console)
-            # The old bundle moved aside, then the new one in: two renames, never a moment without a bundle
-            # that a deletion of the whole old one would take. The old one goes with the build's folder.
-            if opts.out.exists():
-                os.replace(opts.out, folder / "replaced")
-            os.replace(folder / "bundle", opts.out)
-            return manifest
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with ExitStack() as stack:
+        try:
+            opts.out.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(holding(opts.out))
+            # Under the lock no other build of this --out runs: a build folder beside it is a killed one's
+            # (kill -9, docker stop's SIGKILL of a container optimizing at start), which no `finally` removed.
+            for stale in opts.out.parent.glob(f".{opts.out.name}{PARTIAL}*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            folder = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}{PARTIAL}", dir=opts.out.parent))
+        except OSError as exc:
+            raise InputError(f"--out {opts.out}: cannot write in {opts.out.parent} ({exc.strerror})") from None
+        stack.callback(shutil.rmtree, folder, ignore_errors=True)
+        check_replaceable(opts.out, opts.force)  # under the lock: another build may have just written it
+        model_dir = adapters.merge(opts.model_dir, adapter, folder / "merged") if adapter else opts.model_dir
+        src = source.inspect_source(model_dir, opts.task, opts.allow_pickle, opts.trust_remote_code)
+        if adapter in src.prompts:  # sentence-transformers' prompt of the same name goes with the adapter
+            src = replace(src, default_prompt_name=adapter)
+        tried = candidates(opts.target, fuse.attention_shape(src.config), opts.int8_levels)
+        manifest = _compose(opts, src, variants.plan(tried, opts.only), folder, console)
+        # The old bundle moved aside, then the new one in: two renames, never a moment without a bundle
+        # that a deletion of the whole old one would take. The old one goes with the build's folder.
+        if opts.out.exists():
+            os.replace(opts.out, folder / "replaced")
+        os.replace(folder / "bundle", opts.out)
+        return manifest
 
 
 def check_out(out: Path, model_dir: Path) -> None:
