@@ -83,6 +83,11 @@ def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
+def _optional_port(text: str) -> int | None:
+    """A TCP port, or None for an empty value."""
+    return _int(1, 65535)(text) if text else None
+
+
 def _optional(text: str) -> str | None:
     return text or None
 
@@ -126,6 +131,15 @@ class Settings:
     )
     host: str = _setting("HARE_HOST", str, "address to listen on", "0.0.0.0")
     port: int = _setting("HARE_PORT", _int(1, 65535), "port to listen on", 8080)
+    probe_port: int | None = _setting(
+        "HARE_PROBE_PORT",
+        _optional_port,
+        "a second port, on the same address, that answers GET /health, /ready and /metrics only and accepts its "
+        "connections at once: point liveness and readiness probes at it (on HARE_PORT, while the server "
+        "refuses, new connections are accepted at a pace and a probe waits its turn behind the others; empty: "
+        "none)",
+        None,
+    )
     profile: str = _setting(
         "HARE_PROFILE",
         _choice(PROFILES),
@@ -354,6 +368,9 @@ class Settings:
         public = _read(env, _fields()["public"], False)
         values = {f.name: _read(env, f, public) for f in dataclasses.fields(cls)}
         settings = cls(**values)
+        if settings.probe_port == settings.port:
+            port = settings.probe_port
+            raise InputError(f"HARE_PROBE_PORT={port} is HARE_PORT's too; give the probes a port of their own")
         gpu = settings.target == "gpu"
         workers, streams, threads = layout(settings.profile, physical_cores(), settings.workers, gpu)
         return dataclasses.replace(

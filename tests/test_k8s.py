@@ -89,9 +89,11 @@ def test_deployment_probes_resources_and_settings() -> None:
     deployment = by_kind("Deployment")
     container = hare_container(deployment)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": 8080}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert ports == {"http": 8080, "probe": 8081}
+    # The probes on a port of their own, which the server accepts at once under a flood.
+    assert env_of(container)["HARE_PROBE_PORT"] == str(ports["probe"])
+    for probe, path in (("startupProbe", "/health"), ("readinessProbe", "/ready"), ("livenessProbe", "/health")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "probe"}
     resources = container["resources"]
     assert set(resources["requests"]) == set(resources["limits"]) == {"cpu", "memory"}
     env = env_of(container)

@@ -23,7 +23,7 @@ from api.process.refuser import LINGER_S, whole_request
 from api.web.errors import error_response, raw_answer
 from tests.api_helpers import error_in
 from tests.conftest import ModelFactory
-from tests.live_server import hare_serve
+from tests.live_server import free_port, hare_serve
 
 # Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
 pytestmark = pytest.mark.serial
@@ -47,8 +47,8 @@ def full_server(
 
 
 @contextmanager
-def busy_server(bundle: Path, logs: Path, env: dict[str, str]) -> Iterator[str]:
-    """A one-worker server that holds one request at a time, kept busy by a client sending heavy requests
+def busy_server(bundle: Path, logs: Path, env: dict[str, str], heavy: object = HEAVY) -> Iterator[str]:
+    """A one-worker server that holds one request at a time, kept busy by a client sending `heavy` requests
     back to back, with `env` on top."""
     env = {"HARE_QUEUE_SIZE": "1", "HARE_REFUSAL_INTERVAL_MS": "0", **env}
     with hare_serve(bundle, logs / "server.log", env=env) as (url, _):
@@ -57,7 +57,7 @@ def busy_server(bundle: Path, logs: Path, env: dict[str, str]) -> Iterator[str]:
         def busy() -> None:
             with httpx.Client(timeout=TIMEOUT_S) as client:
                 while not stop.is_set():
-                    client.post(f"{url}/predict", json=HEAVY)
+                    client.post(f"{url}/predict", json=heavy)
 
         thread = threading.Thread(target=busy)
         thread.start()
@@ -265,3 +265,28 @@ def test_a_refusal_closes_at_once_only_after_one_whole_request(request_bytes: by
     """Whatever is left unread at close makes the kernel reset the connection: only a read holding exactly one
     whole request lets the accept loop close without lingering."""
     assert whole_request(request_bytes) is whole
+
+
+def test_the_probe_port_answers_at_once_while_the_main_port_accepts_at_a_pace(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    """HARE_PROBE_PORT: while the server refuses, HARE_PORT accepts a new connection every 2 s here (the pace's
+    floor), so a probe waits behind the clients that came before it (a liveness probe timed out); the probe
+    port answers it at once, and refuses work sent there."""
+    probes = free_port()
+    env = {"HARE_REFUSAL_INTERVAL_MS": "2000", "HARE_REFUSALS_PER_ANSWER": "0", "HARE_PROBE_PORT": str(probes)}
+    heavier = {"inputs": ["word " * 120] * 1600}  # no gap between two of them for the pace to accept in
+    with busy_server(tiny_bundle("feature-extraction"), tmp_path, env, heavier) as url:
+        body = json.dumps({"inputs": "queued"}).encode()
+        with ThreadPoolExecutor(4) as pool:
+            queued = [pool.submit(raw_post, url, body) for _ in range(3)]
+            time.sleep(0.3)  # connected, in the listen backlog, before the probe behind them
+            behind = pool.submit(httpx.get, f"{url}/health", timeout=TIMEOUT_S)
+            time.sleep(0.3)
+            probe = httpx.get(f"http://127.0.0.1:{probes}/health", timeout=TIMEOUT_S)
+            assert probe.status_code == 200
+            assert not behind.done()  # still waiting its turn on HARE_PORT
+            assert behind.result().status_code == 200
+            assert all(q.result()[0] in (200, 429) for q in queued)
+        wrong = httpx.post(f"http://127.0.0.1:{probes}/predict", json={"inputs": "x"}, timeout=TIMEOUT_S)
+        assert wrong.status_code == 404 and "HARE_PROBE_PORT" in wrong.json()["error"], wrong.text

@@ -81,7 +81,7 @@ if 0 <= _soft < _hard:  # (never unlimited: the kernel caps descriptors at fs.nr
         resource.setrlimit(resource.RLIMIT_NOFILE, (_hard, _hard))
 
 _host = f"[{_settings.host}]" if ":" in _settings.host else _settings.host
-bind = [f"{_host}:{_settings.port}"]
+bind = [f"{_host}:{port}" for port in (_settings.port, _settings.probe_port) if port is not None]
 workers = _settings.workers
 worker_class = "api.process.worker.HareWorker"
 graceful_timeout = _settings.graceful_timeout

@@ -44,7 +44,8 @@ def main(proc: Path = Path("/proc")) -> int:
         print(f"healthcheck: {exc.message}", file=sys.stderr)
         return 1
     host = ANY_ADDRESS.get(settings.host, settings.host)
-    url = f"http://{f'[{host}]' if ':' in host else host}:{settings.port}/health"
+    port = settings.probe_port or settings.port  # the probe port, where set, answers at once under a flood
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/health"
     try:
         with urllib.request.urlopen(url, timeout=3) as response:
             return 0 if response.status == 200 else 1

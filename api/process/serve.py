@@ -92,6 +92,8 @@ def main(args: argparse.Namespace) -> int:
         build_default_bundle(settings.bundle)
     manifest, _ = checked_bundle(settings.bundle)  # refuse a broken bundle here, with its reason, not in every worker
     check_address(settings.host, settings.port)
+    if settings.probe_port is not None:
+        check_address(settings.host, settings.probe_port, "HARE_PROBE_PORT (--probe-port)")
     env["HARE_BUNDLE"] = str(settings.bundle.resolve())
     # Name the bundle's target when none was asked for: gunicorn sizes its workers for a GPU differently.
     env["HARE_TARGET"] = settings.target or manifest.target
@@ -104,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
-def check_address(host: str, port: int) -> None:
+def check_address(host: str, port: int, setting: str = "HARE_PORT (--port)") -> None:
     """Refuse an address this machine cannot listen on (a port in use, a host that is not one of its
     addresses) with the settings to change: gunicorn retried for five seconds, then exited naming neither."""
     try:
@@ -117,7 +119,7 @@ def check_address(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             raise InputError(
-                f"cannot listen on {host}:{port} ({exc.strerror}); set HARE_PORT (--port) to a free port, or "
+                f"cannot listen on {host}:{port} ({exc.strerror}); set {setting} to a free port, or "
                 "HARE_HOST (--host) to an address of this machine"
             ) from None
 

@@ -117,9 +117,11 @@ class PacedServer(Server):
             # Alone on one connection, its short calls run on this loop (api/engine/batching.py).
             res.batcher.solo = lambda: len(connections) == 1
             res.rebalance = self._overfull
+        probes = res.settings.probe_port if res is not None else None
         for sock in sockets or []:
             sock.setblocking(False)
-            task = asyncio.create_task(self._accept(sock))
+            on_probes = probes is not None and sock.family != socket.AF_UNIX and sock.getsockname()[1] == probes
+            task = asyncio.create_task(self._accept_probes(sock) if on_probes else self._accept(sock))
             task.add_done_callback(self._accept_stopped)
             self._accepting.append(task)
         if isinstance(self.server_state.connections, _Counted):
@@ -305,6 +307,25 @@ class PacedServer(Server):
         while True:
             await asyncio.sleep(LINGER_S / 4)
             refuser.sweep()
+
+    async def _accept_probes(self, sock: socket.socket) -> None:
+        """The probe port's accept loop (HARE_PROBE_PORT): every connection at once, to uvicorn, never paced,
+        left to another worker or refused: on HARE_PORT a probe waits behind the connections before it in the
+        listen backlog, which a refusing server accepts at a pace (seconds apart while a long request runs).
+        The app answers this port its probe routes alone (errors.ProbesOnly)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except BlockingIOError:
+                await _readable(loop, sock)
+                continue
+            except OSError as exc:  # as in _accept
+                log.warning("accept failed: %s", exc)
+                await asyncio.sleep(ACCEPT_ERROR_PAUSE_S)
+                continue
+            conn.setblocking(False)
+            await asyncio.shield(self._hand_off(conn))
 
     async def _accept(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()

@@ -52,6 +52,8 @@ VERSIONED = ("hare", "onnxruntime", "tokenizers", "numpy", "starlette", "uvicorn
 
 def create_app(settings: Settings) -> Starlette:
     middleware = [Middleware(errors.RefuseEarly), Middleware(Rebalance), Middleware(MetricsMiddleware)]
+    if settings.probe_port is not None:
+        middleware.insert(0, Middleware(errors.ProbesOnly, port=settings.probe_port))
     if settings.cors_origins:
         middleware.insert(
             0,

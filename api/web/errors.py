@@ -184,6 +184,30 @@ class RefuseEarly:
         await self.app(scope, receive, send)
 
 
+# What the probe port answers: liveness, readiness (hare's and KServe's) and the metrics scrape.
+PROBE_PATHS = ("/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready")
+
+
+class ProbesOnly:
+    """The probe port (HARE_PROBE_PORT) answers its probe routes alone: its connections are accepted at once,
+    past the overload pacing (api/process/worker.py), so work sent there would skip it."""
+
+    def __init__(self, app: ASGIApp, port: int) -> None:
+        self.app = app
+        self.port = port
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server") if scope["type"] == "http" else None
+        if server is not None and server[1] == self.port and scope["path"] not in PROBE_PATHS:
+            refusal = NotFound(
+                f"port {self.port} (HARE_PROBE_PORT) answers GET {', '.join(PROBE_PATHS)} only; send other "
+                "requests to HARE_PORT"
+            )
+            await error_response(refusal, scope["path"])(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 async def drop_body(scope: Scope, receive: Receive, limit: int) -> None:
     """Read a request's body and drop it, up to `limit` bytes (past that the client hears a reset, as a body
     over the limit would anyway), before a 429 that closes the connection. A body that came with its head is
