@@ -29,6 +29,9 @@ class Model(Protocol):
     length_multiple: int
     # A call above this many padded tokens leaves memory that the worker's idle trim gives back (`trim`).
     trim_above: int
+    # Whether each thread that may call the model at once costs a copy of it (opened for `callers`): a server
+    # worker then runs no more calls at once than it opened for (api/engine/batching.py, `spread`).
+    copy_per_caller: bool
 
     @property
     def output_width(self) -> int | None: ...

@@ -127,6 +127,7 @@ class OpenVinoModel:
     # 32 x 128 +21 on 282): worth paying after a batch bigger than any one request (4 x 512 tokens), not after
     # every long text of a quiet hour.
     trim_above = 2048
+    copy_per_caller = True  # 28-56 MB each (above)
 
     def __init__(self, path: Path | Any, threads: int = 0, output: str | None = None, callers: int = 1) -> None:
         """`path`: the graph's file, or the graph `read_graph` read (shared by a process's models of one graph)."""

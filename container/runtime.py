@@ -133,6 +133,7 @@ class OnnxModel:
     # A call above this many padded tokens leaves the arena grown past what small requests need: the idle trim
     # gives it back (the warm-up's longest sequence included).
     trim_above = 256
+    copy_per_caller = False  # a session takes any number of callers at once
 
     def __init__(
         self,

@@ -412,6 +412,38 @@ async def test_the_measured_capacity_follows_the_model_speed_and_the_request_siz
     await batcher.close()
 
 
+@pytest.mark.parametrize("quiet", [True, False])
+async def test_a_request_of_several_calls_alone_on_the_machine_runs_them_on_every_core(
+    tmp_path: Path, quiet: bool
+) -> None:
+    """One client's request of four calls, a worker of one stream on two cores: on a quiet machine its calls
+    run two at a time (before, one at a time: half the machine idle while one client waited); once another
+    worker's call overlapped one (the machine is busy), one at a time again, as under load."""
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return echo([])(batch, width, pooling)
+
+    pool = CorePool(2, tmp_path, quiet=60.0)
+    if not quiet:
+        pool.contended()
+    batcher: Batcher[str] = Batcher(run, policy(max_items=1, streams=1, spread=2), pool=pool, widths=(1, 2))
+    batcher.start()
+    result = await ask(batcher, ["x" * n for n in range(1, 5)])
+    assert [int(row[0]) for row in result.outputs] == [1, 2, 3, 4]
+    assert most == (2 if quiet else 1)
+    await batcher.close()
+    pool.close()
+
+
 async def test_waiting_for_a_core_does_not_count_as_model_time(tmp_path: Path) -> None:
     """Two streams sharing one core: each call waits for the other's, but the measured capacity (admission's
     token rate, the refusal pace) is what the core does, not half of it."""

@@ -47,17 +47,40 @@ def test_overlapping_calls_keep_the_machine_busy_so_no_wide_call_stalls_the_othe
     """Two users on two cores: each call gets its own core at once, and the overlap alone marks the machine
     busy, so neither asks for both cores (and makes the other's next request wait for it); alone, a call
     leaves the machine quiet."""
-    pool = CorePool(2, tmp_path, quiet=60.0)
-    first, second = pool.seat(0), pool.seat(1)
+    pool, other = CorePool(2, tmp_path, quiet=60.0), CorePool(2, tmp_path, quiet=60.0)  # two workers' views
+    first, second = pool.seat(0), other.seat(1)
     assert first.acquire(1) == 1 and pool.quiet()  # alone: nothing else runs
     first.release()
     assert first.acquire(1) == 1
     assert second.acquire(1) == 1  # granted at once, but another call is running
-    assert not pool.quiet()
+    assert not pool.quiet() and not other.quiet()
     for seat in (first, second):
         seat.release()
         seat.close()
     pool.close()
+    other.close()
+
+
+def test_a_workers_own_calls_side_by_side_leave_the_machine_quiet(tmp_path: Path) -> None:
+    """One worker running one request's calls on both cores at once (api/engine/batching.py, spread) is not
+    another user: the machine stays quiet, so its next round spreads again; another worker's call still
+    marks it busy."""
+    pool = CorePool(2, tmp_path, quiet=60.0)
+    first, second = pool.seat(0), pool.seat(1)
+    assert first.acquire(1) == 1 and second.acquire(1) == 1
+    assert pool.quiet() and pool.held_here() == 2
+    second.release()
+    other = CorePool(2, tmp_path, quiet=60.0)
+    elsewhere = other.seat(1)
+    assert elsewhere.acquire(1) == 1  # another worker's call beside this worker's
+    assert not pool.quiet()
+    for seat in (first, elsewhere):
+        seat.release()
+    assert pool.held_here() == 0
+    for seat in (first, second, elsewhere):
+        seat.close()
+    pool.close()
+    other.close()
 
 
 def test_a_call_runs_on_the_cpus_of_the_cores_it_holds(tmp_path: Path) -> None:

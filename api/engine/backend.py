@@ -87,6 +87,11 @@ class Backend:
         return tuple(self.sessions)
 
     @property
+    def copy_per_caller(self) -> bool:
+        """Whether every thread that may call the model at once costs a copy of it (container/models.py)."""
+        return any(model.copy_per_caller for model in self.sessions.values())
+
+    @property
     def output_width(self) -> int | None:
         """The size of the output's last axis (a vector's size, for embeddings) when the graph fixes it."""
         return next(iter(self.sessions.values())).output_width

@@ -135,8 +135,11 @@ class Batcher(Generic[T]):
         self._held = 0  # requests admitted and not yet left
         self._arriving = 0  # admitted requests that have not queued their sequences yet
         self._reported = 0  # the depth last reported (reports only on change: each is a metrics write)
-        self._model = ModelThreads(run, policy.streams, pool, policy.idle_priority)
         self._streams = policy.streams
+        # A worker alone on a quiet machine runs a request of several calls side by side on every core (the
+        # shared engine and a GPU keep their streams: neither holds this machine's cores).
+        self._spread = max(policy.spread, policy.streams) if pool is not None and not remote else policy.streams
+        self._model = ModelThreads(run, self._spread, pool, policy.idle_priority)
         self._inline_seconds = policy.inline_seconds
         # Whether this worker serves exactly one connection now (set by the server that knows; None: never).
         self.solo: Callable[[], bool] | None = None
@@ -188,8 +191,10 @@ class Batcher(Generic[T]):
 
     @property
     def _idle(self) -> int:
-        """Model threads free to take a batch."""
-        return self._streams - len(self._running)
+        """Model threads free to take a batch: of the worker's streams, or of its `spread` while no other
+        process's call overlapped one of the machine's lately (api/engine/cores.py, CorePool.quiet)."""
+        reach = self._spread if self._spread > self._streams and self._pool and self._pool.quiet() else self._streams
+        return max(0, reach - len(self._running))
 
     @property
     def broken(self) -> bool:

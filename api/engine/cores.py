@@ -32,6 +32,7 @@ import os
 import shutil
 import struct
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -81,19 +82,27 @@ class Seat:
             del self._held[1:]
         elif self._others_busy():
             self._pool.contended()
+        self._pool.took(len(self._held))
         self._pin()
         return len(self._held)
 
     def _others_busy(self) -> bool:
-        """Whether another call holds a core now (a free one is locked and unlocked again in passing; under
-        load the first core tried is usually held, so this costs one or two system calls)."""
+        """Whether another process's call holds a core now (a free one is locked and unlocked again in passing;
+        under load the first cores tried are usually held, so this costs a few system calls). This process's
+        own other calls do not count: a worker that runs one request's calls side by side on a quiet machine
+        (api/engine/batching.py, `spread`) would otherwise mark it busy and lose its spread after one round."""
+        mine = self._pool.held_here()  # before this seat's own grant is counted
+        busy = 0
         for i in range(len(self._fds)):
             if i in self._held:
                 continue
             try:
                 fcntl.flock(self._fds[i], fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                return True
+                busy += 1
+                if busy > mine:
+                    return True
+                continue
             fcntl.flock(self._fds[i], fcntl.LOCK_UN)
         return False
 
@@ -116,6 +125,7 @@ class Seat:
     def release(self) -> None:
         for i in self._held:
             fcntl.flock(self._fds[i], fcntl.LOCK_UN)
+        self._pool.took(-len(self._held))
         self._held.clear()
 
     def close(self) -> None:
@@ -131,6 +141,9 @@ class CorePool:
         self._owned = folder is None
         self.folder = Path(tempfile.mkdtemp(prefix="hare-cores-")) if folder is None else folder
         self._quiet = quiet
+        # Cores this process's seats hold now (their threads update it under the lock).
+        self._here = 0
+        self._here_lock = threading.Lock()
         allowed = sorted(os.sched_getaffinity(0))
         # Core i is CPU cpus[i] when they are one to one; otherwise (hyper-threads, a CPU quota) the kernel places.
         self.cpus: list[int] | None = allowed if len(allowed) == self.cores else None
@@ -160,6 +173,15 @@ class CorePool:
         """No call found the cores all taken lately: a new call may take every core."""
         (contended_at,) = _HEADER.unpack_from(self._page, 0)
         return time.monotonic() - contended_at > self._quiet
+
+    def took(self, cores: int) -> None:
+        """A seat of this process took (or with a negative count, released) cores."""
+        with self._here_lock:
+            self._here += cores
+
+    def held_here(self) -> int:
+        """Cores this process's seats hold now."""
+        return self._here
 
     def contended(self) -> None:
         _HEADER.pack_into(self._page, 0, time.monotonic())

@@ -16,9 +16,11 @@ class BatchPolicy:
     always fits. max_wait: seconds the last free model thread waits for requests still being read or
     tokenized. capacity: requests a worker holds. max_queue: the longest expected wait (seconds) at which a
     request is admitted, and the age at which a waiting one is shed (0: no time bound). streams: model
-    threads. idle_priority: they run at SCHED_IDLE. inline_seconds: the longest call a worker alone on its
-    connection runs on its event loop (0: never). idle_after: seconds without a batch before the idle hook.
-    bucket: the length queue's bucket, in tokens. workers: the server's worker processes, sharing the cores."""
+    threads (under load). spread: model threads while the machine is quiet (a request of several calls alone on
+    it runs them side by side; at least `streams`). idle_priority: they run at SCHED_IDLE. inline_seconds: the
+    longest call a worker alone on its connection runs on its event loop (0: never). idle_after: seconds without
+    a batch before the idle hook. bucket: the length queue's bucket, in tokens. workers: the server's worker
+    processes, sharing the cores."""
 
     max_items: int
     max_batch_tokens: int
@@ -26,6 +28,7 @@ class BatchPolicy:
     capacity: int = 256
     max_queue: float = 0.0
     streams: int = 1
+    spread: int = 1
     idle_priority: bool = False
     inline_seconds: float = 0.0
     idle_after: float = 1.0
@@ -43,6 +46,7 @@ class BatchPolicy:
             capacity=settings.queue_size,
             max_queue=settings.max_queue_ms / 1000,
             streams=settings.streams,
+            spread=settings.spread,
             idle_priority=settings.idle_priority,
             inline_seconds=settings.inline_ms / 1000,
             workers=settings.workers,

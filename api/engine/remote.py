@@ -127,6 +127,7 @@ class RemoteBackend:
         self.input_names: list[str] = greeting["input_names"]
         self.output_width: int | None = greeting["output_width"]
         self.widths = (1,)
+        self.copy_per_caller = False  # the engine's own streams run the calls
 
     def _line(self) -> Line:
         """This thread's connection, made (with retries while the engine starts) on first use."""

@@ -8,6 +8,7 @@ gunicorn loads `api.web.app:create_app_from_env()` in each worker (see api/proce
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -149,9 +150,12 @@ async def load(settings: Settings) -> Resources:
     on_gpu = "CUDAExecutionProvider" in backend.providers
     # The device does a GPU bundle's work: no CPU cores to account for.
     pool = None if on_gpu else CorePool(settings.cores, settings.core_pool)
+    policy = BatchPolicy.from_settings(settings)
+    if backend.copy_per_caller:  # a copy for each core of every worker would not fit: its streams only
+        policy = dataclasses.replace(policy, spread=policy.streams)
     batcher: Batcher[Encoding] = Batcher(
         backend.run,
-        BatchPolicy.from_settings(settings),
+        policy,
         pool=pool,
         widths=backend.widths,
         on_batch=metrics.observe_batch,
