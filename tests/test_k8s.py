@@ -541,6 +541,8 @@ def test_entrypoint_optimizes_a_model_once(
     _, first = entrypoint.command([], env)
     bundle = Path(first["HARE_BUNDLE"])
     assert bundle.parent == tmp_path / "bundles" and (bundle / "hare.json").is_file()
+    # Clients call the model by the mounted folder's name, not the cache entry's (which has the model's hash).
+    assert first["HARE_MODEL_NAME"] == Path(env["HARE_BUNDLE"]).name
     assert json.loads((bundle / "hare.json").read_text())["task"] == "text-classification"
     _, second = entrypoint.command([], env)
     assert second["HARE_BUNDLE"] == str(bundle)
@@ -550,6 +552,8 @@ def test_entrypoint_optimizes_a_model_once(
         [], {**env, "HARE_OPTIMIZE_ARGS": "--variants int8 --tune-lengths 8 --tune-batches 1 --tune-seconds 0.02"}
     )
     assert third["HARE_BUNDLE"] != str(bundle)
+    _, named = entrypoint.command([], {**env, "HARE_MODEL_NAME": "sentiment"})
+    assert named["HARE_MODEL_NAME"] == "sentiment"
 
 
 def test_a_stop_while_the_entrypoint_optimizes_stops_the_optimizer_too(

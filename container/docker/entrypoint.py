@@ -9,7 +9,7 @@ where users mount theirs):
 - a raw Hugging Face model folder (config.json, no hare.json): `HARE_TASK` names the task and the optimizer
   runs once into `HARE_CACHE_DIR` (default /cache, meant to be a volume), keyed by the folder's content, the
   task, the target (`HARE_TARGET`, else gpu where onnxruntime has CUDA) and `HARE_OPTIMIZE_ARGS`; later
-  starts serve the cached bundle. Only the optimizer images
+  starts serve the cached bundle, named as the folder (`HARE_MODEL_NAME` wins). Only the optimizer images
   (hare:cpu-optimizer, hare:gpu-optimizer) carry torch for that; the serving images refuse with a message.
 
 `docker run IMAGE optimize|tune|bench ...` runs that `hare` subcommand instead; other arguments go to `hare serve`.
@@ -117,7 +117,12 @@ def resolve(env: Mapping[str, str]) -> dict[str, str]:
     """Environment overrides for `hare serve`: HARE_BUNDLE pointing at a bundle."""
     folder = Path(env.get("HARE_BUNDLE", DEFAULT_BUNDLE))
     if is_hf_model(folder):
-        return {"HARE_BUNDLE": str(cached_bundle(folder, env))}
+        # The cached bundle's folder name carries the model's hash, which changes with every new model file:
+        # clients name the model (OpenAI's `model`, KServe's URL) by the mounted folder's name instead.
+        return {
+            "HARE_BUNDLE": str(cached_bundle(folder, env)),
+            "HARE_MODEL_NAME": env.get("HARE_MODEL_NAME") or folder.name,
+        }
     if folder.is_dir() and not is_bundle(folder) and not any(folder.iterdir()):
         raise SetupError(f"{folder} is empty: mount a hare bundle or a Hugging Face model folder there")
     return {"HARE_BUNDLE": str(folder)}
