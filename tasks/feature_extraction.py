@@ -64,7 +64,9 @@ class Params:
 
 PARAMETERS = {
     "pooling": params.Choice(
-        f"{', '.join(POOLINGS)} (default: the bundle's, from sentence-transformers' config)", options=POOLINGS
+        f"{', '.join(POOLINGS)} (default: the bundle's, from sentence-transformers' config); one named here pools "
+        "every token, a prompt's included",
+        options=POOLINGS,
     ),
     "normalize": params.Boolean("scale each vector to unit length (default: the bundle's)"),
     "dimensions": params.Integer(
