@@ -60,6 +60,8 @@ class Manifest:
     heads: sparse-embedding from a bge-m3 folder: the outputs its graph carries (dense, sparse, colbert).
     max_active_dims: sparse-embedding from a SparseEncoder folder that sets it: the weights a vector keeps when
       a request names no top_k (None: every non-zero weight).
+    truncate_dim: embeddings from a sentence-transformers folder saved with truncate_dim: the dimensions a vector
+      keeps when a request names none (None: every one).
     source: where the model came from; fused_operators: what ONNX Runtime's fusion found in its graph;
       additive_masks: the attention masks the export made additive (container/optimize/masks.py).
     max_batch_tokens: the padded tokens per model call the server batches up to by default: the smallest batch
@@ -106,6 +108,7 @@ class Manifest:
     pair_template: dict[str, str] = field(default_factory=dict)
     heads: list[str] = field(default_factory=list)
     max_active_dims: int | None = None
+    truncate_dim: int | None = None
     max_batch_tokens: int | None = None
     token_rates: dict[str, float] = field(default_factory=dict)
     budget_machine: dict[str, Any] = field(default_factory=dict)
@@ -133,8 +136,9 @@ class Manifest:
         if data["max_length"] < 1 or data["target"] not in TARGETS or data["pooling"] not in (None, *POOLINGS):
             said = f"max_length {data['max_length']}, target {data['target']!r}, pooling {data['pooling']!r}"
             raise ValueError(f"one of its {said} is no build's")
-        if data.get("max_active_dims") is not None and data["max_active_dims"] < 1:
-            raise ValueError(f"its max_active_dims {data['max_active_dims']} is no build's (at least 1, or null)")
+        for name in ("max_active_dims", "truncate_dim"):
+            if data.get(name) is not None and data[name] < 1:
+                raise ValueError(f"its {name} {data[name]} is no build's (at least 1, or null)")
         data = dict(data)
         data["labels"] = {int(k): v for k, v in data.get("labels", {}).items()}
         known = set(cls.__dataclass_fields__)
@@ -251,6 +255,7 @@ def model_head(bundle: Path, manifest: Manifest) -> dict[str, Any]:
         "pair_template": {k: v for k, v in manifest.pair_template.items() if k in ("format", "instruction")},
         "heads": tuple(manifest.heads),
         "max_active_dims": manifest.max_active_dims,
+        "truncate_dim": manifest.truncate_dim,
     }
 
 

@@ -81,6 +81,8 @@ class ModelInfo:
       chat template's fixed prefix and suffix). Empty for cross-encoders.
     heads: sparse embeddings from a bge-m3 bundle: the outputs its graph carries (dense, sparse, colbert);
       empty for SPLADE and every other task.
+    truncate_dim: embeddings: the dimensions a vector keeps when a request names none (sentence-transformers'
+      truncate_dim, saved in the folder; None: every one).
     max_active_dims: sparse embeddings: the weights a vector keeps when a request names no top_k (the SPLADE
       folder's SparseEncoder setting; None: every non-zero weight).
     """
@@ -98,6 +100,7 @@ class ModelInfo:
     pair_template: Mapping[str, str] = field(default_factory=dict)
     heads: tuple[str, ...] = ()
     max_active_dims: int | None = None
+    truncate_dim: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,8 @@ PARAMETERS = {
     ),
     "normalize": params.Boolean("scale each vector to unit length (default: the bundle's)"),
     "dimensions": params.Integer(
-        "keep the first N dimensions (Matryoshka), re-normalized when normalize is on; at most the vector size",
+        "keep the first N dimensions (Matryoshka), re-normalized when normalize is on; at most the vector size "
+        "(default: every one, or the truncate_dim the model's sentence-transformers config sets)",
         minimum=1,
         bound="width",
     ),
@@ -95,12 +96,12 @@ def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
     return Params(
         PARAMETERS["pooling"].read(raw, "pooling", model.pooling),
         PARAMETERS["normalize"].read(raw, "normalize", model.normalize),
-        PARAMETERS["dimensions"].read(raw, "dimensions", None),
+        PARAMETERS["dimensions"].read(raw, "dimensions", model.truncate_dim),
         PARAMETERS["encoding_format"].read(raw, "encoding_format", "float"),
         model.dense,
         prompts.read(raw, model),
         tokens,
-        params.named(raw, "dimensions"),
+        params.named(raw, "dimensions") if "dimensions" in raw else "the bundle's truncate_dim (hare.json)",
     )
 
 

@@ -124,6 +124,34 @@ async def test_a_text_too_long_with_its_prompt_says_the_prompt_counts(st_server:
     assert refused.json()["error"].startswith("inputs with the prompt or template it is written in is")
 
 
+async def test_a_folder_saved_with_truncate_dim_is_served_cut_there(
+    st_folder: Path, st_server: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """sentence-transformers 6 saves truncate_dim and its encode cuts every vector there; hare refused such
+    folders. Now it is the bundle's default `dimensions`: encode's vectors, re-normalized as every `dimensions`
+    is (encode leaves the cut vector at its length), and a request may still ask for more."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = _copy_with(st_folder, tmp_path / "model", "config_sentence_transformers.json", {"truncate_dim": 8})
+    assert source.inspect_source(folder, get_task("feature-extraction")).truncate_dim == 8
+    wide = _copy_with(st_folder, tmp_path / "wide", "config_sentence_transformers.json", {"truncate_dim": 16})
+    assert source.inspect_source(wide, get_task("feature-extraction")).truncate_dim is None  # cuts nothing
+    # The served bundle as the optimizer writes it from that folder (its graph and Dense are the same).
+    bundle = tmp_path / "bundle"
+    shutil.copytree(st_server.resources.settings.bundle, bundle)  # type: ignore[attr-defined]
+    manifest = json.loads((bundle / "hare.json").read_text())
+    (bundle / "hare.json").write_text(json.dumps(manifest | {"truncate_dim": 8}))
+    reference = SentenceTransformer(str(folder), device="cpu")
+    assert reference.truncate_dim == 8
+    expected = reference.encode(TEXTS)
+    async with serve(bundle) as client:
+        got = await predict(client, TEXTS)
+        assert got.shape == expected.shape == (3, 8)
+        assert np.abs(got - expected / np.linalg.norm(expected, axis=1, keepdims=True)).max() < TOL
+        whole = await predict(client, TEXTS, dimensions=16)
+        assert np.abs(whole - reference.encode(TEXTS, truncate_dim=16)).max() < TOL
+
+
 def test_bundle_carries_the_dense_weights(st_folder: Path, tmp_path: Path) -> None:
     out = quick_bundle(st_folder, "feature-extraction", tmp_path / "bundle")
     assert (out / DENSE_FILE).is_file()
@@ -151,7 +179,8 @@ def _copy_with(folder: Path, dst: Path, path: str, edit: dict[str, Any]) -> Path
         # Each was served as if absent, so its vectors were not the model's:
         ("2_Dense/config.json", {"use_residual": True}, "use_residual"),
         ("2_Dense/config.json", {"module_input_name": "token_embeddings"}, "projects token_embeddings"),
-        ("config_sentence_transformers.json", {"truncate_dim": 8}, "truncate_dim 8"),
+        ("config_sentence_transformers.json", {"truncate_dim": 0}, "truncate_dim must be a positive integer"),
+        ("config_sentence_transformers.json", {"truncate_dim": "8"}, "truncate_dim must be a positive integer"),
         ("config_sentence_transformers.json", {"default_prompt_name": "other"}, "default_prompt_name"),
     ],
 )

@@ -82,6 +82,7 @@ class SourceModel:
     pair_template: dict[str, str] = field(default_factory=dict)
     sparse: sparse_source.SparseModel | None = None  # sparse-embedding: SPLADE's pooling or bge-m3's heads
     lowercase: bool = False
+    truncate_dim: int | None = None  # embeddings: the dimensions a vector keeps by default (see _truncate_dim)
 
 
 ST_CONFIG = "config_sentence_transformers.json"
@@ -227,14 +228,16 @@ def _st_module_config(folder: Path) -> dict[str, Any]:
     return _read_json(path) if path.is_file() else {}
 
 
-def _refuse_truncate_dim(folder: Path, cfg: dict[str, Any]) -> None:
-    """sentence-transformers cuts every vector of a folder saved with truncate_dim; hare does not (yet)."""
-    if cfg.get("truncate_dim") is not None:
-        raise UnsupportedModel(
-            f"{folder / ST_CONFIG} sets truncate_dim {cfg['truncate_dim']}, and hare serves the model's whole "
-            "vector: remove it there, and ask for the shorter vector per request (OpenAI's dimensions, /predict's "
-            "dimensions)"
-        )
+def _truncate_dim(folder: Path, cfg: dict[str, Any], width: int | None) -> int | None:
+    """The dimensions sentence-transformers 6's encode keeps of every vector of a folder saved with truncate_dim
+    (`cfg`: config_sentence_transformers.json): the bundle's default `dimensions`. None where it cuts nothing
+    (unset, or at least the vector's `width`, as encode's slice keeps every dimension then)."""
+    value = cfg.get("truncate_dim")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UnsupportedModel(f"{folder / ST_CONFIG}: truncate_dim must be a positive integer or null, got {value!r}")
+    return None if width is not None and value >= width else value
 
 
 def _prompts(folder: Path, cfg: dict[str, Any]) -> tuple[dict[str, str], str | None]:
@@ -380,9 +383,10 @@ def inspect_source(
     prompts, default_prompt = _prompts(folder, st_config)
     if task.embeddings:
         pooling, dense, normalize = _sentence_transformers(folder, allow_pickle)
-        _refuse_truncate_dim(folder, st_config)
+        width = dense[-1].out_features if dense else config.get("hidden_size")
+        truncate_dim = _truncate_dim(folder, st_config, width if isinstance(width, int) else None)
     else:
-        pooling, dense, normalize = None, [], False
+        pooling, dense, normalize, truncate_dim = None, [], False, None
     id2label = config.get("id2label") or {}
     scorer = _scorer(folder, architecture) if task.pairs and architecture.endswith("ForCausalLM") else None
     return SourceModel(
@@ -407,6 +411,7 @@ def inspect_source(
         pair_template=dict(QWEN3_RERANKER) if scorer else {},
         sparse=sparse,
         lowercase=task.embeddings and _st_module_config(folder).get("do_lower_case") is True,
+        truncate_dim=truncate_dim,
     )
 
 

@@ -385,6 +385,7 @@ def manifest(
         name=opts.out.resolve().name,
         heads=src.sparse.outputs if src.sparse else [],
         max_active_dims=src.sparse.max_active_dims if src.sparse else None,
+        truncate_dim=src.truncate_dim,
         **(autotune.budget_fields(token_rates, streams) if token_rates else {}),
     )
 
