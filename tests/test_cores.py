@@ -3,6 +3,7 @@ a lone call gets every core, a contended one gets one; a killed process leaks no
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -10,9 +11,11 @@ import textwrap
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from api.engine.cores import CorePool, forget
+from api.engine.cores import CorePool, Seat, forget
+from api.engine.scheduler import ModelThreads
 
 # Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
 pytestmark = pytest.mark.serial
@@ -110,6 +113,66 @@ def test_a_call_runs_on_the_cpus_of_the_cores_it_holds(tmp_path: Path) -> None:
     more = CorePool(len(allowed) + 1)  # more cores than CPUs (hyper-threads counted apart): the kernel places
     assert more.cpus is None
     more.close()
+
+
+def test_a_call_whose_cpu_was_taken_from_the_process_runs_where_the_kernel_places_it(tmp_path: Path) -> None:
+    """The pool reads the process's CPUs once, at start; a cpuset shrunk under the running server (a CPU
+    manager, a hot-unplug) made pinning a call fail (EINVAL), which killed its model thread and left every
+    request it held waiting for ever. Now that call runs unpinned."""
+    allowed = sorted(os.sched_getaffinity(0))
+    pool = CorePool(len(allowed), tmp_path)
+    assert pool.cpus is not None
+    pool.cpus = [*allowed[:-1], 4095]  # the last core's CPU: no longer one this process may run on
+    seen: list[tuple[int, set[int]]] = []
+
+    def call() -> None:
+        seat = pool.seat(len(allowed) - 1)
+        seen.append((seat.acquire(1), os.sched_getaffinity(0)))
+        seat.release()
+        seat.close()
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join(5)
+    assert seen == [(1, set(allowed))]
+    pool.close()
+
+
+def test_a_model_thread_answers_every_call_whatever_fails_before_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batcher's promise (every request's future completed): a call whose cores could not be taken gets
+    its error back, and the thread takes the next call."""
+    fails = iter([True, False])
+
+    def acquire(self: Seat, want: int, wait: bool = True) -> int:
+        if next(fails):
+            raise OSError("no core")
+        return 1
+
+    monkeypatch.setattr(Seat, "acquire", acquire)
+    pool = CorePool(1, tmp_path)
+
+    async def two_calls() -> list[tuple[object, object]]:
+        threads: ModelThreads[int] = ModelThreads(lambda items, width, pooling: [np.full(1, i) for i in items], 1, pool)
+        answers: list[tuple[object, object]] = []
+        answered = asyncio.Event()
+
+        def done(rows: object, error: object, width: int, s: float) -> None:
+            answers.append((rows, error))
+            answered.set()
+
+        for items in ([1], [2]):
+            answered.clear()
+            threads.call(items, 1, done)
+            await asyncio.wait_for(answered.wait(), 5)
+        threads.stop()
+        return answers
+
+    (first_rows, first_error), second = asyncio.run(two_calls())
+    assert first_rows is None and isinstance(first_error, OSError)
+    assert second[1] is None and [r.tolist() for r in second[0]] == [[2]]  # type: ignore[attr-defined]
+    pool.close()
 
 
 def test_a_killed_worker_leaks_no_core_and_its_queue_and_connections_are_forgotten(tmp_path: Path) -> None:

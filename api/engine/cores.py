@@ -26,6 +26,7 @@ run on, so that all workers together never run more intra-op threads than the cg
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
@@ -113,13 +114,18 @@ class Seat:
             return
         wanted = frozenset(cpus[i] for i in self._held)
         if wanted != self._pinned:
-            os.sched_setaffinity(0, wanted)  # 0: the calling thread, on Linux
+            try:
+                os.sched_setaffinity(0, wanted)  # 0: the calling thread, on Linux
+            except OSError:  # those CPUs were taken from the process since it started (a cpuset changed)
+                self._pinned = None  # the call runs where the kernel places it; the next one tries again
+                return
             self._pinned = wanted
 
     def unpin(self) -> None:
         """Let this thread run on every CPU again (for a thread that does other work between calls)."""
         if self._pinned is not None and self._pool.cpus is not None:
-            os.sched_setaffinity(0, self._pool.cpus)
+            with contextlib.suppress(OSError):  # as in _pin
+                os.sched_setaffinity(0, self._pool.cpus)
             self._pinned = None
 
     def release(self) -> None:

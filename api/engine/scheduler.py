@@ -160,9 +160,10 @@ class ModelThreads(Generic[T]):
                 items, want, pooling, loop, done = job
                 result: Rows | None = None
                 error: BaseException | None = None
-                width = seat.acquire(want) if seat is not None else want
-                began = time.perf_counter()
-                try:
+                width, began = want, time.perf_counter()
+                try:  # whatever fails, the call's `done` is called: its requests must not wait for ever
+                    if seat is not None:
+                        width, began = seat.acquire(want), time.perf_counter()
                     result = self._run(items, width, pooling)
                 except BaseException as exc:  # handed to the event loop, which decides
                     error = exc
