@@ -10,8 +10,9 @@ import random
 import string
 from collections.abc import Callable
 
+import numpy as np
 import pytest
-from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from api.engine.encoder import Encoded, Encoder
 from container.defaults import default_model_dir
@@ -124,7 +125,8 @@ def long_texts(seed: int) -> list[str]:
 
 
 def splitting_tokenizers() -> list[tuple[str, Tokenizer]]:
-    """The default model's tokenizers and the tests' tiny byte-level BPE, WordPiece and Unigram (Metaspace) ones."""
+    """The default model's tokenizers, the tests' tiny byte-level BPE, WordPiece and Unigram (Metaspace) ones,
+    Qwen's split, and the byte-level BPE behind RoBERTa's offset-trimming post-processor."""
     from tests.tiny_models import SPECIALS, _post_processor, _tokenizer
 
     made = []
@@ -145,7 +147,13 @@ def splitting_tokenizers() -> list[tuple[str, Tokenizer]]:
     )
     qwen.train_from_iterator(lines * 20, trainer)
     _post_processor(qwen, "decoder")
-    return tokenizers() + made + [("qwen", qwen)]
+    # RoBERTa's post-processor, which trims each token's offsets to leave out the space before it.
+    roberta = Tokenizer.from_str(made[0][1].to_str())
+    eos = roberta.token_to_id("<|endoftext|>")
+    assert eos is not None
+    end = ("<|endoftext|>", eos)
+    roberta.post_processor = processors.RobertaProcessing(end, end, trim_offsets=True, add_prefix_space=False)
+    return tokenizers() + made + [("qwen", qwen), ("roberta", roberta)]
 
 
 @pytest.mark.parametrize("offsets", [True, False])
@@ -240,6 +248,26 @@ def test_a_pair_is_cut_as_transformers_cuts_it() -> None:
                 assert (got.ids, got.type_ids) == (want.ids, want.type_ids), (name, max_length, first, second)
                 (ranked,) = encoder.encode(Inputs([b], single=False, query=a)).sequences
                 assert ranked.ids == want.ids, (name, max_length, first, second)
+
+
+def test_a_text_read_in_windows_has_the_spans_of_the_whole_text() -> None:
+    """Every token of a text read in windows sits at the span the whole text's encoding gives it. RoBERTa's
+    post-processor trims offsets, and the windows' content, encoded apart and trimmed, was trimmed again when
+    each window got its special tokens: the "Ġw" of " weather" became an empty span at the "e"."""
+    from tasks.windows import content_tokens
+
+    for name, tokenizer in splitting_tokenizers():
+        whole = Tokenizer.from_str(tokenizer.to_str())
+        whole.no_padding()
+        whole.no_truncation()
+        encoder = Encoder(Tokenizer.from_str(tokenizer.to_str()), 32, windows=True)
+        for text in ["The weather in Paris is cold today.", *long_texts(5)[:3]]:
+            want = whole.encode(text)
+            content = [o for o, special in zip(want.offsets, want.special_tokens_mask, strict=True) if not special]
+            for stride in (0, 8):
+                (windows,) = encoder.encode(Inputs([text], single=True), LongInput("window", stride=stride)).windows
+                rows = [np.zeros((len(w), 1), np.float32) for w in windows]
+                assert content_tokens(windows, rows, stride).offsets == content, (name, stride, text[:20])
 
 
 @pytest.mark.parametrize("offsets", [True, False])

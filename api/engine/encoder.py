@@ -81,6 +81,11 @@ class Encoder:
         config = json.loads(text)
         self._whole = Tokenizer.from_str(text)
         self._whole.no_truncation()
+        # What adds the special tokens to content encoded apart (self._content, windows, cut ends and pairs): the
+        # whole tokenizer, but where its post-processor trims offsets (RoBERTa's, byte-level BPE's) one that
+        # does not, as encoding the content trimmed them already; trimmed twice, a token after a space lost its
+        # first character ("Ġw" of " weather" became an empty span).
+        self._join = _without_trimming(json.loads(text)) or self._whole
         self.max_length = max_length
         # A window's content tokens: the model's maximum less a single text's special tokens.
         self.window_tokens = max_length - tokenizer.num_special_tokens_to_add(False)
@@ -164,7 +169,7 @@ class Encoder:
             self._check_cap(inputs, i, len(content), cap, truncate)
             truncated.append(len(content) > cap)
             content.truncate(cap, direction=side)
-            encodings.append(self._whole.post_process(content))
+            encodings.append(self._join.post_process(content))
         return Encoded([[e] for e in encodings], truncated, encodings, sum(len(e) for e in encodings), begins)
 
     def _capped_written(self, inputs: Inputs, truncate: bool, side: Side, cap: int) -> Encoded:
@@ -199,7 +204,7 @@ class Encoder:
         the text it read begins (an end's)."""
         content, begin = self._end_content(text, "left", self.window_tokens) or (self._content(text), 0)
         content.truncate(self.window_tokens, direction="left")
-        return self._whole.post_process(content), begin
+        return self._join.post_process(content), begin
 
     def _keep_written(self, text: str, sent: str) -> Encoding:
         """The encoding of `text`, written by the task around `sent` (which it ends with) and too long for the
@@ -259,7 +264,7 @@ class Encoder:
             content = self._whole.encode(text, add_special_tokens=False)
             if len(content) > self.window_tokens:
                 content.truncate(self.window_tokens, stride=stride)
-            first = self._whole.post_process(content)  # adds special tokens to every window
+            first = self._join.post_process(content)  # adds special tokens to every window
             windows.append([first, *first.overflowing])
         flat = [w for ws in windows for w in ws]
         return Encoded(windows, [False] * len(texts), flat, sum(len(w) for w in flat))
@@ -352,7 +357,7 @@ class Encoder:
         keep_first, keep_second = pair_lengths(len(first), len(second), self._pair_budget)
         first.truncate(keep_first, direction=side)
         second.truncate(keep_second, direction=side)
-        return self._whole.post_process(first, second)
+        return self._join.post_process(first, second)
 
     def _too_long(self, name: str, length: int, windows: bool = True) -> InputTooLong:
         """`windows`: the input could be read in windows (a pair cannot)."""
@@ -373,6 +378,20 @@ def pair_lengths(first: int, second: int, budget: int) -> tuple[int, int]:
     shorter = min(first, second)
     small, large = (budget // 2, budget - budget // 2) if 2 * shorter > budget else (shorter, budget - shorter)
     return (small, large) if first <= second else (large, small)
+
+
+def _without_trimming(config: dict[str, Any]) -> Tokenizer | None:
+    """The tokenizer of `config` (no truncation) with its post-processor's trim_offsets off, or None where no
+    part of it trims."""
+    processor = config.get("post_processor")
+    trimming = [p for p in _parts(processor, "processors") if p.get("trim_offsets")] if processor else []
+    if not trimming:
+        return None
+    for part in trimming:
+        part["trim_offsets"] = False
+    untrimmed = Tokenizer.from_str(json.dumps(config))
+    untrimmed.no_truncation()
+    return untrimmed
 
 
 def _cases(content: str) -> tuple[str, ...]:
@@ -416,7 +435,7 @@ def _splits_at_spaces(config: dict[str, Any], pre_tokenizer: PreTokenizer | None
 
 
 def _parts(component: dict[str, Any] | None, kind: str) -> list[dict[str, Any]]:
-    """A normalizer's or pre-tokenizer's parts, a Sequence's flattened."""
+    """A normalizer's, pre-tokenizer's or post-processor's parts, a Sequence's flattened."""
     if not component:
         return []
     if component["type"] == "Sequence":
