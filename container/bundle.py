@@ -46,6 +46,7 @@ class Manifest:
     task: one of tasks.registry.TASKS.
     labels: id -> label for classification heads (empty for embeddings).
     multi_label: the checkpoint's problem_type is multi_label_classification (sigmoid, not softmax).
+    regression: the checkpoint's problem_type is regression (its logits are the scores, no function applied).
     pooling/normalize: how token states become an embedding (from sentence-transformers' modules).
     max_length: tokens per sequence, special tokens included; the tokenizer truncates there.
     inputs/output: the graph's input names and the output the task reads.
@@ -109,6 +110,7 @@ class Manifest:
     heads: list[str] = field(default_factory=list)
     max_active_dims: int | None = None
     truncate_dim: int | None = None
+    regression: bool = False
     max_batch_tokens: int | None = None
     token_rates: dict[str, float] = field(default_factory=dict)
     budget_machine: dict[str, Any] = field(default_factory=dict)

@@ -81,6 +81,7 @@ class ModelInfo:
       chat template's fixed prefix and suffix). Empty for cross-encoders.
     heads: sparse embeddings from a bge-m3 bundle: the outputs its graph carries (dense, sparse, colbert);
       empty for SPLADE and every other task.
+    regression: classification: the checkpoint's problem_type is regression (its logits are its scores).
     truncate_dim: embeddings: the dimensions a vector keeps when a request names none (sentence-transformers'
       truncate_dim, saved in the folder; None: every one).
     max_active_dims: sparse embeddings: the weights a vector keeps when a request names no top_k (the SPLADE
@@ -101,6 +102,7 @@ class ModelInfo:
     heads: tuple[str, ...] = ()
     max_active_dims: int | None = None
     truncate_dim: int | None = None
+    regression: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,9 @@ FUNCTIONS: dict[str, Callable[[Array], Array]] = {"softmax": softmax, "sigmoid":
 def parity(p: ParityInput) -> dict[str, float]:
     """top1_agreement, and max_score_diff: the largest |score difference| over every text and label, the
     scores being what the server answers by default (default_function: sigmoid for multi-label and one-logit
-    heads, else softmax), so a user who thresholds a score sees the same answers as with transformers."""
+    heads, else softmax), so a user who thresholds a score sees the same answers as with transformers. A
+    regression head, answered raw, is judged on the sigmoid of its logit as other one-logit heads are: its
+    values have no scale a fixed threshold could hold."""
     ref = np.stack(p.reference)
     cand = np.stack(p.candidate)
     if p.multi_label or ref.shape[-1] == 1:
@@ -61,8 +63,8 @@ PARAMETERS = {
         "how many labels to return, best first (default 1; null returns every label)", minimum=1, nullable=True
     ),
     "function_to_apply": params.Choice(
-        "softmax, sigmoid or none (default: sigmoid for multi-label or one-label models, else softmax), as in "
-        "transformers",
+        "softmax, sigmoid or none (default: none for a regression model, sigmoid for multi-label or one-label "
+        "models, else softmax), as in transformers",
         options=tuple(FUNCTIONS),
     ),
     "raw_scores": params.Boolean("true returns the logits (function_to_apply none)"),
@@ -98,7 +100,10 @@ def _pair(value: object, name: str) -> tuple[str, str]:
 
 
 def default_function(model: ModelInfo) -> str:
-    """transformers' rule: sigmoid for multi-label and single-logit heads, softmax otherwise."""
+    """transformers' rule: none for a regression head, sigmoid for multi-label and single-logit heads, softmax
+    otherwise."""
+    if model.regression:
+        return "none"
     return "sigmoid" if model.multi_label or len(model.labels) == 1 else "softmax"
 
 

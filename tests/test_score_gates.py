@@ -146,6 +146,29 @@ def test_a_multi_label_checkpoint_is_validated_on_sigmoids(tmp_path: Path, monke
     assert seen == [True]
 
 
+@pytest.mark.anyio
+async def test_a_regression_checkpoint_answers_its_logits_as_transformers_does(tmp_path: Path) -> None:
+    """problem_type regression: transformers' pipeline applies no function to the head's logit (its rule puts
+    regression first); hare answered the sigmoid of it, as for any one-logit head."""
+    from transformers import pipeline
+
+    model = make_model(
+        tmp_path / "model", "text-classification", problem_type="regression", num_labels=1, initializer_range=0.5
+    )
+    assert read_manifest(quick_bundle(model, "text-classification", tmp_path / "bundle")).regression
+    texts = ["I like you. I love you", "The weather in Paris is cold today."]
+    expected = [r["score"] for r in pipeline("text-classification", model=str(model))(texts)]
+    async with serve(tmp_path / "bundle") as client:
+        got = (await client.post("/predict", json={"inputs": texts})).json()
+        assert np.allclose([answer[0]["score"] for answer in got], expected, atol=1e-4)
+        squashed = (
+            await client.post("/predict", json={"inputs": texts, "parameters": {"function_to_apply": "sigmoid"}})
+        ).json()
+        assert np.allclose(
+            [answer[0]["score"] for answer in squashed], 1 / (1 + np.exp(-np.array(expected))), atol=1e-4
+        )
+
+
 @pytest.mark.parametrize(("magnitude", "off", "passes"), [(0.5, 5e-5, True), (0.5, 5e-4, False), (100.0, 5e-3, True)])
 def test_the_fp32_gate_is_per_unit_of_the_outputs_magnitude(magnitude: float, off: float, passes: bool) -> None:
     """float32 rounds relative to a value's size: hidden states that run to 100 are as exact at 5e-3 as

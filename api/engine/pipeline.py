@@ -164,6 +164,7 @@ def model_info(bundle: Path, manifest: Manifest, task: TaskSpec, words: Vocab) -
     return ModelInfo(
         labels=tuple(labels.get(i, f"LABEL_{i}") for i in range(max(labels) + 1)) if labels else (),
         multi_label=manifest.multi_label,
+        regression=manifest.regression,
         pooling=manifest.pooling or task.default_pooling or "mean",
         normalize=manifest.normalize,
         max_length=manifest.max_length,

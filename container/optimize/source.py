@@ -82,6 +82,7 @@ class SourceModel:
     pair_template: dict[str, str] = field(default_factory=dict)
     sparse: sparse_source.SparseModel | None = None  # sparse-embedding: SPLADE's pooling or bge-m3's heads
     lowercase: bool = False
+    regression: bool = False  # the checkpoint's problem_type is regression: its logits are the scores
     truncate_dim: int | None = None  # embeddings: the dimensions a vector keeps by default (see _truncate_dim)
 
 
@@ -396,6 +397,7 @@ def inspect_source(
         architecture=architecture,
         labels={int(k): str(v) for k, v in id2label.items()} if task.architectures and not (scorer or sparse) else {},
         multi_label=config.get("problem_type") == "multi_label_classification",
+        regression=config.get("problem_type") == "regression",
         pooling=pooling or task.default_pooling,
         normalize=normalize,
         max_length=_max_length(folder, config),

@@ -349,6 +349,7 @@ def manifest(
         model_type=src.model_type,
         labels=src.labels,
         multi_label=src.multi_label,
+        regression=src.regression,
         pooling=src.pooling,
         normalize=src.normalize,
         max_length=src.max_length,
