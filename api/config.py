@@ -134,10 +134,10 @@ class Settings:
     probe_port: int | None = _setting(
         "HARE_PROBE_PORT",
         _optional_port,
-        "a second port, on the same address, that answers GET /health, /ready and /metrics only and accepts its "
-        "connections at once: point liveness and readiness probes at it (on HARE_PORT, while the server "
-        "refuses, new connections are accepted at a pace and a probe waits its turn behind the others; empty: "
-        "none)",
+        "a second port, on the same address, that answers GET /health, /ready, /metrics and KServe's /v2/health "
+        "probes only and accepts its connections at once: point liveness and readiness probes at it (on "
+        "HARE_PORT, while the server refuses, new connections are accepted at a pace and a probe waits its turn "
+        "behind the others; empty: none)",
         None,
     )
     profile: str = _setting(
@@ -314,7 +314,8 @@ class Settings:
         _optional,
         "when set, the inference and model routes (POST /, /predict, /similarity, /embed, /embed_all, "
         "/embed_sparse, /rerank, /tokenize, /decode, /v1/*, /v2/embed, /v2/rerank, /v2/models/*) need "
-        "`Authorization: Bearer <key>` (health, /v2, /docs stay open); unset, an Authorization header is ignored",
+        "`Authorization: Bearer <key>` (health, /v2, /docs and /openapi.json stay open); unset, an Authorization "
+        "header is ignored",
         None,
     )
     public: bool = _setting(

@@ -126,7 +126,7 @@ def check_address(host: str, port: int, setting: str = "HARE_PORT (--port)") -> 
 
 def build_default_bundle(out: Path) -> None:
     """Build the embedded default model's bundle (the optimizer, in this process, before the exec)."""
-    print(f"hare serve: {out} is missing; building it with `hare optimize` (about a minute)", file=sys.stderr)
+    print(f"hare serve: {out} is missing; building it with `hare optimize` (a few minutes)", file=sys.stderr)
     try:
         from container.defaults import default_model_dir
         from container.optimize.pipeline import OptimizeOptions, optimize

@@ -51,7 +51,7 @@ class NotFound(InputError):
 
 
 class UnsupportedEncoding(InputError):
-    """A body sent with a `Content-Encoding` other than `gzip`, `deflate` or `identity` (the message lists them)."""
+    """A body sent with a `Content-Encoding` other than `gzip` (or `x-gzip`), `deflate` or `identity`."""
 
 
 class HeadTooLarge(InputError):

@@ -88,7 +88,7 @@ def decoded(body: bytes, encoding: str, limit: int) -> bytes:
         if name not in DECODERS:
             known = ", ".join(DECODERS)
             raise UnsupportedEncoding(
-                f"Content-Encoding {name} is not supported; send the body as it is, or as one of {known}"
+                f"Content-Encoding {name} is not supported; send the body as it is (identity), or as one of {known}"
             )
         body = _inflate(body, name, limit)
     return body

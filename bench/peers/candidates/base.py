@@ -53,7 +53,7 @@ def missing(key: str) -> str:
     absent = [name for name in NEEDS[key] if _find(name) is None]
     if not absent:
         return ""
-    return f"not installed: {', '.join(absent)} (docs/benchmarks.md, Peers, says how)"
+    return f"not installed: {', '.join(absent)} (docs/benchmarks.md, Installing the peers, says how)"
 
 
 def _find(module: str) -> Any:
