@@ -329,11 +329,13 @@ def phase_line(name: str, p: Point, capacity: float, per_answer: float) -> str:
     refused = p.errors.get("429", 0)
     other = sum(v for k, v in p.errors.items() if k[0] in "45" and k != "429")
     server_p99 = p.server.get("compute_p99", math.nan)
+    cost = refusal_cost_us(p, per_answer)
+    each = f", {cost:.0f} µs CPU each" if not math.isnan(cost) else ""  # none refused: no cost to give
     return (
         f"  {name:<10} {p.req_s:7.1f} req/s ({p.req_s / max(capacity, 1e-9):4.0%} of capacity)  "
         f"p50 {p.lat_p50:8.1f} ms  p99 {p.lat_p99:8.1f} ms  server p99 {server_p99:7.1f} ms  "
-        f"refused {refused} ({refused / max(p.duration_s, 1e-9):.0f}/s, "
-        f"{refusal_cost_us(p, per_answer):.0f} µs CPU each)  unanswered {unanswered(p)}  other errors {other}  "
+        f"refused {refused} ({refused / max(p.duration_s, 1e-9):.0f}/s{each})  unanswered {unanswered(p)}  "
+        f"other errors {other}  "
         f"server CPU {server_cores(p):.2f} cores"
     )
 
