@@ -285,7 +285,9 @@ async def test_a_decoder_classifier_whose_config_names_no_pad_id_reads_each_text
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | {"pad_token_id": None}))
     out = tmp_path / "bundle"
-    assert main(["optimize", str(folder), "--task", "text-classification", "--out", str(out), *QUICK]) == 0
+    # fp32 alone: the answers are compared within 1e-4, which an int8 pick (within its gates) is not held to
+    args = ["optimize", str(folder), "--task", "text-classification", "--out", str(out), "--variants", "fp32"]
+    assert main([*args, *QUICK]) == 0
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
     with torch.no_grad():
