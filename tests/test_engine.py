@@ -161,12 +161,23 @@ def test_calls_queued_behind_a_busy_model_run_as_one_batch(engine: tuple[Path, E
         return run_padded(feeds, width, pooling)
 
     served.backend.run_padded = counted  # type: ignore[method-assign]
+    queued: list[Call] = []
+    put = served.pending.put
+
+    def counted_put(call: Call, block: bool = True, timeout: float | None = None) -> None:
+        queued.append(call)
+        put(call, block, timeout)
+
+    served.pending.put = counted_put  # type: ignore[method-assign,assignment]
     with ThreadPoolExecutor(4) as pool:
         with served.busy:  # the model is busy: the calls queue
             answers = [pool.submit(remote.run, tokenizer.encode_batch([t])) for t in TEXTS]
+            # Every call queued, whether the GPU thread already holds the first or not: released before the
+            # last arrived, the model would run the ones queued so far (a loaded machine did: [3, 1]).
             deadline = time.monotonic() + 10
-            while served.pending.qsize() < 3 and time.monotonic() < deadline:  # the GPU thread holds the first
+            while len(queued) < len(TEXTS) and time.monotonic() < deadline:
                 time.sleep(0.01)
+            assert len(queued) == len(TEXTS)
         rows = [a.result(timeout=30)[0] for a in answers]
     assert batches == [4]  # one model call for the four
     for text, row in zip(TEXTS, rows, strict=True):
