@@ -39,7 +39,8 @@ class ParityInput:
 
     Token-level outputs are trimmed to the example's real tokens, so padding never counts.
     `groups` gives each example's query for ranking (all zeros otherwise). `multi_label`: the checkpoint's
-    problem_type is multi-label classification, so its labels are scored by sigmoid, not softmax.
+    problem_type is multi-label classification, so its labels are scored by sigmoid, not softmax;
+    `regression`: it is regression, so its logits are its scores.
     """
 
     reference: Sequence[Array]
@@ -47,6 +48,7 @@ class ParityInput:
     groups: Sequence[int]
     pooling: str
     multi_label: bool = False
+    regression: bool = False
 
 
 @dataclass(frozen=True)

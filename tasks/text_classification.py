@@ -38,11 +38,15 @@ def parity(p: ParityInput) -> dict[str, float]:
     """top1_agreement, and max_score_diff: the largest |score difference| over every text and label, the
     scores being what the server answers by default (default_function: sigmoid for multi-label and one-logit
     heads, else softmax), so a user who thresholds a score sees the same answers as with transformers. A
-    regression head, answered raw, is judged on the sigmoid of its logit as other one-logit heads are: its
-    values have no scale a fixed threshold could hold."""
+    regression head's scores are its raw values, on a scale of the model's own (0-1, 0-5, dollars): their
+    difference counts as a share of the range PyTorch's values span over the validation texts. Its sigmoid,
+    judged before, flattened a miss of 0.2 at a score of 4 to 0.003."""
     ref = np.stack(p.reference)
     cand = np.stack(p.candidate)
-    if p.multi_label or ref.shape[-1] == 1:
+    if p.regression:
+        spread = np.maximum(np.ptp(ref, axis=0), np.float32(1e-6))  # a label's range; 1e-6: a constant head
+        score_diff = (np.abs(ref - cand) / spread).max()
+    elif p.multi_label or ref.shape[-1] == 1:
         score_diff = np.abs(sigmoid(ref) - sigmoid(cand)).max()
     else:
         score_diff = np.abs(softmax(ref) - softmax(cand)).max()
@@ -166,7 +170,7 @@ SPEC = TaskSpec(
             0.02,
             False,
             "largest |score difference| from PyTorch (softmax over the labels; sigmoid for multi-label and "
-            "one-logit heads)",
+            "one-logit heads; a regression head's values as a share of their range over the validation texts)",
         ),
     ),
     parameters=PARAMETERS,

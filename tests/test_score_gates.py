@@ -169,6 +169,17 @@ async def test_a_regression_checkpoint_answers_its_logits_as_transformers_does(t
         )
 
 
+@pytest.mark.parametrize(("off", "passes"), [(0.2, False), (0.05, True)])
+def test_a_regression_heads_values_are_judged_on_their_own_scale(off: float, passes: bool) -> None:
+    """A similarity regressor answering 0-5: 4.2 for 4.0 is a miss a user sees (4% of the range), which the
+    sigmoid of the logit, judged before, flattened to 0.003; 0.05 (1%) is within the gate."""
+    task = get_task("text-classification")
+    ref = [np.array([v], dtype=np.float32) for v in (0.3, 1.5, 2.5, 4.0, 4.8)]
+    cand = [(r + np.float32(off) * (r > 3)).astype(np.float32) for r in ref]
+    assert verdicts(task, ref, cand, regression=True) == {"top1_agreement": True, "max_score_diff": passes}
+    assert verdicts(task, ref, cand)["max_score_diff"]  # the one-logit rule: its sigmoid hides either
+
+
 @pytest.mark.parametrize(("magnitude", "off", "passes"), [(0.5, 5e-5, True), (0.5, 5e-4, False), (100.0, 5e-3, True)])
 def test_the_fp32_gate_is_per_unit_of_the_outputs_magnitude(magnitude: float, off: float, passes: bool) -> None:
     """float32 rounds relative to a value's size: hidden states that run to 100 are as exact at 5e-3 as

@@ -82,7 +82,7 @@ class Simulator:
         feeds, refs = [self.feeds[i] for i in indices], [self.reference[i] for i in indices]
         ref, out, groups = served_outputs(run, feeds, p.pad_id, refs, [p.samples[i].group for i in indices])
         self.passes.append(1)
-        figures = task.parity(ParityInput(ref, out, groups, p.pooling or "mean", p.multi_label))
+        figures = task.parity(ParityInput(ref, out, groups, p.pooling or "mean", p.multi_label, p.regression))
         judged = verdicts(figures, task.gates, p.thresholds)
         harm = max((used(g, judged[g.metric], ideal) for g in task.gates), default=0.0) if ideal else 0.0
         error = sum(float(((o - r) ** 2).sum()) for o, r in zip(out, ref, strict=True))

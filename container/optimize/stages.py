@@ -161,6 +161,7 @@ def _parity(
         opts.target,
         src.multi_label,
         src.pad_id or 0,
+        src.regression,
     )
 
 

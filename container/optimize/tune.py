@@ -131,7 +131,15 @@ def check(bundle: Path) -> int:
     feeds = [{k: v for k, v in f.items() if k in names} for f in feeds]
     served = served_outputs(model.run, feeds, manifest.pad_id, refs, groups)
     task = get_task(manifest.task)
-    _, verdicts = judge(task, manifest.precision, *served, manifest.pooling or "mean", manifest.multi_label, thresholds)
+    _, verdicts = judge(
+        task,
+        manifest.precision,
+        *served,
+        manifest.pooling or "mean",
+        manifest.multi_label,
+        thresholds,
+        manifest.regression,
+    )
     path = int8_check(manifest.machine, manifest.int8_levels)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
     console.print(

@@ -73,7 +73,7 @@ class Parity:
     """What every candidate is checked against: the stored PyTorch reference, the samples it was computed on
     (and their encodings), the task whose metrics and gates apply, gate overrides by metric name, the
     target whose execution provider runs the candidate, and whether the checkpoint is multi-label (its
-    scores are sigmoids)."""
+    scores are sigmoids) or regression (its scores are its logits)."""
 
     reference: Path
     encodings: Sequence[Encoding]
@@ -84,6 +84,7 @@ class Parity:
     target: str = "cpu"
     multi_label: bool = False
     pad_id: int = 0
+    regression: bool = False
 
 
 def encode_samples(tokenizer: Tokenizer, samples: Sequence[Sample]) -> list[Encoding]:
@@ -194,12 +195,13 @@ def judge(
     pooling: str,
     multi_label: bool,
     thresholds: Mapping[str, float],
+    regression: bool = False,
 ) -> tuple[dict[str, float], dict[str, dict[str, float | bool]]]:
     """The metrics of candidate outputs against the reference, and each gate's verdict (the task's gates, and
     FP32_GATE for an fp32 graph; `thresholds` overrides by metric name). The build and `hare tune --check`
     both judge here."""
     metrics = {"max_abs_diff": float(max(np.abs(r - c).max() for r, c in zip(ref, cand, strict=True)))}
-    metrics |= task.parity(ParityInput(ref, cand, groups, pooling, multi_label))
+    metrics |= task.parity(ParityInput(ref, cand, groups, pooling, multi_label, regression))
     if precision != "fp32":
         return metrics, verdicts(metrics, task.gates, thresholds)
     scale = max([1.0, *(float(np.abs(r).max()) for r in ref)])
@@ -218,7 +220,9 @@ def validate(variant: Path, name: str, precision: str, parity: Parity) -> Varian
     model = open_model(variant, name, parity.target, output=task.output)
     feeds = [pad_batch([e], model.input_names) for e in parity.encodings]
     served = served_outputs(model.run, feeds, parity.pad_id, ref, [s.group for s in parity.samples])
-    metrics, judged = judge(task, precision, *served, parity.pooling or "mean", parity.multi_label, parity.thresholds)
+    metrics, judged = judge(
+        task, precision, *served, parity.pooling or "mean", parity.multi_label, parity.thresholds, parity.regression
+    )
     # Where the graph is furthest from PyTorch, for a refusal to name (samples alone, then in their batches).
     diffs = [float(np.abs(r - c).max()) for r, c in zip(served.references, served.outputs, strict=True)]
     metrics[WORST_AT] = float(feeds[int(np.argmax(diffs)) % len(feeds)]["input_ids"].shape[1])
