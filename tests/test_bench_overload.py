@@ -40,7 +40,8 @@ def test_every_phase_is_stored_and_every_goal_printed(
     assert watched == [(name, True) for name in ["warm", *scenarios]]  # scripts/overload-memory.py reads these
     printed = capsys.readouterr().out
     goals = ("model-only p50", "p99 from the intended send time", "open-3x: goodput", "never answered", "Retry-After")
-    for goal in (*goals, "5xx", "flood goodput", "RSS after", f"{tail[0]} (8 tokens, {cores} users): p99 / p50"):
+    later = ("5xx", "flood goodput", "1 s after the flood", "RSS after")  # the recovery at --duration 1, not 10
+    for goal in (*goals, *later, f"{tail[0]} (8 tokens, {cores} users): p99 / p50"):
         assert goal in printed, goal
     assert "open-3x: goodput / capacity: " in printed and "(median of 2 rounds, " in printed
     assert "open-3x#2" not in "".join(line for line in printed.splitlines() if line.startswith(("met ", "MISS")))
@@ -106,10 +107,13 @@ def test_the_soak_is_held_to_the_memory_goal_and_figures_read_without_exponents(
     assert "met   one user p50 / one-thread model-only p50: 0.66 (goal ≤ 0.7)" in lines
 
 
-def phase(name: str, req_s: float, errors: dict[str, int] | None = None, retry_after: int = 0) -> Point:
+def phase(
+    name: str, req_s: float, errors: dict[str, int] | None = None, retry_after: int = 0, seconds: float = 10.0
+) -> Point:
+    n = int(req_s * seconds)
     return Point(
         run_id=1, idx=0, target="hare", load="closed", workers=2, threads=1, seq_len=128, batch=1, concurrency=4,
-        rate=0.0, duration_s=10.0, requests=int(req_s * 10), ok=int(req_s * 10), errors=errors or {}, req_s=req_s,
+        rate=0.0, duration_s=seconds, requests=n, ok=n, errors=errors or {}, req_s=req_s,
         seq_s=req_s, tokens_s=req_s * 128, lat_min=10.0, lat_avg=30.0, lat_p50=30.0, lat_p90=40.0, lat_p95=45.0,
         lat_p99=50.0, lat_max=60.0, server={}, client_cpu=0.1, server_cpu=1.9,
         extra={"scenario": name, "retry_after": retry_after},
@@ -134,6 +138,14 @@ def test_each_round_is_judged_against_its_own_capacity_and_a_goal_on_their_media
     assert "MISS  open-3x: 5xx answers: 1 (goal ≤ 0)" in lines
     assert "met   open-3x: refusals without Retry-After: 0 (goal ≤ 0)" in lines
     assert not any("#" in line for line in lines)  # one line a goal, whatever the rounds
+
+
+def test_the_recovery_goal_names_the_seconds_its_phase_recorded() -> None:
+    # `--duration 2` printed "10 s after the flood": the goal named the default, not what was measured.
+    points = {"capacity": phase("capacity", 100.0, seconds=2.0), "recovery": phase("recovery", 95.0, seconds=2.0)}
+    lines = evaluate(points, one_p50=16.5, model_p50=None, rss={}, file_mb=None, cores=2)
+    assert "met   2 s after the flood / capacity: 0.95 (goal ≥ 0.9)" in lines
+    assert not any("10 s" in line for line in lines), lines
 
 
 def test_no_rounds_is_refused_before_a_server_starts(
