@@ -102,12 +102,16 @@ async def test_splade_bad_requests(splade_bundle: Path) -> None:
     async with serve(splade_bundle) as client:
         heads = await client.post("/predict", json={"inputs": "hi", "parameters": {"return_dense": True}})
         unknown = await client.post("/predict", json={"inputs": "hi", "parameters": {"return_foo": True}})
+        at_root = await client.post("/predict", json={"inputs": "hi", "return_foo": True})
         negative = await client.post("/embed_sparse", json={"inputs": "hi", "top_k": 0})
         dense_route = await client.post("/embed", json={"inputs": "hi"})
         spec = (await client.get("/openapi.json")).json()
     assert heads.status_code == 422 and "SPLADE" in heads.json()["error"]
     assert unknown.status_code == 422 and "return_foo" in unknown.json()["error"]
     assert "top_k" in unknown.json()["error"]
+    # What the 422 lists as accepted is what this bundle takes: not bge-m3's output flags, which it refuses.
+    for said in (unknown.json()["error"], at_root.json()["error"]):
+        assert "top_k" in said and not any(f"return_{h}" in said for h in ("dense", "sparse", "colbert")), said
     assert negative.status_code == 422 and "top_k" in negative.json()["error"]
     assert dense_route.status_code == 404
     assert "/embed_sparse" in spec["paths"]

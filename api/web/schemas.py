@@ -190,7 +190,7 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
         raise InvalidRequest(
             f"unknown field(s) {', '.join(unknown)}; the body is "
             f'{{"inputs": ..., "parameters": {{...}}}}, and a parameter may also sit at the root: '
-            f"{', '.join(accepted_parameters(task))}"
+            f"{', '.join(accepted_parameters(task, model))}"
         )
     for name in set(raw) & set(root):  # a parameter at the root wins; the one it hides is still checked
         (task.parameters.get(name) or COMMON[name]).read(raw, name, None)
@@ -201,10 +201,20 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
     return checked(task.parse_inputs(value), raw, task, model, limits), False
 
 
-def accepted_parameters(task: TaskSpec) -> list[str]:
-    """The parameters a request of `task` may name: its own, then the common ones it can use (a stride reads
-    windows, which a task that reads its inputs whole refuses)."""
-    return [*task.parameters, *(name for name in COMMON if task.windows or name != "stride")]
+def model_bounds(model: ModelInfo) -> dict[str, Any]:
+    """What a parameter's schema needs to know of the served model (tasks.params.Spec.schema): the prompts it
+    declares, whether it reads pairs through a template (an LM reranker), the bge-m3 heads it carries."""
+    return {"prompts": list(model.prompts), "pair_template": bool(model.pair_template), "heads": list(model.heads)}
+
+
+def accepted_parameters(task: TaskSpec, model: ModelInfo) -> list[str]:
+    """The parameters a request of `task` may name for this model: its own that the model takes, by the API
+    documentation's test (a SPLADE bundle refuses bge-m3's output flags, so a 422 that listed them sent the
+    client from one refusal to the next), then the common ones it can use (a stride reads windows, which a
+    task that reads its inputs whole refuses)."""
+    bounds = model_bounds(model)
+    own = [name for name, spec in task.parameters.items() if spec.schema(bounds) is not None]
+    return [*own, *(name for name in COMMON if task.windows or name != "stride")]
 
 
 def only_fields(data: Mapping[str, object], accepted: Sequence[str]) -> None:
@@ -262,7 +272,7 @@ def checked(
     check_limits(inputs, limits, uncounted)
     unknown = sorted(k for k in raw if k not in task.parameters and k not in COMMON)
     if unknown:
-        accepted = ", ".join(accepted_parameters(task))
+        accepted = ", ".join(accepted_parameters(task, model))
         raise InvalidRequest(f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {accepted}")
     task_params = task.parse_params(params.only(raw, task.parameters), model)
     if task.prepare is not None:
