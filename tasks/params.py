@@ -9,7 +9,7 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tasks.base import Inputs
+from tasks.base import Inputs, ModelInfo
 from tasks.errors import InputError, InvalidRequest
 
 T = TypeVar("T")
@@ -254,3 +254,17 @@ class ModelChoice(Spec):
     def schema(self, bounds: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         options = list((bounds or {}).get(self.among, ()))
         return {"type": "string", "enum": options, "description": self.help} if options else None
+
+
+def model_bounds(model: ModelInfo) -> dict[str, Any]:
+    """What a parameter's schema needs to know of the served model (Spec.schema): the prompts it declares,
+    whether it reads pairs through a template (an LM reranker), the bge-m3 heads it carries."""
+    return {"prompts": list(model.prompts), "pair_template": bool(model.pair_template), "heads": list(model.heads)}
+
+
+def taken(parameters: Mapping[str, Spec], model: ModelInfo) -> list[str]:
+    """The names of `parameters` this model takes, by the API documentation's test (a schema for its bounds):
+    a SPLADE bundle refuses bge-m3's output flags, so an error or /info that listed them sent a client from
+    one refusal to the next."""
+    bounds = model_bounds(model)
+    return [name for name, spec in parameters.items() if spec.schema(bounds) is not None]

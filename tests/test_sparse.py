@@ -3,6 +3,7 @@ optimizer, served by the real app, against sentence-transformers' SparseEncoder 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,11 @@ import numpy as np
 import onnx
 import pytest
 
+from api.bulk.model import BulkModel
+from api.config import Settings
 from container.bundle import MODEL_FILE, read_manifest
 from container.optimize.errors import UnsupportedModel
+from tasks.errors import InvalidRequest
 from tests.api_helpers import serve
 from tests.conftest import quick_bundle
 from tests.sparse_models import make_bge_m3, make_splade
@@ -106,11 +110,14 @@ async def test_splade_bad_requests(splade_bundle: Path) -> None:
         negative = await client.post("/embed_sparse", json={"inputs": "hi", "top_k": 0})
         dense_route = await client.post("/embed", json={"inputs": "hi"})
         spec = (await client.get("/openapi.json")).json()
+        info = (await client.get("/info")).json()
     assert heads.status_code == 422 and "SPLADE" in heads.json()["error"]
     assert unknown.status_code == 422 and "return_foo" in unknown.json()["error"]
     assert "top_k" in unknown.json()["error"]
     # What the 422 lists as accepted is what this bundle takes: not bge-m3's output flags, which it refuses.
-    for said in (unknown.json()["error"], at_root.json()["error"]):
+    with pytest.raises(InvalidRequest) as in_bulk:  # hare run's --param
+        BulkModel(dataclasses.replace(Settings.from_env({}), bundle=splade_bundle), {"return_foo": True})
+    for said in (unknown.json()["error"], at_root.json()["error"], str(in_bulk.value), " ".join(info["parameters"])):
         assert "top_k" in said and not any(f"return_{h}" in said for h in ("dense", "sparse", "colbert")), said
     assert negative.status_code == 422 and "top_k" in negative.json()["error"]
     assert dense_route.status_code == 404

@@ -23,6 +23,7 @@ from api.config import Settings
 from api.engine.backend import Backend
 from api.engine.opened import open_bundle
 from container.bundle import MODEL_FILE
+from tasks import params
 from tasks.base import SIDES, Inputs, LongInput, Outputs
 from tasks.errors import InputError, InvalidRequest
 from tasks.ops import length_batches
@@ -71,12 +72,11 @@ class BulkModel:
             raise InputError(f"--truncation-direction must be right or left, got {side!r}")
         if long_input == "window" and not task.windows:
             raise InputError(f"{task.name} reads every input whole: --long-input window does not apply")
+        self.model = opened.model
         unknown = sorted(set(raw) - set(task.parameters))
         if unknown:
-            raise InvalidRequest(
-                f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {', '.join(task.parameters)}"
-            )
-        self.model = opened.model
+            accepted = ", ".join(params.taken(task.parameters, self.model))
+            raise InvalidRequest(f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {accepted}")
         self.params = task.parse_params(raw, self.model)
         self.encoder = opened.encoder
         self.long_input, self.side = long_input, SIDES[side]

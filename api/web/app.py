@@ -31,7 +31,7 @@ from api.engine.remote import RemoteBackend
 from api.web import errors, openapi, routes
 from api.web.metrics import Metrics, MetricsMiddleware
 from api.web.public import RateLimiter
-from api.web.schemas import COMMON, Limits
+from api.web.schemas import Limits, accepted_parameters
 from api.web.state import Resources
 from container.bundle import MODEL_FILE, Manifest, resolve_max_batch_tokens
 from container.machine import cpu_record, int8_check, same_cpu, versions
@@ -296,7 +296,7 @@ def _info(res: Resources) -> dict[str, object]:
             "max_input_chars": s.max_input_chars,
             "truncate": s.truncate,
         },
-        "parameters": sorted([*res.task.parameters, *COMMON]),
+        "parameters": sorted(accepted_parameters(res.task, res.model)),
         "public": s.public,
         "versions": {**versions(VERSIONED), "bundle": m.versions},
         "machine": m.machine,

@@ -16,7 +16,7 @@ from typing import Any
 
 from api.engine.errors import NotReady, Overloaded
 from api.web.errors import STATUS, NotFound, Unauthorized, UnsupportedEncoding
-from api.web.schemas import COMMON, model_bounds
+from api.web.schemas import COMMON
 from api.web.state import Resources
 from container.runtime import InferenceFailed
 from tasks import params
@@ -135,7 +135,7 @@ class Shapes:
         limits = res.limits
         self.text = {"type": "string", "minLength": 1, "maxLength": limits.max_input_chars}
         self.texts = {"type": "array", "items": self.text, "minItems": 1, "maxItems": limits.max_inputs}
-        self.bounds: dict[str, Any] = {"stride": max_stride(limits.window_tokens), **model_bounds(res.model)}
+        self.bounds: dict[str, Any] = {"stride": max_stride(limits.window_tokens), **params.model_bounds(res.model)}
         self.max_length = res.model.max_length
         if width is not None:
             self.bounds["width"] = width

@@ -201,20 +201,11 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
     return checked(task.parse_inputs(value), raw, task, model, limits), False
 
 
-def model_bounds(model: ModelInfo) -> dict[str, Any]:
-    """What a parameter's schema needs to know of the served model (tasks.params.Spec.schema): the prompts it
-    declares, whether it reads pairs through a template (an LM reranker), the bge-m3 heads it carries."""
-    return {"prompts": list(model.prompts), "pair_template": bool(model.pair_template), "heads": list(model.heads)}
-
-
 def accepted_parameters(task: TaskSpec, model: ModelInfo) -> list[str]:
-    """The parameters a request of `task` may name for this model: its own that the model takes, by the API
-    documentation's test (a SPLADE bundle refuses bge-m3's output flags, so a 422 that listed them sent the
-    client from one refusal to the next), then the common ones it can use (a stride reads windows, which a
-    task that reads its inputs whole refuses)."""
-    bounds = model_bounds(model)
-    own = [name for name, spec in task.parameters.items() if spec.schema(bounds) is not None]
-    return [*own, *(name for name in COMMON if task.windows or name != "stride")]
+    """The parameters a request of `task` may name for this model: its own that the model takes
+    (params.taken), then the common ones it can use (a stride reads windows, which a task that reads its
+    inputs whole refuses)."""
+    return [*params.taken(task.parameters, model), *(name for name in COMMON if task.windows or name != "stride")]
 
 
 def only_fields(data: Mapping[str, object], accepted: Sequence[str]) -> None:
