@@ -444,6 +444,31 @@ async def test_a_request_of_several_calls_alone_on_the_machine_runs_them_on_ever
     pool.close()
 
 
+@pytest.mark.parametrize("quiet", [True, False])
+async def test_a_worker_that_cannot_spread_runs_a_requests_calls_on_every_core_one_after_the_other(
+    tmp_path: Path, quiet: bool
+) -> None:
+    """OpenVINO's workers keep their one stream (a model copy per calling thread, api/web/app.py): a request of
+    four calls alone on a quiet machine asks every core for each call (before, each ran on one core and the other
+    stayed idle); on a busy machine, one core each."""
+    widths: list[int] = []
+
+    def run(batch: list[str], width: int = 1, pooling: str | None = None) -> Rows:
+        widths.append(width)
+        return echo([])(batch, width, pooling)
+
+    pool = CorePool(2, tmp_path, quiet=60.0)
+    if not quiet:
+        pool.contended()
+    batcher: Batcher[str] = Batcher(run, policy(max_items=1, streams=1, spread=1), pool=pool, widths=(1, 2))
+    batcher.start()
+    result = await ask(batcher, ["x" * n for n in range(1, 5)])
+    assert [int(row[0]) for row in result.outputs] == [1, 2, 3, 4]
+    assert widths == [2 if quiet else 1] * 4
+    await batcher.close()
+    pool.close()
+
+
 async def test_waiting_for_a_core_does_not_count_as_model_time(tmp_path: Path) -> None:
     """Two streams sharing one core: each call waits for the other's, but the measured capacity (admission's
     token rate, the refusal pace) is what the core does, not half of it."""

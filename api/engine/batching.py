@@ -140,6 +140,7 @@ class Batcher(Generic[T]):
         # shared engine and a GPU keep their streams: neither holds this machine's cores).
         self._spread = max(policy.spread, policy.streams) if pool is not None and not remote else policy.streams
         self._model = ModelThreads(run, self._spread, pool, policy.idle_priority)
+        self._queued_wide = self._wide > self._narrow and self._spread * self._narrow < cores
         self._inline_seconds = policy.inline_seconds
         # Whether this worker serves exactly one connection now (set by the server that knows; None: never).
         self.solo: Callable[[], bool] | None = None
@@ -379,9 +380,13 @@ class Batcher(Generic[T]):
             self._model.call(items, want, done, pooling)
 
     def _width(self) -> int:
-        """The cores to ask for: every core only for a lone batch on a quiet machine; under load, one per stream."""
-        lone = not (self._running or self._queue.pending or self._arriving)
-        return self._wide if lone and (self._pool is None or self._pool.quiet()) else self._narrow
+        """The cores to ask for: every core for a lone batch on a quiet machine; under load, one per stream. A
+        worker whose threads cannot cover the cores (a model copy per calling thread: OpenVINO's, whose spread
+        stays its streams) runs a request's queued calls wide as well, one after the other: narrow, they left
+        every other core idle."""
+        if self._running or self._arriving or not (self._pool is None or self._pool.quiet()):
+            return self._narrow
+        return self._wide if self._queued_wide or not self._queue.pending else self._narrow
 
     def _inline(self, padded: int, width: int) -> bool:
         """Whether to run this batch on the event loop: the only batch of a worker alone on its connection, and
