@@ -221,8 +221,9 @@ class Strings(Spec):
 
 @dataclass(frozen=True)
 class Text(Spec):
-    """Any string; with `only_if`, accepted only by models for which that key of `bounds` is true (the
-    documentation leaves it out for the others, whose task refuses it)."""
+    """Any string, which the task joins to every text of the request (a prompt, an instruction: the server
+    counts it as a text, api/web/schemas.py check_joined); with `only_if`, accepted only by models for which
+    that key of `bounds` is true (the documentation leaves it out for the others, whose task refuses it)."""
 
     only_if: str = ""
 

@@ -225,6 +225,26 @@ async def test_a_refusal_names_a_text_as_its_route_does(tiny_bundle: ModelFactor
             assert error_of(response)[0].startswith(name), (path, response.json())
 
 
+async def test_a_text_joined_to_every_text_counts_as_text(tiny_bundle: ModelFactory) -> None:
+    """A prompt or a ranking query is joined to each text of the request: it is capped as a text, and the
+    texts it makes within what the largest body holds (a 1 MB prompt before 10,000 one-letter texts asked 10 GB
+    of tokenizing from a 1 MB body, and was answered)."""
+    caps = {"HARE_MAX_INPUT_CHARS": "100", "HARE_MAX_BODY_BYTES": "2000"}
+    async with serve(tiny_bundle("feature-extraction"), **caps) as client:
+        long = await client.post("/predict", json={"inputs": "a", "parameters": {"prompt": "p" * 101}})
+        refused(long, 413, "InputTooLong", "parameters.prompt is 101 characters; the limit is 100")
+        at_root = await client.post("/embed", json={"inputs": "a", "prompt": "p" * 101})
+        refused(at_root, 413, "InputTooLong", "prompt is 101 characters")
+        many = await client.post("/predict", json={"inputs": ["a"] * 30, "parameters": {"prompt": "p" * 90}})
+        refused(many, 413, "InputTooLong", "parameters.prompt joined to each of the 30 texts make 2730 characters")
+        fine = await client.post("/predict", json={"inputs": ["a"] * 20, "parameters": {"prompt": "p" * 90}})
+        assert fine.status_code == 200 and len(fine.json()) == 20
+    async with serve(tiny_bundle("text-ranking"), **caps) as client:
+        ranked = await client.post("/v2/rerank", json={"query": "q" * 100, "documents": ["d"] * 25})
+        refused(ranked, 413, "InputTooLong", "query joined to each of the 25 texts make 2525 characters")
+        assert (await client.post("/v2/rerank", json={"query": "q" * 100, "documents": ["d"] * 15})).status_code == 200
+
+
 async def test_ranking_input_errors(ranker: AppClient) -> None:
     async def post(inputs: Any) -> httpx.Response:
         return await ranker.post("/predict", json={"inputs": inputs})
