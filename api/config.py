@@ -303,6 +303,14 @@ class Settings:
     max_input_chars: int = _setting(
         "HARE_MAX_INPUT_CHARS", _int(1), "characters per text (413 beyond)", 1_000_000, public=4_000
     )
+    max_answer_values: int = _setting(
+        "HARE_MAX_ANSWER_VALUES",
+        _int(1),
+        "numbers in an answer of token vectors (output_value token_embeddings, /embed_all; 413 beyond): the default "
+        "holds 32 texts of 512 tokens at 1,024 dimensions, about 190 MB of JSON",
+        2**24,
+        public=2**20,
+    )
     admin_token: str | None = _setting(
         "HARE_ADMIN_TOKEN",
         _optional,

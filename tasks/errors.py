@@ -37,5 +37,6 @@ class InvalidRequest(InputError):
 class InputTooLong(InputError):
     """A body over `HARE_MAX_BODY_BYTES` (as sent, or once decompressed), more than `HARE_MAX_INPUTS` texts, a text
     over `HARE_MAX_INPUT_CHARS` (a prompt, instruction or ranking query too), texts that a prompt, instruction or
-    query joined to each make more characters than `HARE_MAX_BODY_BYTES`, or over the model's maximum with
-    `truncate: false` (the message names the limit)."""
+    query joined to each make more characters than `HARE_MAX_BODY_BYTES`, an answer of token vectors over
+    `HARE_MAX_ANSWER_VALUES` numbers, or over the model's maximum with `truncate: false` (the message names the
+    limit)."""

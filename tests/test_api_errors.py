@@ -245,6 +245,25 @@ async def test_a_text_joined_to_every_text_counts_as_text(tiny_bundle: ModelFact
         assert (await client.post("/v2/rerank", json={"query": "q" * 100, "documents": ["d"] * 15})).status_code == 200
 
 
+async def test_an_answer_of_token_vectors_is_capped(tiny_bundle: ModelFactory) -> None:
+    """Token vectors make answers far bigger than their body (a 40,000-word text read in windows: 80 KB in,
+    181 MB out, and a killed worker under a memory limit): past HARE_MAX_ANSWER_VALUES numbers, a 413 that says
+    what to do; one vector a text of the same texts is answered."""
+    async with serve(tiny_bundle("feature-extraction"), HARE_MAX_ANSWER_VALUES="2000") as client:
+        small = await client.post("/embed_all", json={"inputs": "two words"})
+        assert small.status_code == 200
+        width = len(small.json()[0][0])
+        texts = ["word " * 40] * 2  # over 80 token vectors: past 2000 numbers at any width above 24
+        assert width * 80 > 2000
+        big = await client.post("/embed_all", json={"inputs": texts})
+        refused(big, 413, "InputTooLong", "at most 2000 (HARE_MAX_ANSWER_VALUES)")
+        windows = {"output_value": "token_embeddings", "long_input": "window"}
+        read_whole = await client.post("/predict", json={"inputs": "word " * 400, "parameters": windows})
+        refused(read_whole, 413, "InputTooLong", "token vectors")
+        pooled = await client.post("/predict", json={"inputs": texts})
+        assert pooled.status_code == 200 and len(pooled.json()) == 2
+
+
 async def test_ranking_input_errors(ranker: AppClient) -> None:
     async def post(inputs: Any) -> httpx.Response:
         return await ranker.post("/predict", json={"inputs": inputs})

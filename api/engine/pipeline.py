@@ -22,6 +22,7 @@ from api.engine.encoder import Encoded, Encoder
 from api.engine.errors import ClientGone
 from container.bundle import Manifest, model_head
 from tasks.base import TRUNCATE, Answer, Array, Inputs, LongInput, ModelInfo, Outputs, TaskSpec, Vocab
+from tasks.errors import InputTooLong
 
 # Above this many characters a request is tokenized and post-processed off the event loop (about 1 ms of
 # tokenizer work; 60-80 ms of entity grouping, whose Python costs about 15 us a token: a 1 MB request of
@@ -55,11 +56,20 @@ class Served:
 
 
 class Pipeline:
-    def __init__(self, task: TaskSpec, model: ModelInfo, encoder: Encoder, batcher: Batcher[Encoding]) -> None:
+    def __init__(
+        self,
+        task: TaskSpec,
+        model: ModelInfo,
+        encoder: Encoder,
+        batcher: Batcher[Encoding],
+        max_answer_values: int | None = None,
+    ) -> None:
+        """`max_answer_values`: the most numbers an answer of token vectors may hold (None: no limit)."""
         self.task = task
         self.model = model
         self.encoder = encoder
         self.batcher = batcher
+        self.max_answer_values = max_answer_values
 
     async def run(self, ticket: Ticket[Encoding], request: PredictRequest, gone: Gone | None = None) -> Served:
         """Answer `request` within its admission `ticket`. With `gone`, a request that has to wait behind a
@@ -77,6 +87,8 @@ class Pipeline:
         queued = time.perf_counter()
         pooling = self.task.pooling(request.params) if self.task.pooling is not None else None
         result = await self._wait(ticket, encoded, gone, pooling)
+        if pooling is None and self.task.pooling is not None:  # an embedding task answering its token states
+            self._check_answer(result.outputs)
         answered = time.perf_counter()
 
         def postprocess() -> Answer:
@@ -125,6 +137,21 @@ class Pipeline:
             sequences = self.encoder.encode(inputs(words(n)), TRUNCATE).sequences
             if not await self.batcher.warm_here(sequences, pooling):
                 log.info("warm-up: the %d-token call on every core left to the first lone request (cores busy)", n)
+
+    def _check_answer(self, rows: list[Array]) -> None:
+        """Refuse an answer of token vectors past `max_answer_values` before it is written: as JSON each number
+        takes about 11 bytes, and a text of 40,000 words read in windows (an 80 KB body) made a 181 MB answer
+        that took 490 MB of the worker's memory; under a memory limit, such a request killed the worker."""
+        values = sum(row.size for row in rows)
+        if self.max_answer_values is None or values <= self.max_answer_values:
+            return
+        tokens = sum(len(row) for row in rows)
+        raise InputTooLong(
+            f"the answer would hold {tokens} token vectors, {values} numbers; this server answers at most "
+            f"{self.max_answer_values} (HARE_MAX_ANSWER_VALUES): send fewer or shorter texts, or ask for one vector "
+            "a text (output_value sentence_embedding, /embed)",
+            limit=self.max_answer_values,
+        )
 
     async def _wait(self, ticket: Ticket[Encoding], encoded: Encoded, gone: Gone | None, pooling: str | None) -> Result:
         future = ticket.submit(encoded.sequences, pooling)

@@ -174,7 +174,7 @@ async def load(settings: Settings) -> Resources:
         pool=pool,
         encoder=encoder,
         batcher=batcher,
-        pipeline=Pipeline(task, model, encoder, batcher),
+        pipeline=Pipeline(task, model, encoder, batcher, settings.max_answer_values),
         metrics=metrics,
         limits=Limits(
             settings.max_body_bytes,
