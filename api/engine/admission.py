@@ -115,7 +115,12 @@ class Admission:
             wait = self.expected_wait(local_tokens)
             if wait > self.max_queue:
                 raise Overloaded(
-                    f"the server's queue would take {wait:.1f} s (more than its bound of {self.max_queue:g} s); "
+                    f"the server's queue would take {_seconds(wait)} s (more than its bound of {self.max_queue:g} s); "
                     "retry after the time in Retry-After",
                     retry_after=max(1, math.ceil(wait - self.max_queue)),
                 )
+
+
+def _seconds(wait: float) -> str:
+    """A wait as a refusal states it: tenths, or two figures under a tenth (a bound of 1 ms read "0.0 s")."""
+    return f"{wait:.1f}" if wait >= 0.1 else f"{wait:.2g}"
