@@ -26,7 +26,8 @@ class HareError(Exception):
 
 
 class InputError(HareError):
-    """The request or command asked for something invalid: an empty string, an empty list, no documents."""
+    """The request or command asked for something invalid: an empty string, a text in which the tokenizer finds no
+    token, an empty list, no documents."""
 
 
 class InvalidRequest(InputError):

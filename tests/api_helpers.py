@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +19,7 @@ from api.config import Settings
 from api.web.app import create_app
 from api.web.errors import OPENAI_ROUTES
 from api.web.state import Resources
+from container.bundle import TOKENIZER_FILE
 
 
 class AppClient(httpx.AsyncClient):
@@ -68,3 +71,12 @@ def error_in(path: str, body: dict[str, Any]) -> tuple[str, str]:
         return body["error"]["message"], body["error"]["type"]
     assert set(body) == {"error", "type", "error_type"} and body["type"] == body["error_type"], body
     return body["error"], body["type"]
+
+
+def without_special_tokens(bundle: Path, out: Path) -> Path:
+    """A copy of `bundle` at `out` whose tokenizer adds no special tokens: a text of only whitespace (or of
+    zero-width characters) has no tokens at all."""
+    shutil.copytree(bundle, out)
+    config = json.loads((out / TOKENIZER_FILE).read_text())
+    (out / TOKENIZER_FILE).write_text(json.dumps(config | {"post_processor": None}))
+    return out

@@ -10,6 +10,7 @@ import math
 import threading
 import zlib
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +22,7 @@ from api.engine.errors import ClientGone
 from api.web.schemas import parse_predict
 from container.models import Model
 from tasks.base import Answer, ModelInfo, Outputs
-from tests.api_helpers import AppClient, error_of, serve
+from tests.api_helpers import AppClient, error_of, serve, without_special_tokens
 from tests.conftest import ModelFactory
 
 pytestmark = pytest.mark.anyio
@@ -262,6 +263,38 @@ async def test_an_answer_of_token_vectors_is_capped(tiny_bundle: ModelFactory) -
         refused(read_whole, 413, "InputTooLong", "token vectors")
         pooled = await client.post("/predict", json={"inputs": texts})
         assert pooled.status_code == 200 and len(pooled.json()) == 2
+
+
+async def test_a_text_without_tokens_is_refused_on_every_route(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    """Whitespace or a zero-width space, where the tokenizer adds no special tokens, is no token at all: the model
+    failed on it alone (500, ONNX Runtime's Reshape), and beside other texts answered null vectors or the scores
+    of padding."""
+    blank, words = "has no tokens", ("drops every character",)
+    embedder = without_special_tokens(tiny_bundle("feature-extraction"), tmp_path / "embedder")
+    async with serve(embedder) as client:
+        window = {"long_input": "window"}
+        embeds: tuple[tuple[str, dict[str, Any], str], ...] = (
+            ("/predict", {"inputs": " "}, "inputs"),
+            ("/predict", {"inputs": ["hi", "\u200b"]}, "inputs[1]"),
+            ("/predict", {"inputs": ["hi", " "], "parameters": window}, "inputs[1]"),
+            ("/v1/embeddings", {"input": [" ", "hi"]}, "input[0]"),
+            ("/v2/embed", {"texts": ["hi", " "], "embedding_types": ["float"]}, "texts[1]"),
+            ("/similarity", {"inputs": {"source_sentence": " ", "sentences": ["a", "b"]}}, "inputs.source_sentence"),
+        )
+        for path, body, name in embeds:
+            response = await client.post(path, json=body)
+            refused(response, 400, "InputError", f"{name} {blank}", *words)
+            assert error_of(response)[0].startswith(f"{name} "), (path, response.json())
+        assert (await client.post("/predict", json={"inputs": ["hi", " hi "]})).status_code == 200
+    classifier = without_special_tokens(tiny_bundle("text-classification"), tmp_path / "classifier")
+    async with serve(classifier) as client:
+        pairs = [{"text": "a", "text_pair": " "}, {"text": " ", "text_pair": "\t"}]  # one blank member is read
+        for inputs, name in ((["hello", " "], "inputs[1]"), (pairs, "inputs[1]")):
+            refused(await client.post("/predict", json={"inputs": inputs}), 400, "InputError", f"{name} {blank}")
+    ranker = without_special_tokens(tiny_bundle("text-ranking"), tmp_path / "ranker")
+    async with serve(ranker) as client:
+        body = {"query": " ", "documents": ["d", " "]}
+        refused(await client.post("/v2/rerank", json=body), 400, "InputError", f"documents[1] with the query {blank}")
 
 
 async def test_ranking_input_errors(ranker: AppClient) -> None:

@@ -29,7 +29,7 @@ from container.bundle import MANIFEST_FILE, TOKENIZER_FILE
 from hare.cli import main as hare
 from tasks.errors import InputError
 from tasks.ops import pad_batch
-from tests.api_helpers import serve
+from tests.api_helpers import serve, without_special_tokens
 from tests.conftest import ModelFactory
 
 pytestmark = pytest.mark.anyio
@@ -61,6 +61,20 @@ async def predict(bundle: Path, inputs: Any, **parameters: Any) -> Any:
         answer = await client.post("/predict", json={"inputs": inputs, "parameters": parameters})
         assert answer.status_code == 200, answer.text
         return answer.json()
+
+
+def test_a_row_without_tokens_is_rejected_not_the_end_of_the_job(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    """Where the tokenizer adds no special tokens, a text of whitespace has no tokens: /predict's 400, a reject
+    here (the model failed on it, ending the job)."""
+    bundle = without_special_tokens(fp32_bundle("feature-extraction"), tmp_path / "bundle")
+    rows = [{"id": i, "text": t} for i, t in zip("abcd", ["hi", " ", "there", "\t"], strict=True)]
+    out = tmp_path / "out.parquet"
+    summary = run_job(settings(bundle), BulkOptions(write_jsonl(tmp_path / "in.jsonl", rows), out))
+    assert pq.read_table(out).column("id").to_pylist() == ["a", "c"]
+    rejects = [json.loads(line) for line in (tmp_path / "out.rejects.jsonl").read_text().splitlines()]
+    assert [(r["row"], r["id"]) for r in rejects] == [(1, "b"), (3, "d")]
+    assert all(r["reason"].startswith("it has no tokens") for r in rejects)
+    assert (summary.written, summary.rejected) == (2, 2)
 
 
 async def test_embeddings_are_predicts_and_bad_rows_are_rejected(fp32_bundle: ModelFactory, tmp_path: Path) -> None:

@@ -121,16 +121,19 @@ class BulkModel:
 
     def encode(self, chunk: Chunk) -> Work:
         """Tokenize the chunk's good rows as /predict's requests would be (all texts as one request; for
-        ranking, one per query); with long_input refuse, rows the model would have to cut become rejects."""
+        ranking, one per query); rows with no tokens (/predict's 400) become rejects, and with long_input
+        refuse, rows the model would have to cut."""
         n = len(chunk.ids)
         texts = [""] * n
         windows: list[list[Encoding]] = [[] for _ in range(n)]
         sent: list[str] | None = None
         truncated = [False] * n
         begins: dict[int, int] = {}
+        blank: list[int] = []
         for rows, inputs in self._requests(chunk):
             prepared = self.task.prepare(inputs, self.params) if self.task.prepare is not None else inputs
-            encoded = self.encoder.encode(prepared, self.reading)
+            encoded = self.encoder.encode(prepared, self.reading, keep_blank=True)
+            blank += [rows[k] for k in encoded.blank()]
             if prepared.sent is not None:
                 sent = sent or [""] * n
             for k, row in enumerate(rows):
@@ -139,6 +142,10 @@ class BulkModel:
                     begins[row] = encoded.begins[k]
                 if sent is not None and prepared.sent is not None:
                     sent[row] = prepared.sent[k]
+        for row in sorted(blank):
+            reason = "it has no tokens: the model's tokenizer drops every character of it and adds none of its own"
+            chunk.rejects.append(Reject(chunk.positions[row], chunk.ids[row], reason))
+            windows[row] = []
         if self.long_input == "refuse":
             limit = self.encoder.max_length
             for row in (r for r in range(n) if truncated[r]):

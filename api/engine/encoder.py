@@ -40,7 +40,7 @@ from tokenizers import Encoding, Regex, Tokenizer, pre_tokenizers
 from tokenizers.pre_tokenizers import PreTokenizer
 
 from tasks.base import TRUNCATE, Inputs, LongInput, Side, Vocab
-from tasks.errors import InputTooLong
+from tasks.errors import InputError, InputTooLong
 
 # ASCII that BERT's clean_text changes beyond spacing: control characters, which it drops (\t, \n and \r it
 # turns into spaces, which the pre-tokenizer splits on either way).
@@ -71,6 +71,10 @@ class Encoded:
     tokens: int
     begins: dict[int, int] = field(default_factory=dict)
 
+    def blank(self) -> list[int]:
+        """The inputs that have no tokens at all (only a window can be empty where the first is)."""
+        return [i for i, w in enumerate(self.windows) if not len(w[0])]
+
 
 class Encoder:
     def __init__(self, tokenizer: Tokenizer, max_length: int, windows: bool, offsets: bool = True) -> None:
@@ -90,6 +94,7 @@ class Encoder:
         # A window's content tokens: the model's maximum less a single text's special tokens.
         self.window_tokens = max_length - tokenizer.num_special_tokens_to_add(False)
         self._pair_budget = max_length - tokenizer.num_special_tokens_to_add(True)
+        self._may_be_blank = not all(tokenizer.num_special_tokens_to_add(pair) for pair in (False, True))
         self._hint = ', or "long_input": "window" to read all of it' if windows else ""
         self._offsets = offsets
         self._plain, self._lower = _without_bert_normalizer(text, config)
@@ -104,15 +109,28 @@ class Encoder:
         """The tokenizer that never truncates (for /tokenize and /decode)."""
         return self._whole
 
-    def encode(self, inputs: Inputs, long_input: LongInput = TRUNCATE) -> Encoded:
+    def encode(self, inputs: Inputs, long_input: LongInput = TRUNCATE, keep_blank: bool = False) -> Encoded:
         """Encode a request's inputs, a long text cut, refused or read in windows as `long_input` says. Windows
-        are a single text's (transformers reads no pair in windows either): a long pair asked for them is cut."""
+        are a single text's (transformers reads no pair in windows either): a long pair asked for them is cut.
+        An input without a single token is refused (InputError), or with `keep_blank` kept (Encoded.blank)."""
+        encoded = self._encode_inputs(inputs, long_input)
+        # A sequence of no tokens fails the model (ONNX Runtime's Reshape) or, batched, reads only padding: only a
+        # tokenizer that adds no special tokens can give one (of whitespace, zero-width characters), so only its
+        # encodings are looked at.
+        if self._may_be_blank and not keep_blank and (blank := encoded.blank()):
+            raise InputError(
+                f"{_namer(inputs)(blank[0])} has no tokens: this model's tokenizer drops every character of it "
+                "(whitespace, zero-width or control characters) and adds none of its own; send some text"
+            )
+        return encoded
+
+    def _encode_inputs(self, inputs: Inputs, long_input: LongInput) -> Encoded:
         truncate = long_input.mode != "refuse"
         if inputs.query is not None:
             query = [inputs.query] * len(inputs.texts)
-            return self._pairs(query, inputs.texts, truncate, long_input, lambda i: f"{inputs.named(i)} with the query")
+            return self._pairs(query, inputs.texts, truncate, long_input, _namer(inputs))
         if inputs.pairs is not None:
-            return self._pairs(inputs.texts, inputs.pairs, truncate, long_input, inputs.pair_named)
+            return self._pairs(inputs.texts, inputs.pairs, truncate, long_input, _namer(inputs))
         if long_input.mode == "window":
             return self._windows(inputs.texts, long_input.stride)
         cap = long_input.text_tokens
@@ -366,6 +384,13 @@ class Encoder:
             f'Send "truncate": true to cut it{self._hint if windows else ""}',
             limit=self.max_length,
         )
+
+
+def _namer(inputs: Inputs) -> Callable[[int], str]:
+    """What the request calls its input i: a text, a document with the query, or a pair."""
+    if inputs.query is not None:
+        return lambda i: f"{inputs.named(i)} with the query"
+    return inputs.pair_named if inputs.pairs is not None else inputs.named
 
 
 def pair_lengths(first: int, second: int, budget: int) -> tuple[int, int]:
