@@ -313,6 +313,10 @@ async def test_ranking_input_errors(ranker: AppClient) -> None:
 async def test_unknown_routes_and_methods_answer_json(classifier: AppClient) -> None:
     refused(await classifier.get("/nope"), 404, "NotFound", "/nope")
     refused(await classifier.get("/predict"), 405, "MethodNotAllowed", "GET")
+    # A trailing slash is an unknown route too: Starlette redirected it (307, an empty body, a Location from Host).
+    for path in ("/predict/", "/v1/rerank/", "/v1/embeddings/"):
+        refused(await classifier.post(path, json={"inputs": "hi"}), 404, "NotFound", path)
+    refused(await classifier.get("/health/"), 404, "NotFound", "/health/")
 
 
 async def test_a_full_queue_answers_429_with_retry_after_at_once(tiny_bundle: ModelFactory) -> None:

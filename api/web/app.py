@@ -102,12 +102,16 @@ def create_app(settings: Settings) -> Starlette:
             if res.pool is not None:
                 res.pool.close()
 
-    return Starlette(
+    app = Starlette(
         routes=routes.ROUTES,
         middleware=middleware,
         exception_handlers=errors.HANDLERS,
         lifespan=lifespan,
     )
+    # A path with a trailing slash is an unknown route, answered as any other (404, the JSON error): Starlette's
+    # default redirected it, a 307 with an empty body and a Location built from the client's Host header.
+    app.router.redirect_slashes = False
+    return app
 
 
 def create_app_from_env() -> Starlette:
