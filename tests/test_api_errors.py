@@ -310,6 +310,30 @@ async def test_ranking_input_errors(ranker: AppClient) -> None:
     refused(await post("just a string"), 422, "InvalidRequest", "query")
 
 
+async def test_an_empty_or_non_object_body_is_shown_its_routes_own_body(tiny_bundle: ModelFactory) -> None:
+    """Each route's refusal shows a body of its own protocol: every route suggested {"inputs": "some text"}."""
+    routes = {
+        "feature-extraction": (
+            ("/v1/embeddings", '{"input": '),
+            ("/v1/embed", '{"texts": '),
+            ("/v2/embed", '{"texts": '),
+            ("/similarity", '{"inputs": {"source_sentence": '),
+            ("/embed", '{"inputs": "'),
+            ("/decode", '{"ids": '),
+            ("/v2/models/x/infer", '{"inputs": [{"name": "text", '),
+            ("/predict", '{"inputs": "'),
+        ),
+        "text-ranking": (("/v1/rerank", '{"query": "some text", "documents": '), ("/rerank", '"texts": ')),
+    }
+    for task, shown in routes.items():
+        async with serve(tiny_bundle(task)) as client:
+            name = (await client.get("/info")).json()["model"]
+            for path, example in shown:
+                path = path.replace("/x/", f"/{name}/")
+                refused(await client.post(path, content=b""), 422, "InvalidRequest", "body is empty", example)
+                refused(await client.post(path, content=b"[1]"), 422, "InvalidRequest", "JSON object", example)
+
+
 async def test_unknown_routes_and_methods_answer_json(classifier: AppClient) -> None:
     refused(await classifier.get("/nope"), 404, "NotFound", "/nope")
     refused(await classifier.get("/predict"), 405, "MethodNotAllowed", "GET")

@@ -143,18 +143,20 @@ def _body_too_large(size: int, limit: int, whole: bool = True) -> InputTooLong:
     return InputTooLong(f"the body is {more}{size} bytes long; this server takes at most {limit}", limit=limit)
 
 
-def parse_json(body: bytes) -> dict[str, Any]:
-    """A JSON object (any Content-Type: `curl -d` sends form encoding for JSON bodies too)."""
+HF_EXAMPLE = '{"inputs": "some text"}'  # the Hugging Face Inference API's body (TEI's too)
+
+
+def parse_json(body: bytes, example: str) -> dict[str, Any]:
+    """A JSON object (any Content-Type: `curl -d` sends form encoding for JSON bodies too); `example`: a body of
+    the route's own, which a refusal shows (each protocol names its texts its own way)."""
     if not body.strip():
-        raise InvalidRequest('the body is empty; send JSON such as {"inputs": "some text"}')
+        raise InvalidRequest(f"the body is empty; send JSON such as {example}")
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(_not_json(body, exc)) from None
     if not isinstance(data, dict):
-        raise InvalidRequest(
-            f'the body must be a JSON object such as {{"inputs": "some text"}}, got {params.kind(data)}'
-        )
+        raise InvalidRequest(f"the body must be a JSON object such as {example}, got {params.kind(data)}")
     return data
 
 
@@ -179,9 +181,9 @@ def parse_predict(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits)
 def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> tuple[PredictRequest, bool]:
     """The Hugging Face Inference API body, and whether it asks for sentence similarity (embedding bundles
     take {"source_sentence", "sentences"} as inputs: the texts to embed are then [source, *sentences])."""
-    data = parse_json(body)
+    data = parse_json(body, HF_EXAMPLE)
     if "inputs" not in data:
-        raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
+        raise InvalidRequest(f'the body has no "inputs"; send {HF_EXAMPLE}')
     raw = parameters(data.get("parameters"))
     parameters(data.get("options"), "options")  # the Inference API's wait_for_model and use_cache: ignored
     root = {k: v for k, v in data.items() if k not in BODY_FIELDS}

@@ -37,6 +37,7 @@ from tasks import params, quantize
 from tasks.base import NUMBER, Inputs
 from tasks.errors import InvalidRequest
 
+EXAMPLE = '{"texts": ["some text"], "input_type": "search_query"}'
 FIELDS = (
     "texts",
     "input_type",
@@ -100,10 +101,10 @@ def width(res: Resources) -> int | None:
 
 
 def _parse(body: bytes, res: Resources, v2: bool) -> tuple[PredictRequest, Asked]:
-    data = params.at_root(schemas.parse_json(body))
+    data = params.at_root(schemas.parse_json(body, EXAMPLE))
     schemas.only_fields(data, FIELDS)
     if "texts" not in data:
-        raise InvalidRequest('the body has no "texts"; send {"texts": ["some text"], "input_type": "search_query"}')
+        raise InvalidRequest(f'the body has no "texts"; send {EXAMPLE}')
     texts = params.text_list(data["texts"], "texts")
     if data.get("model") is not None and not isinstance(data["model"], str):
         raise InvalidRequest(f"model must be a string, got {params.kind(data['model'])}")

@@ -24,6 +24,7 @@ from tasks import params
 from tasks.base import NUMBER
 from tasks.errors import InvalidRequest
 
+SIMILARITY_EXAMPLE = '{"inputs": {"source_sentence": "some text", "sentences": ["other text"]}}'
 COSINES = {"type": "array", "items": NUMBER}
 
 
@@ -37,12 +38,12 @@ async def predict(request: Request) -> Response:
 
 
 def _similarity(body: bytes, res: Resources) -> tuple[PredictRequest, bool]:
-    data = schemas.parse_json(body)
+    data = schemas.parse_json(body, SIMILARITY_EXAMPLE)
     unknown = sorted(set(data) - {"inputs", "parameters"})
     if unknown:
         raise InvalidRequest(f'unknown field(s) {", ".join(unknown)}; the body is {{"inputs": {{...}}, "parameters"?}}')
     if "inputs" not in data:
-        raise InvalidRequest('the body has no "inputs"; send {"inputs": {"source_sentence": ..., "sentences": [...]}}')
+        raise InvalidRequest(f'the body has no "inputs"; send {SIMILARITY_EXAMPLE}')
     value = data["inputs"]
     if not isinstance(value, dict):
         raise InvalidRequest(f"inputs must be an object {{source_sentence, sentences}}, got {params.kind(value)}")

@@ -59,6 +59,7 @@ VERSION = "1"
 PLATFORM = "onnxruntime_onnx"
 HEADER = "inference-header-content-length"
 IGNORED = ("priority", "timeout")
+EXAMPLE = '{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["some text"]}]}'
 PAIR = ("text", "text_pair")  # a pair classifier's two input tensors, as transformers' pipeline names them
 
 
@@ -225,7 +226,7 @@ def _texts(tensors: Sequence[dict[str, Any]], binary: memoryview, task: TaskSpec
 def _parse(body: bytes, res: Resources, header: int | None) -> tuple[PredictRequest, Asked]:
     if header is not None and not 0 < header <= len(body):
         raise InvalidRequest(f"Inference-Header-Content-Length is {header}; the body has {len(body)} bytes")
-    data = schemas.parse_json(body[:header] if header is not None else body)
+    data = schemas.parse_json(body[:header] if header is not None else body, EXAMPLE)
     schemas.only_fields(data, ("id", "parameters", "inputs", "outputs"))
     raw = dict(schemas.parameters(data.get("parameters")))
     binary_all = params.boolean(raw, "binary_data_output", False)

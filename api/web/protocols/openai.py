@@ -41,16 +41,17 @@ from tasks.feature_extraction import VECTOR
 from tasks.quantize import FLOATS
 
 FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
+EXAMPLE = '{"input": "some text"}'
 # The task parameters OpenAI's body carries at its root.
 PARAMETERS = ("encoding_format", "dimensions")
 
 
 def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, None]:
     """OpenAI's embeddings request, as a /predict request (inputs always a list: the answer is a list)."""
-    data = schemas.parse_json(body)
+    data = schemas.parse_json(body, EXAMPLE)
     schemas.only_fields(data, FIELDS)
     if "input" not in data:
-        raise InvalidRequest('the body has no "input"; send {"input": "some text"}')
+        raise InvalidRequest(f'the body has no "input"; send {EXAMPLE}')
     value = data["input"]
     if isinstance(value, list) and value and not isinstance(value[0], str):
         raise InvalidRequest("input must be a string or a list of strings; token-id arrays are not accepted")

@@ -30,6 +30,7 @@ from tasks import params
 from tasks.base import NUMBER, TRUNCATED, Inputs
 from tasks.errors import InputError, InvalidRequest
 
+EXAMPLE = '{"query": "some text", "documents": ["a document"]}'
 FIELDS = (
     "model",
     "query",
@@ -69,11 +70,11 @@ def _value(value: object) -> str:
 
 
 def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any], bool]]:
-    data = params.at_root(schemas.parse_json(body))
+    data = params.at_root(schemas.parse_json(body, EXAMPLE))
     schemas.only_fields(data, FIELDS)
     for name in ("query", "documents"):
         if name not in data:
-            raise InvalidRequest(f'the body has no "{name}"; send {{"query": str, "documents": [str]}}')
+            raise InvalidRequest(f'the body has no "{name}"; send {EXAMPLE}')
     query = params.text(data["query"], "query")
     documents = data["documents"]
     if not isinstance(documents, list):

@@ -40,6 +40,8 @@ from tasks.feature_extraction import EMBEDDING, TOKENS
 EMBED_ALL_FIELDS = ("inputs", "truncate", "truncation_direction", "prompt_name")
 SPARSE_FIELDS = ("inputs", "truncate", "truncation_direction", "top_k", "threshold")
 RERANK_FIELDS = ("query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction")
+RERANK_EXAMPLE = '{"query": "some text", "texts": ["a document"]}'
+DECODE_EXAMPLE = '{"ids": [101, 7592, 102]}'
 
 
 def _texts(
@@ -51,11 +53,11 @@ def _texts(
 ) -> tuple[PredictRequest, None]:
     """A TEI body of texts: `inputs` (answered as a list, even for one text, as TEI nests it) and parameters
     (only `fields` when given), over the route's `defaults`; `forced` the route sets whatever was sent."""
-    data = schemas.parse_json(body)
+    data = schemas.parse_json(body, schemas.HF_EXAMPLE)
     if fields is not None:
         schemas.only_fields(data, fields)
     if "inputs" not in data:
-        raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
+        raise InvalidRequest(f'the body has no "inputs"; send {schemas.HF_EXAMPLE}')
     inputs = Inputs(params.texts(data["inputs"]).texts, single=False)
     raw = params.at_root(
         {**defaults, **{k: v for k, v in data.items() if k != "inputs" and v is not None}, **(forced or {})}
@@ -93,10 +95,10 @@ async def embed_sparse(request: Request) -> Response:
 
 
 def _rerank(body: bytes, res: Resources) -> tuple[PredictRequest, list[str] | None]:
-    data = schemas.parse_json(body)
+    data = schemas.parse_json(body, RERANK_EXAMPLE)
     schemas.only_fields(data, RERANK_FIELDS)
     if "query" not in data or "texts" not in data:
-        raise InvalidRequest('the body needs "query" and "texts"; send {"query": str, "texts": [str]}')
+        raise InvalidRequest(f'the body needs "query" and "texts"; send {RERANK_EXAMPLE}')
     query = params.text(data["query"], "query")
     inputs = Inputs(params.text_list(data["texts"], "texts"), single=False, query=query, name="texts")
     given = params.at_root({k: v for k, v in data.items() if v is not None})
@@ -119,18 +121,18 @@ async def rerank(request: Request) -> Response:
     return reply(call, answer)
 
 
-async def _body(request: Request, res: Resources) -> dict[str, Any]:
+async def _body(request: Request, res: Resources, example: str) -> dict[str, Any]:
     if res.limiter is not None:
         res.limiter.check(request)
-    return schemas.parse_json(await schemas.read_body(request, res.limits.max_body_bytes))
+    return schemas.parse_json(await schemas.read_body(request, res.limits.max_body_bytes), example)
 
 
 async def tokenize(request: Request) -> Response:
     res = guarded(request)
-    data = await _body(request, res)
+    data = await _body(request, res, schemas.HF_EXAMPLE)
     schemas.only_fields(data, ("inputs", "add_special_tokens"))
     if "inputs" not in data:
-        raise InvalidRequest('the body has no "inputs"; send {"inputs": "some text"}')
+        raise InvalidRequest(f'the body has no "inputs"; send {schemas.HF_EXAMPLE}')
     inputs = params.texts(data["inputs"])
     schemas.check_limits(inputs, res.limits)
     special = params.boolean(
@@ -159,10 +161,10 @@ async def tokenize(request: Request) -> Response:
 
 async def decode(request: Request) -> Response:
     res = guarded(request)
-    data = await _body(request, res)
+    data = await _body(request, res, DECODE_EXAMPLE)
     schemas.only_fields(data, ("ids", "skip_special_tokens"))
     if "ids" not in data:
-        raise InvalidRequest('the body has no "ids"; send {"ids": [101, 7592, 102]}')
+        raise InvalidRequest(f'the body has no "ids"; send {DECODE_EXAMPLE}')
     ids = data["ids"]
     batch = ids if isinstance(ids, list) and ids and isinstance(ids[0], list) else [ids]
     vocab_size = res.encoder.whole.get_vocab_size()
