@@ -71,7 +71,7 @@ PARAMETERS = {
         "models, else softmax), as in transformers",
         options=tuple(FUNCTIONS),
     ),
-    "raw_scores": params.Boolean("true returns the logits (function_to_apply none)"),
+    "raw_scores": params.Boolean("true returns the logits (function_to_apply none, whatever it says)"),
 }
 
 
@@ -114,11 +114,6 @@ def default_function(model: ModelInfo) -> str:
 def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
     function = PARAMETERS["function_to_apply"].read(raw, "function_to_apply", default_function(model))
     if PARAMETERS["raw_scores"].read(raw, "raw_scores", False):
-        if "function_to_apply" in raw and function != "none":  # one of the two would be ignored silently
-            raise InvalidRequest(
-                f"{params.named(raw, 'raw_scores')} true asks for the logits, {params.named(raw, 'function_to_apply')} "
-                f"{function} for scores: send one of them"
-            )
         function = "none"
     top_k = PARAMETERS["top_k"].read(raw, "top_k", 1)
     return Params(top_k, function)

@@ -103,12 +103,6 @@ async def test_classification_shapes_top_k_and_raw_scores(classifier: httpx.Asyn
     (raw,) = await predict(classifier, "text", top_k=None, raw_scores=True)
     logits = np.array([e["score"] for e in raw])
     assert np.allclose(softmax(logits.astype(np.float32)), [e["score"] for e in everything], atol=1e-5)
-    # Both, disagreeing: a 422 that names them, where the logits came back and function_to_apply was dropped.
-    both = {"raw_scores": True, "function_to_apply": "softmax"}
-    conflict = await classifier.post("/predict", json={"inputs": "text", "parameters": both})
-    assert conflict.status_code == 422 and "parameters.function_to_apply softmax" in error_of(conflict)[0]
-    agree = {"raw_scores": True, "function_to_apply": "none"}
-    assert (await classifier.post("/predict", json={"inputs": "text", "parameters": agree})).status_code == 200
 
 
 async def test_every_predict_answer_carries_the_compute_headers(classifier: httpx.AsyncClient) -> None:
