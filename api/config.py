@@ -306,8 +306,8 @@ class Settings:
     max_answer_values: int = _setting(
         "HARE_MAX_ANSWER_VALUES",
         _int(1),
-        "numbers in an answer of token vectors (output_value token_embeddings, /embed_all; 413 beyond): the default "
-        "holds 32 texts of 512 tokens at 1,024 dimensions, about 190 MB of JSON",
+        "numbers in an answer of token vectors (output_value token_embeddings, /embed_all, bge-m3's colbert_vecs; "
+        "413 beyond): the default holds 32 texts of 512 tokens at 1,024 dimensions, about 190 MB of JSON",
         2**24,
         public=2**20,
     )

@@ -335,6 +335,9 @@ class TaskSpec:
       so that a shared engine may apply it and send one vector per sequence (postprocess then takes a
       [dim] row as already pooled); None, or returning None: token states wanted as they are.
     postprocess: (outputs, params, model) -> Answer in the Hugging Face pipeline's shape.
+    token_values: (the model's rows, params) -> the numbers the answer's token vectors will hold (embeddings'
+      token_embeddings, bge-m3's ColBERT vectors), which the server caps before post-processing writes them
+      (HARE_MAX_ANSWER_VALUES); None: the task answers none.
     windows: long inputs may be read as overlapping windows and merged (long_input="window").
     offsets: the answer names spans of the text, so its encodings carry each token's character offsets (a
       tokenizer tracks them at about a fifth of its time: 36 of 187 us for a 142-token text, AMD EPYC).
@@ -362,6 +365,7 @@ class TaskSpec:
     postprocess: Callable[[Outputs, Any, ModelInfo], Answer] = field(kw_only=True)
     prepare: Callable[[Inputs, Any], Inputs] | None = field(default=None, kw_only=True)
     pooling: Callable[[Any], str | None] | None = field(default=None, kw_only=True)
+    token_values: Callable[[Sequence[Array], Any], int] | None = field(default=None, kw_only=True)
     output_axes: int | None = field(default=None, kw_only=True)
     windows: bool = field(default=True, kw_only=True)
     text_pairs: bool = field(default=False, kw_only=True)

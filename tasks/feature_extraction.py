@@ -6,7 +6,7 @@ themselves, special tokens included, before pooling, Dense and normalizing (as b
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +123,11 @@ def pooling(p: Params) -> str | None:
     return None if p.tokens else p.pooling
 
 
+def token_values(rows: Sequence[Array], p: Params) -> int:
+    """The numbers of the answer's token vectors: the model's rows as they are, when token states are asked."""
+    return sum(row.size for row in rows) if p.tokens else 0
+
+
 def embed(out: Outputs, p: Params) -> list[Array]:
     """One vector per input; a windowed text's windows are pooled (a [dim] row came pooled already: the shared
     engine pooled it with `pooling`), then combined weighted by length."""
@@ -224,6 +229,7 @@ SPEC = TaskSpec(
     postprocess=postprocess,
     prepare=prepare,
     pooling=pooling,
+    token_values=token_values,
     embeddings=True,
     answer=ANSWER,
     tensors=Tensors((TEXT_TENSOR,), (tensor_io("embeddings", "FP32", [-1, -1]),), tensors, TENSOR_PARAMETERS),

@@ -11,7 +11,7 @@ Two kinds of bundle serve this task (docs/sparse.md):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -163,6 +163,13 @@ def split(rows: Array) -> tuple[Array, Array, Array]:
     return rows[..., :width], rows[..., width], rows[..., width + 1 :]
 
 
+def token_values(rows: Sequence[Array], p: Params) -> int:
+    """The numbers of the answer's ColBERT vectors (a bge-m3 row's third part, but for CLS), when asked."""
+    if "colbert" not in p.outputs:
+        return 0
+    return sum((len(row) - 1) * split(row)[2].shape[-1] for row in rows)
+
+
 def m3_outputs(rows: Array, encoding: Encoding, p: Params, model: ModelInfo) -> dict[str, Any]:
     hidden, weights, colbert = split(rows)
     found: dict[str, Any] = {}
@@ -288,6 +295,7 @@ SPEC = TaskSpec(
     parse_params=parse_params,
     postprocess=postprocess,
     prepare=prepare,
+    token_values=token_values,
     # A sparse vector of overlapping windows has no agreed merge (and bge-m3's ColBERT rows would repeat):
     # inputs are read whole, truncated at the model's length.
     windows=False,

@@ -236,6 +236,20 @@ async def test_bge_m3_requests_that_ask_little_or_wrong(m3_bundle: Path) -> None
     assert "return_colbert_vecs" in documented["properties"]["parameters"]["anyOf"][0]["properties"]
 
 
+async def test_bge_m3_colbert_vectors_are_capped_as_token_vectors(m3_bundle: Path) -> None:
+    """ColBERT's vector a token makes answers as big as token_embeddings': past HARE_MAX_ANSWER_VALUES numbers a
+    413; the same texts without them are answered."""
+    texts = ["word " * 40] * 2
+    colbert = {"return_colbert_vecs": True}
+    async with serve(m3_bundle, HARE_MAX_ANSWER_VALUES="2000") as client:
+        big = await client.post("/predict", json={"inputs": texts, "parameters": colbert})
+        small = await client.post("/predict", json={"inputs": "hi", "parameters": colbert})
+        without = await client.post("/predict", json={"inputs": texts})
+    assert big.status_code == 413 and "HARE_MAX_ANSWER_VALUES" in big.json()["error"]
+    assert small.status_code == 200 and len(small.json()["colbert_vecs"]) > 0
+    assert without.status_code == 200 and without.json()["colbert_vecs"] is None
+
+
 async def test_bench_baseline_answers_as_hare(splade: Path, splade_bundle: Path) -> None:
     """`hare bench`'s vanilla baseline for sparse-embedding (SparseEncoder) answers hare's /predict shape."""
     from bench.baseline_app import BaselineConfig, load_predictor

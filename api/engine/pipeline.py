@@ -87,8 +87,8 @@ class Pipeline:
         queued = time.perf_counter()
         pooling = self.task.pooling(request.params) if self.task.pooling is not None else None
         result = await self._wait(ticket, encoded, gone, pooling)
-        if pooling is None and self.task.pooling is not None:  # an embedding task answering its token states
-            self._check_answer(result.outputs)
+        if self.task.token_values is not None:
+            self._check_answer(self.task.token_values(result.outputs, request.params))
         answered = time.perf_counter()
 
         def postprocess() -> Answer:
@@ -138,18 +138,16 @@ class Pipeline:
             if not await self.batcher.warm_here(sequences, pooling):
                 log.info("warm-up: the %d-token call on every core left to the first lone request (cores busy)", n)
 
-    def _check_answer(self, rows: list[Array]) -> None:
+    def _check_answer(self, values: int) -> None:
         """Refuse an answer of token vectors past `max_answer_values` before it is written: as JSON each number
         takes about 11 bytes, and a text of 40,000 words read in windows (an 80 KB body) made a 181 MB answer
         that took 490 MB of the worker's memory; under a memory limit, such a request killed the worker."""
-        values = sum(row.size for row in rows)
         if self.max_answer_values is None or values <= self.max_answer_values:
             return
-        tokens = sum(len(row) for row in rows)
         raise InputTooLong(
-            f"the answer would hold {tokens} token vectors, {values} numbers; this server answers at most "
-            f"{self.max_answer_values} (HARE_MAX_ANSWER_VALUES): send fewer or shorter texts, or ask for one vector "
-            "a text (output_value sentence_embedding, /embed)",
+            f"the answer's token vectors would hold {values} numbers; this server answers at most "
+            f"{self.max_answer_values} (HARE_MAX_ANSWER_VALUES): send fewer or shorter texts, or ask for a vector a "
+            "text instead of a vector a token",
             limit=self.max_answer_values,
         )
 
