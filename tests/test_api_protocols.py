@@ -68,7 +68,13 @@ async def test_routes_for_other_tasks_answer_404_naming_the_task(ranker: AppClie
             "/v2/models/tiny/infer",
             {"inputs": [{"name": "query", "shape": [1], "datatype": "FP32", "data": [1]}]},
             422,
-            ("BYTES",),
+            ("BYTES", "got 'FP32'"),
+        ),
+        (  # JSON's name for a missing datatype, not Python's None
+            "/v2/models/tiny/infer",
+            {"inputs": [{"name": "query", "shape": [1], "data": ["q"]}]},
+            422,
+            ("BYTES", "got null"),
         ),
         (
             "/v2/models/tiny/infer",

@@ -128,7 +128,9 @@ def strings(tensor: dict[str, Any], binary: memoryview, at: int) -> tuple[list[s
     if unknown:
         raise InvalidRequest(f"{name} has unknown field(s) {', '.join(unknown)}")
     if tensor.get("datatype") != "BYTES":
-        raise InvalidRequest(f"{name} must have datatype BYTES (text), got {tensor.get('datatype')!r}")
+        datatype = tensor.get("datatype")
+        got = repr(datatype) if isinstance(datatype, str) and len(datatype) <= 16 else params.kind(datatype)
+        raise InvalidRequest(f"{name} must have datatype BYTES (text), got {got}")
     shape = _shape(tensor.get("shape"), name)
     size = schemas.parameters(tensor.get("parameters"), f"{name}.parameters").get("binary_data_size")
     if size is not None:
