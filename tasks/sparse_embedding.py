@@ -130,7 +130,7 @@ def prepare(inputs: Inputs, p: Params) -> Inputs:
 
 def prune(index: np.ndarray, weights: Array, p: Params) -> tuple[np.ndarray, Array]:
     """The entries above the threshold, the top_k largest of them when asked, in index order."""
-    keep = weights > p.threshold
+    keep = weights > np.float64(p.threshold)  # a float64 side: 1e308 is no float32 (numpy warned of an overflow)
     index, weights = index[keep], weights[keep]
     if p.top_k is not None and len(weights) > p.top_k:
         top = np.sort(np.argpartition(-weights, p.top_k - 1)[: p.top_k])

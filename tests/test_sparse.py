@@ -96,6 +96,9 @@ async def test_splade_pruning(splade: Path, splade_bundle: Path) -> None:
     async with serve(splade_bundle) as client:
         top = (await client.post("/predict", json={"inputs": TEXTS, "parameters": {"top_k": 5}})).json()
         above = (await client.post("/embed_sparse", json={"inputs": TEXTS, "threshold": 1.0})).json()
+        # Past float32's range: nothing is above it (numpy warned of an overflow casting it to the weights' type).
+        beyond = await client.post("/embed_sparse", json={"inputs": TEXTS, "threshold": 1e308})
+    assert beyond.status_code == 200 and beyond.json() == [[] for _ in TEXTS]
     for entries, ref in zip(top, reference, strict=True):
         assert sorted(e["index"] for e in entries) == sorted(np.argsort(-ref)[:5].tolist())
     for entries, ref in zip(above, reference, strict=True):
