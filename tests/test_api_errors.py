@@ -323,7 +323,11 @@ async def test_an_empty_or_non_object_body_is_shown_its_routes_own_body(tiny_bun
             ("/v2/models/x/infer", '{"inputs": [{"name": "text", '),
             ("/predict", '{"inputs": "'),
         ),
-        "text-ranking": (("/v1/rerank", '{"query": "some text", "documents": '), ("/rerank", '"texts": ')),
+        "text-ranking": (
+            ("/v1/rerank", '{"query": "some text", "documents": '),
+            ("/rerank", '"texts": '),
+            ("/predict", '{"inputs": {"query": "some text", "documents": '),
+        ),
     }
     for task, shown in routes.items():
         async with serve(tiny_bundle(task)) as client:

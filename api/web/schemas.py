@@ -144,6 +144,7 @@ def _body_too_large(size: int, limit: int, whole: bool = True) -> InputTooLong:
 
 
 HF_EXAMPLE = '{"inputs": "some text"}'  # the Hugging Face Inference API's body (TEI's too)
+PAIRS_EXAMPLE = '{"inputs": {"query": "some text", "documents": ["other text"]}}'  # a ranking bundle's /predict
 
 
 def parse_json(body: bytes, example: str) -> dict[str, Any]:
@@ -181,9 +182,10 @@ def parse_predict(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits)
 def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> tuple[PredictRequest, bool]:
     """The Hugging Face Inference API body, and whether it asks for sentence similarity (embedding bundles
     take {"source_sentence", "sentences"} as inputs: the texts to embed are then [source, *sentences])."""
-    data = parse_json(body, HF_EXAMPLE)
+    example = PAIRS_EXAMPLE if task.pairs else HF_EXAMPLE
+    data = parse_json(body, example)
     if "inputs" not in data:
-        raise InvalidRequest(f'the body has no "inputs"; send {HF_EXAMPLE}')
+        raise InvalidRequest(f'the body has no "inputs"; send {example}')
     raw = parameters(data.get("parameters"))
     parameters(data.get("options"), "options")  # the Inference API's wait_for_model and use_cache: ignored
     root = {k: v for k, v in data.items() if k not in BODY_FIELDS}
