@@ -155,6 +155,8 @@ async def test_a_classifiers_pair_tensors_are_named_text_and_text_pair(tiny_bund
                 ("inputs[text_pair][1] is 101",),
             ),
             ([tensor("a", ["a"]), tensor("b", ["b"]), tensor("c", ["c"])], 422, ('"text_pair"', "got 3")),
+            # Second members alone: they were classified as texts.
+            ([tensor("text_pair", ["b"])], 422, ('a "text_pair" input needs a "text" input',)),
         ]:
             refused = await client.post("/v2/models/tiny/infer", json={"inputs": inputs})
             assert refused.status_code == status, refused.text

@@ -222,6 +222,8 @@ def _texts(tensors: Sequence[dict[str, Any]], binary: memoryview, task: TaskSpec
         pair = ', or two, "text" and "text_pair", for text pairs' if task.text_pairs else ""
         raise InvalidRequest(f'this model takes one BYTES input of texts (e.g. "text"){pair}; got {len(found)}')
     name, texts = next(iter(found.items()))
+    if task.text_pairs and name == PAIR[1]:  # the second members alone: read as texts, they were classified so
+        raise InvalidRequest(f'a "{PAIR[1]}" input needs a "{PAIR[0]}" input beside it, one string each per pair')
     return Inputs(params.text_list(texts, f"inputs[{name}]"), single=False, name=f"inputs[{name}]")
 
 
