@@ -412,6 +412,22 @@ async def test_the_measured_capacity_follows_the_model_speed_and_the_request_siz
     await batcher.close()
 
 
+async def four_calls_on_two_cores(
+    run: Callable[[list[str], int, str | None], Rows], spread: int, quiet: bool, folder: Path
+) -> None:
+    """One request of four calls through a worker of one stream (and `spread`) on a two-core pool, quiet or
+    marked busy (another worker's call overlapped one); each call's answer checked."""
+    pool = CorePool(2, folder, quiet=60.0)
+    if not quiet:
+        pool.contended()
+    batcher: Batcher[str] = Batcher(run, policy(max_items=1, streams=1, spread=spread), pool=pool, widths=(1, 2))
+    batcher.start()
+    result = await ask(batcher, ["x" * n for n in range(1, 5)])
+    assert [int(row[0]) for row in result.outputs] == [1, 2, 3, 4]
+    await batcher.close()
+    pool.close()
+
+
 @pytest.mark.parametrize("quiet", [True, False])
 async def test_a_request_of_several_calls_alone_on_the_machine_runs_them_on_every_core(
     tmp_path: Path, quiet: bool
@@ -432,16 +448,8 @@ async def test_a_request_of_several_calls_alone_on_the_machine_runs_them_on_ever
             running -= 1
         return echo([])(batch, width, pooling)
 
-    pool = CorePool(2, tmp_path, quiet=60.0)
-    if not quiet:
-        pool.contended()
-    batcher: Batcher[str] = Batcher(run, policy(max_items=1, streams=1, spread=2), pool=pool, widths=(1, 2))
-    batcher.start()
-    result = await ask(batcher, ["x" * n for n in range(1, 5)])
-    assert [int(row[0]) for row in result.outputs] == [1, 2, 3, 4]
+    await four_calls_on_two_cores(run, spread=2, quiet=quiet, folder=tmp_path)
     assert most == (2 if quiet else 1)
-    await batcher.close()
-    pool.close()
 
 
 @pytest.mark.parametrize("quiet", [True, False])
@@ -457,16 +465,8 @@ async def test_a_worker_that_cannot_spread_runs_a_requests_calls_on_every_core_o
         widths.append(width)
         return echo([])(batch, width, pooling)
 
-    pool = CorePool(2, tmp_path, quiet=60.0)
-    if not quiet:
-        pool.contended()
-    batcher: Batcher[str] = Batcher(run, policy(max_items=1, streams=1, spread=1), pool=pool, widths=(1, 2))
-    batcher.start()
-    result = await ask(batcher, ["x" * n for n in range(1, 5)])
-    assert [int(row[0]) for row in result.outputs] == [1, 2, 3, 4]
+    await four_calls_on_two_cores(run, spread=1, quiet=quiet, folder=tmp_path)
     assert widths == [2 if quiet else 1] * 4
-    await batcher.close()
-    pool.close()
 
 
 async def test_waiting_for_a_core_does_not_count_as_model_time(tmp_path: Path) -> None:
