@@ -282,13 +282,14 @@ def check_joined(inputs: Inputs, raw: Mapping[str, object], task: TaskSpec, limi
     the characters the largest body holds. Unchecked, a 1 MB prompt before 10,000 texts of one letter asked
     10 GB of tokenizing, and a 1 MB query beside 10,000 documents 6-7 hours of it, from bodies of 1 MB."""
     cap = limits.max_input_chars
-    joined = {inputs.query_named: inputs.query} if inputs.query is not None else {}
+    joined = {inputs.query_named: inputs.query} if inputs.query is not None else {}  # capped by check_limits
     for name, spec in task.parameters.items():
-        if isinstance(spec, params.Text) and isinstance(raw.get(name), str):
-            joined[params.named(raw, name)] = str(raw[name])
-    for name, text in joined.items():
-        if len(text) > cap:
-            raise InputTooLong(f"{name} is {len(text)} characters; the limit is {cap}", limit=cap)
+        text = raw.get(name)
+        if isinstance(spec, params.Text) and isinstance(text, str):
+            named = params.named(raw, name)
+            if len(text) > cap:
+                raise InputTooLong(f"{named} is {len(text)} characters; the limit is {cap}", limit=cap)
+            joined[named] = text
     count = len(inputs.texts)
     total = sum(map(len, inputs.texts)) + sum(map(len, inputs.pairs or ())) + count * sum(map(len, joined.values()))
     if joined and total > limits.max_body_bytes:
