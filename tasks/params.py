@@ -118,11 +118,11 @@ def integer(
     nullable: bool = False,
 ) -> int | None:
     """An integer in [minimum, maximum]; null only when `nullable` (it then means "no limit")."""
-    value = raw.get(name, default)
+    sent = value = raw.get(name, default)
     if value is None and (nullable or name not in raw):
         return None
     if isinstance(value, float) and value.is_integer():
-        value = int(value)
+        value = int(value)  # JSON's 3.0 is the integer 3; a refusal still shows what was sent (1e+30)
     if isinstance(value, bool) or not isinstance(value, int):
         also = " or null" if nullable else ""
         raise InvalidRequest(f"{named(raw, name)} must be an integer{also}, got {kind(value)}")
@@ -130,7 +130,7 @@ def integer(
     if value < minimum or value > top:
         # Without a maximum of its own, the 64 bits the documentation states are said only to a value past them.
         bound = f"between {minimum} and {top}" if maximum is not None or value > top else f"at least {minimum}"
-        raise InvalidRequest(f"{named(raw, name)} must be {bound}, got {value}")
+        raise InvalidRequest(f"{named(raw, name)} must be {bound}, got {sent}")
     return value
 
 

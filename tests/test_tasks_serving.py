@@ -38,6 +38,8 @@ def test_parameter_helpers_name_the_field() -> None:
     assert params.choice({"c": "max"}, "c", ("max", "min"), "min") == "max"
     with pytest.raises(InvalidRequest, match="between 0 and 9223372036854775807"):  # 64 bits, as JSON parsers
         params.integer({"k": 2**63}, "k", 1)
+    with pytest.raises(InvalidRequest, match=r"9223372036854775807, got 1e\+30$"):  # as sent, not 31 digits
+        params.integer({"k": 1e30}, "k", 1)
     # Exactly as listed (the OpenAPI document states them as an enum): "MAX" is not "max".
     for wrong in ("x", "MAX"):
         with pytest.raises(InvalidRequest, match=f"one of max, min; got '{wrong}'"):
