@@ -286,6 +286,16 @@ async def test_entities_equal_the_transformers_pipeline_for_every_strategy(
                     assert np.allclose([e["score"] for e in ref], [e["score"] for e in got], atol=TOL)
 
 
+async def test_entities_are_grouped_by_default(fp32_bundle: ModelFactory) -> None:
+    # The default strategy is simple (docs/api.md), as the Hugging Face Inference API's; the pipeline's own
+    # default is none, so the comparisons above, which name every strategy, would not see it change.
+    async with serve(fp32_bundle("token-classification")) as client:
+        default = await predict(client, TEXTS, ignore_labels=[])
+        simple = await predict(client, TEXTS, aggregation_strategy="simple", ignore_labels=[])
+    assert default == simple
+    assert default[0] and all("entity_group" in e and "entity" not in e for e in default[0])
+
+
 async def test_window_entities_cover_the_whole_text_with_true_offsets(fp32_bundle: ModelFactory) -> None:
     async with serve(fp32_bundle("token-classification")) as client:
         params = {"aggregation_strategy": "none", "ignore_labels": []}
