@@ -349,9 +349,13 @@ async def test_window_entities_overlap_nowhere_as_the_pipelines(
     async with serve(fp32_bundle("token-classification", "roberta")) as client:
         entities = await predict(client, text, **params)
         cut = await predict(client, text, aggregation_strategy="simple", ignore_labels=[])
+        tokens = await predict(client, text, aggregation_strategy="none", ignore_labels=[], stride=8)
     reference: Any = pipeline(
         "token-classification", model=str(tiny_model("token-classification", "roberta")), **params
     )
+    # Strategy none answers every token once (the pipeline refuses it with a stride): no overlap is dropped.
+    assert [e["index"] for e in tokens] == list(range(1, len(tokens) + 1))
+    assert tokens[-1]["end"] == len(text) and len({(e["start"], e["end"]) for e in tokens}) < len(tokens)
     spans = [(e["start"], e["end"]) for e in entities]
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
     assert len({(s, e) for s, e in [(c["start"], c["end"]) for c in cut]}) < len(cut)  # what one window keeps
