@@ -27,8 +27,9 @@ from container.bundle import MODEL_FILE, TOKENIZER_FILE
 from container.runtime import OnnxModel
 from tasks.ops import l2_normalize, pad_batch, softmax
 from tests.api_helpers import assert_ranked, error_of, serve
-from tests.conftest import ModelFactory
+from tests.conftest import ModelFactory, quick_bundle
 from tests.test_token_spans import without_edge_spaces
+from tests.tiny_models import make_model
 
 pytestmark = pytest.mark.anyio
 TOL = 1e-4
@@ -239,16 +240,23 @@ def run_alone(bundle: Path, encodings: list[Any]) -> list[np.ndarray]:
     return [model.run(pad_batch([e], model.input_names))[0] for e in encodings]
 
 
-async def test_window_classification_averages_the_windows_scores(
-    classifier: httpx.AsyncClient, fp32_bundle: ModelFactory
-) -> None:
-    bundle = fp32_bundle("text-classification")
-    windows = windows_of(bundle, LONG, stride=16)
+async def test_window_classification_averages_the_windows_scores(classifier: httpx.AsyncClient, tmp_path: Path) -> None:
+    # Weights wider than the tiny models' 0.02, which score every window within 1e-4 of the others: there, the
+    # first window's scores alone, or the softmax of the mean logits, passed for the mean of the windows' scores.
+    model = make_model(tmp_path / "model", "text-classification", initializer_range=0.5)
+    bundle = quick_bundle(model, "text-classification", tmp_path / "bundle")
+    windows = windows_of(bundle, ENDS_ELSEWHERE, stride=16)
     assert len(windows) >= 4
-    expected = np.mean([softmax(logits) for logits in run_alone(bundle, windows)], axis=0)
-    response = await classifier.post(
-        "/predict", json={"inputs": LONG, "parameters": {"long_input": "window", "stride": 16, "top_k": None}}
-    )
+    logits = run_alone(bundle, windows)
+    expected = np.mean([softmax(x) for x in logits], axis=0)
+    # The windows disagree: neither the first one's scores nor the softmax of their mean logits is the answer.
+    assert np.abs(softmax(logits[0]) - expected).max() > 0.01
+    assert np.abs(softmax(np.mean(logits, axis=0)) - expected).max() > 0.01
+    async with serve(bundle) as client:
+        response = await client.post(
+            "/predict",
+            json={"inputs": ENDS_ELSEWHERE, "parameters": {"long_input": "window", "stride": 16, "top_k": None}},
+        )
     assert "x-truncated" not in response.headers
     assert int(response.headers["x-compute-tokens"]) == sum(len(w) for w in windows)
     labels = ["negative", "neutral", "positive"]
