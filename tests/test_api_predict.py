@@ -540,6 +540,8 @@ async def test_ranking_parameters(ranker: httpx.AsyncClient) -> None:
     top = await predict(ranker, {"query": "capital", "texts": documents}, top_n=2, return_documents=True)
     assert [t["index"] for t in top] == [f["index"] for f in full[:2]]
     assert [t["document"] for t in top] == [documents[f["index"]] for f in full[:2]]
+    many = [f"document number {i}" for i in range(25)]  # without top_n, every document: no cap of some default
+    assert sorted(r["index"] for r in await predict(ranker, {"query": "capital", "documents": many})) == list(range(25))
     raw = await predict(ranker, {"query": "capital", "documents": documents}, raw_scores=True)
     assert np.allclose(1 / (1 + np.exp(-np.array([r["score"] for r in raw]))), [f["score"] for f in full], atol=1e-6)
     long_doc = await ranker.post("/predict", json={"inputs": {"query": "capital", "documents": ["short", LONG]}})
