@@ -220,6 +220,8 @@ async def test_refusals_name_what_to_send(server: httpx.AsyncClient) -> None:
     for output in ("sentence_embedding", "token_embeddings"):  # 16: the Dense module's width, not the hidden 32
         body = {"inputs": "hi", "parameters": {"dimensions": 17, "output_value": output}}
         assert "at most 16" in error(await post(server, "/predict", body, 422))
+        whole = {"inputs": "hi", "parameters": {"dimensions": 16, "output_value": output}}  # the width itself
+        assert await post(server, "/predict", whole) == await predict(server, "hi", output_value=output)
     wrong = await post(
         server,
         "/similarity",
