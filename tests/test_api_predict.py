@@ -446,6 +446,9 @@ async def test_window_embeddings_pool_the_windows(embedder: httpx.AsyncClient, f
     expected = l2_normalize((pooled * weights[:, None]).sum(axis=0) / weights.sum())
     got = np.array(await predict(embedder, text, long_input="window", stride=8))
     assert np.abs(got - expected).max() < TOL
+    # Last-token pooling (decoder embedders) reads the text's last token: the last window's, not a mean of windows.
+    last = np.array(await predict(embedder, text, long_input="window", stride=8, pooling="lasttoken"))
+    assert np.abs(last - l2_normalize(states[-1][-1])).max() < TOL
 
 
 async def test_openai_embeddings(embedder: httpx.AsyncClient) -> None:
