@@ -169,6 +169,34 @@ async def test_a_regression_checkpoint_answers_its_logits_as_transformers_does(t
         )
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"problem_type": "multi_label_classification"},
+        {"id2label": {0: "relevant"}, "label2id": {"relevant": 0}},  # one logit, no problem_type
+    ],
+    ids=["multi-label", "one-logit"],
+)
+async def test_multi_label_and_one_logit_heads_answer_sigmoids_by_default(
+    tmp_path: Path, config: dict[str, Any]
+) -> None:
+    """transformers' default function: sigmoid for a multi-label head and for any one-logit head (softmax would
+    answer a one-logit head 1.0 whatever the text, and a multi-label head's scores summing to 1)."""
+    from transformers import pipeline
+
+    model = make_model(tmp_path / "model", "text-classification", initializer_range=0.5, **config)
+    quick_bundle(model, "text-classification", tmp_path / "bundle")
+    texts = ["I like you. I love you", "The weather in Paris is cold today."]
+    expected: Any = pipeline("text-classification", model=str(model), top_k=None)(texts)
+    async with serve(tmp_path / "bundle") as client:
+        got = (await client.post("/predict", json={"inputs": texts, "parameters": {"top_k": None}})).json()
+    for ref, answer in zip(expected, got, strict=True):
+        assert [r["label"] for r in ref] == [a["label"] for a in answer]
+        assert np.allclose([r["score"] for r in ref], [a["score"] for a in answer], atol=1e-4)
+        assert all(0 < a["score"] < 1 for a in answer)
+
+
 @pytest.mark.parametrize(("off", "passes"), [(0.2, False), (0.05, True)])
 def test_a_regression_heads_values_are_judged_on_their_own_scale(off: float, passes: bool) -> None:
     """A similarity regressor answering 0-5: 4.2 for 4.0 is a miss a user sees (4% of the range), which the
