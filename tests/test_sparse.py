@@ -112,6 +112,7 @@ async def test_splade_bad_requests(splade_bundle: Path) -> None:
         unknown = await client.post("/predict", json={"inputs": "hi", "parameters": {"return_foo": True}})
         at_root = await client.post("/predict", json={"inputs": "hi", "return_foo": True})
         negative = await client.post("/embed_sparse", json={"inputs": "hi", "top_k": 0})
+        below = await client.post("/predict", json={"inputs": "hi", "parameters": {"threshold": -0.5}})
         dense_route = await client.post("/embed", json={"inputs": "hi"})
         spec = (await client.get("/openapi.json")).json()
         info = (await client.get("/info")).json()
@@ -124,6 +125,8 @@ async def test_splade_bad_requests(splade_bundle: Path) -> None:
     for said in (unknown.json()["error"], at_root.json()["error"], str(in_bulk.value), " ".join(info["parameters"])):
         assert "top_k" in said and not any(f"return_{h}" in said for h in ("dense", "sparse", "colbert")), said
     assert negative.status_code == 422 and "top_k" in negative.json()["error"]
+    # Below 0 every zero weight of the vocabulary would be "above" it: refused, naming the bound.
+    assert below.status_code == 422 and "parameters.threshold must be at least 0" in below.json()["error"]
     assert dense_route.status_code == 404
     assert "/embed_sparse" in spec["paths"]
     documented = spec["paths"]["/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
