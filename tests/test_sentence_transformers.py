@@ -82,6 +82,23 @@ async def test_dense_normalize_and_prompts_equal_sentence_transformers(
     assert np.abs(await predict(st_server, TEXTS, prompt="") - reference.encode(TEXTS)).max() > 1e-3
 
 
+async def test_a_folder_without_normalize_is_served_at_its_vectors_length(
+    tiny_model: ModelFactory, tmp_path: Path
+) -> None:
+    """Normalize is a module of the folder, not a given: without it sentence-transformers' vectors keep their
+    length, and hare's do by default (the bundle's normalize); `normalize` true still scales them."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = make_sentence_transformer(tmp_path / "model", tiny_model("feature-extraction"), normalize=False)
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
+    assert not np.allclose(np.linalg.norm(expected, axis=1), 1, atol=1e-2)
+    async with serve(quick_bundle(folder, "feature-extraction", tmp_path / "bundle")) as client:
+        got = await predict(client, TEXTS)
+        scaled = await predict(client, TEXTS, normalize=True)
+    assert np.abs(got - expected).max() < TOL
+    assert np.allclose(np.linalg.norm(scaled, axis=1), 1, atol=1e-5)
+
+
 async def test_prompt_errors_name_the_choices(st_server: httpx.AsyncClient) -> None:
     unknown = await st_server.post("/predict", json={"inputs": "hi", "parameters": {"prompt_name": "nope"}})
     # Listed as the folder holds them (sentence-transformers 6 saves its prompts sorted by name).
