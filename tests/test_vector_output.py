@@ -108,6 +108,12 @@ async def test_every_encoding_is_the_float_vector_quantized(server: httpx.AsyncC
     assert np.allclose(np.frombuffer(base64.b64decode(packed), dtype="<f4"), floats[0], atol=1e-6)
     tei = await post(server, "/embed", {"inputs": TEXTS, "encoding_format": "int8"})
     assert np.array_equal(np.array(tei), quantize.quantize(floats, "int8"))
+    name = server.resources.model_name  # type: ignore[attr-defined]
+    tensor = {"name": "text", "shape": [3], "datatype": "BYTES", "data": TEXTS}
+    for encoding in ("float", "base64"):  # KServe's FP32 tensor either way: base64 is decoded back to the floats
+        body = {"inputs": [tensor], "parameters": {"encoding_format": encoding}}
+        (out,) = (await post(server, f"/v2/models/{name}/infer", body))["outputs"]
+        assert out["shape"] == [3, 16] and np.allclose(out["data"], floats.reshape(-1), atol=1e-6), encoding
 
 
 async def test_vector_options_that_do_not_apply_are_ignored_as_sentence_transformers_does(
