@@ -98,6 +98,13 @@ async def test_splade_pruning(splade: Path, splade_bundle: Path) -> None:
         above = (await client.post("/embed_sparse", json={"inputs": TEXTS, "threshold": 1.0})).json()
         # Past float32's range: nothing is above it (numpy warned of an overflow casting it to the weights' type).
         beyond = await client.post("/embed_sparse", json={"inputs": TEXTS, "threshold": 1e308})
+        # One weight more than top_k is cut too (each text's non-zero count less one).
+        counts = [int((ref > 0).sum()) for ref in reference]
+        one_less = [
+            (await client.post("/predict", json={"inputs": text, "parameters": {"top_k": n - 1}})).json()
+            for text, n in zip(TEXTS, counts, strict=True)
+        ]
+    assert [len(entries) for entries in one_less] == [n - 1 for n in counts]
     assert beyond.status_code == 200 and beyond.json() == [[] for _ in TEXTS]
     for entries, ref in zip(top, reference, strict=True):
         # The 5 largest weights, answered by index as every sparse vector is (TEI's order), not by weight.
