@@ -93,6 +93,11 @@ async def test_an_lm_reranker_scores_pairs_as_its_model_card(lm_reranker: Path, 
         assert answer.status_code == 200, answer.text
         assert_ranked(answer.json(), model_card_scores(lm_reranker, QUERY, DOCUMENTS, instruction), TOL)
 
+        # Braces in a text stay as sent: a query that says "{document}" is not filled in with each document.
+        braced = "what does {document} say about the {query}"
+        answer = await client.post("/predict", json={"inputs": {"query": braced, "documents": DOCUMENTS}})
+        assert_ranked(answer.json(), model_card_scores(lm_reranker, braced, DOCUMENTS), TOL)
+
         # The documents come back as the client sent them, not as the template wrote them.
         body = {"inputs": {"query": QUERY, "documents": DOCUMENTS}, "parameters": {"return_documents": True}}
         ranked = (await client.post("/predict", json=body)).json()
