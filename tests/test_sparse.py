@@ -216,6 +216,7 @@ async def test_bge_m3_matches_flag_embedding_math(m3: Path, m3_bundle: Path) -> 
             )
         ).json()
         tei = (await client.post("/embed_sparse", json={"inputs": M3_TEXTS})).json()
+        pruned = (await client.post("/predict", json={"inputs": M3_TEXTS, "parameters": {"top_k": 3}})).json()
     # FlagEmbedding's answer: every key, null when not asked; one text: the items themselves.
     assert all(answer[k] is not None for k in ("dense_vecs", "lexical_weights", "colbert_vecs"))
     assert default["colbert_vecs"] is None and default["lexical_weights"] is not None
@@ -228,6 +229,10 @@ async def test_bge_m3_matches_flag_embedding_math(m3: Path, m3_bundle: Path) -> 
         assert np.allclose([got[k] for k in got], [ref["lexical_weights"][k] for k in got], atol=TOL)
         assert np.allclose(answer["colbert_vecs"][i], ref["colbert_vecs"], atol=TOL)
         assert tei[i] == [{"index": int(k), "value": v} for k, v in got.items()]
+        # top_k prunes the lexical weights as it prunes SPLADE's: the 3 largest, by token id.
+        largest = sorted(got, key=lambda k: -got[k])[:3]
+        assert list(pruned["lexical_weights"][i]) == sorted(largest, key=int)
+    assert any(len(weights) > 3 for weights in answer["lexical_weights"])  # so that top_k cut some
     assert np.allclose(default["dense_vecs"], reference[0]["dense_vecs"], atol=TOL)
 
 
