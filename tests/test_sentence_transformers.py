@@ -72,6 +72,7 @@ async def test_dense_normalize_and_prompts_equal_sentence_transformers(
         ({}, {}),  # the default prompt ("query: ") applies to both
         ({"prompt_name": "passage"}, {"prompt_name": "passage"}),
         ({"prompt": "search: "}, {"prompt": "search: "}),
+        ({"prompt": "search: ", "prompt_name": "passage"}, {"prompt": "search: "}),  # the literal prompt wins
     ]
     for ours_params, st_params in cases:
         expected = reference.encode(TEXTS, **st_params)
