@@ -116,7 +116,10 @@ def encoder_of(source: SourceModel):  # type: ignore[no-untyped-def]
     (T5Gemma 2, whose checkpoints hold the encoder under the LM's prefix; its decoder is read and freed)."""
     import transformers
 
-    kwargs = dict(attn_implementation="eager", trust_remote_code=source.trust_remote_code, output_loading_info=True)
+    # Any: transformers 5.25 types from_pretrained's keywords, which a dict of mixed values cannot name one by one.
+    kwargs: dict[str, Any] = dict(
+        attn_implementation="eager", trust_remote_code=source.trust_remote_code, output_loading_info=True
+    )
     if name := ENCODER_CLASSES.get(source.model_type):
         return with_missing(getattr(transformers, name).from_pretrained(str(source.path), **kwargs)).eval()
     return transformers.AutoModel.from_pretrained(str(source.path), **kwargs)[0].get_encoder().eval()
