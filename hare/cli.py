@@ -44,7 +44,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="hare", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="hare",
+        description="Optimize, serve, benchmark and bulk-run Transformer models (text classification, NER, "
+        "embeddings, reranking) from local Hugging Face folders.",
+        epilog="`hare COMMAND --help` for each. Start with `hare optimize` (the embedded default model) and "
+        "`hare serve`, then POST /predict on :8080.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # Configure only the subcommand asked for: its module may import heavy packages.
     wanted = argv[0] if argv and argv[0] in COMMANDS else None
