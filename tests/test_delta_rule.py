@@ -151,3 +151,16 @@ def test_a_qwen3_5_graph_equals_pytorch_past_the_first_chunk(tmp_path: Path) -> 
             with torch.inference_mode():
                 short_ref = model(input_ids=torch.from_numpy(short[None])).last_hidden_state[0].numpy()
             assert np.abs(out[1, cols] - short_ref).max() < 1e-4, (length, side, "short row")
+
+
+def test_tensor_split_as_slices_cuts_as_torch_does() -> None:
+    """What loop_free puts in torch.tensor_split's place answers as it does: at indices within, at and past the
+    dimension's size (transformers 5.25 cuts a sequence at its own length), on any dimension; sections as they
+    are."""
+    x = torch.arange(2 * 5 * 3).reshape(2, 5, 3)
+    split = delta_rule.split_as_slices(torch.tensor_split)
+    for indices, dim in [([5], 1), ([2], 1), ([0, 3], 1), ([7], 1), ([1], -1), ([1], 0)]:
+        expected = torch.tensor_split(x, indices, dim=dim)
+        got = split(x, indices, dim=dim)
+        assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(split(x, 2, dim=1), torch.tensor_split(x, 2, dim=1), strict=True))

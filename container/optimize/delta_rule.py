@@ -33,6 +33,7 @@ O(T^3 log T) per head would also cost more than the whole model past a few hundr
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from collections.abc import Iterator
@@ -161,16 +162,36 @@ def reference_modules(model: torch.nn.Module) -> list[ModuleType]:
     return sorted((m for m in found if callable(getattr(m, REFERENCE, None))), key=lambda m: m.__name__)
 
 
+def split_as_slices(split: Any) -> Any:
+    """torch.tensor_split that cuts at a list of indices with slices. transformers 5.25's gated-delta-rule layers
+    cut the sequence at its length less the states a cache keeps (none here); the TorchScript exporter writes
+    such a cut at a traced index as a Tile that ONNX Runtime refuses ('repeat' input must be 1 dimensional),
+    where a slice of each part exports as plain Slice nodes. Sections (an int) go to `split` as they are."""
+
+    def tensor_split(x: torch.Tensor, indices_or_sections: Any, dim: int = 0) -> tuple[torch.Tensor, ...]:
+        if not isinstance(indices_or_sections, list | tuple):
+            return split(x, indices_or_sections, dim)  # type: ignore[no-any-return]
+        bounds = [0, *indices_or_sections, None]
+        lead = (slice(None),) * (dim % x.dim())
+        return tuple(x[(*lead, slice(a, b))] for a, b in itertools.pairwise(bounds))
+
+    return tensor_split
+
+
 @contextmanager
 def loop_free(model: torch.nn.Module, max_length: int) -> Iterator[None]:
     """Within: `model`'s gated-delta-rule layers call gated_delta_rule, for sequences of up to `max_length`
-    tokens. The layers look the function up in their module's globals at each call."""
+    tokens, and torch.tensor_split cuts with slices (split_as_slices). The layers look the function up in their
+    module's globals at each call."""
     modules = reference_modules(model)
     saved = [getattr(m, REFERENCE) for m in modules]
+    split = torch.tensor_split
     try:
         for module in modules:
             setattr(module, REFERENCE, partial(gated_delta_rule, steps=scan_steps(max_length)))
+        torch.tensor_split = split_as_slices(split)
         yield
     finally:
+        torch.tensor_split = split
         for module, function in zip(modules, saved, strict=True):
             setattr(module, REFERENCE, function)
