@@ -184,8 +184,7 @@ def parse_hf(body: bytes, task: TaskSpec, model: ModelInfo, limits: Limits) -> t
     take {"source_sentence", "sentences"} as inputs: the texts to embed are then [source, *sentences])."""
     example = PAIRS_EXAMPLE if task.pairs else HF_EXAMPLE
     data = parse_json(body, example)
-    if "inputs" not in data:
-        raise InvalidRequest(f'the body has no "inputs"; send {example}')
+    require(data, ("inputs",), example)
     raw = parameters(data.get("parameters"))
     parameters(data.get("options"), "options")  # the Inference API's wait_for_model and use_cache: ignored
     root = {k: v for k, v in data.items() if k not in BODY_FIELDS}
@@ -210,6 +209,13 @@ def accepted_parameters(task: TaskSpec, model: ModelInfo) -> list[str]:
     (params.taken), then the common ones it can use (a stride reads windows, which a task that reads its
     inputs whole refuses)."""
     return [*params.taken(task.parameters, model), *(name for name in COMMON if task.windows or name != "stride")]
+
+
+def require(data: Mapping[str, object], names: Sequence[str], example: str) -> None:
+    """Refuse a body that lacks any of the fields `names`, naming them and showing the route's `example`."""
+    missing = ", ".join(f'"{name}"' for name in names if name not in data)
+    if missing:
+        raise InvalidRequest(f"the body has no {missing}; send {example}")
 
 
 def only_fields(data: Mapping[str, object], accepted: Sequence[str]) -> None:

@@ -103,8 +103,7 @@ def width(res: Resources) -> int | None:
 def _parse(body: bytes, res: Resources, v2: bool) -> tuple[PredictRequest, Asked]:
     data = params.at_root(schemas.parse_json(body, EXAMPLE))
     schemas.only_fields(data, FIELDS)
-    if "texts" not in data:
-        raise InvalidRequest(f'the body has no "texts"; send {EXAMPLE}')
+    schemas.require(data, ("texts",), EXAMPLE)
     texts = params.text_list(data["texts"], "texts")
     if data.get("model") is not None and not isinstance(data["model"], str):
         raise InvalidRequest(f"model must be a string, got {params.kind(data['model'])}")

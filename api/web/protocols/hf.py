@@ -42,8 +42,7 @@ def _similarity(body: bytes, res: Resources) -> tuple[PredictRequest, bool]:
     unknown = sorted(set(data) - {"inputs", "parameters"})
     if unknown:
         raise InvalidRequest(f'unknown field(s) {", ".join(unknown)}; the body is {{"inputs": {{...}}, "parameters"?}}')
-    if "inputs" not in data:
-        raise InvalidRequest(f'the body has no "inputs"; send {SIMILARITY_EXAMPLE}')
+    schemas.require(data, ("inputs",), SIMILARITY_EXAMPLE)
     value = data["inputs"]
     if not isinstance(value, dict):
         raise InvalidRequest(f"inputs must be an object {{source_sentence, sentences}}, got {params.kind(value)}")

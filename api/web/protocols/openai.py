@@ -50,8 +50,7 @@ def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, None]:
     """OpenAI's embeddings request, as a /predict request (inputs always a list: the answer is a list)."""
     data = schemas.parse_json(body, EXAMPLE)
     schemas.only_fields(data, FIELDS)
-    if "input" not in data:
-        raise InvalidRequest(f'the body has no "input"; send {EXAMPLE}')
+    schemas.require(data, ("input",), EXAMPLE)
     value = data["input"]
     if isinstance(value, list) and value and not isinstance(value[0], str):
         raise InvalidRequest("input must be a string or a list of strings; token-id arrays are not accepted")

@@ -72,9 +72,7 @@ def _value(value: object) -> str:
 def _parse(body: bytes, res: Resources) -> tuple[PredictRequest, tuple[list[Any], bool]]:
     data = params.at_root(schemas.parse_json(body, EXAMPLE))
     schemas.only_fields(data, FIELDS)
-    for name in ("query", "documents"):
-        if name not in data:
-            raise InvalidRequest(f'the body has no "{name}"; send {EXAMPLE}')
+    schemas.require(data, ("query", "documents"), EXAMPLE)
     query = params.text(data["query"], "query")
     documents = data["documents"]
     if not isinstance(documents, list):

@@ -56,8 +56,7 @@ def _texts(
     data = schemas.parse_json(body, schemas.HF_EXAMPLE)
     if fields is not None:
         schemas.only_fields(data, fields)
-    if "inputs" not in data:
-        raise InvalidRequest(f'the body has no "inputs"; send {schemas.HF_EXAMPLE}')
+    schemas.require(data, ("inputs",), schemas.HF_EXAMPLE)
     inputs = Inputs(params.texts(data["inputs"]).texts, single=False)
     raw = params.at_root(
         {**defaults, **{k: v for k, v in data.items() if k != "inputs" and v is not None}, **(forced or {})}
@@ -97,8 +96,7 @@ async def embed_sparse(request: Request) -> Response:
 def _rerank(body: bytes, res: Resources) -> tuple[PredictRequest, list[str] | None]:
     data = schemas.parse_json(body, RERANK_EXAMPLE)
     schemas.only_fields(data, RERANK_FIELDS)
-    if "query" not in data or "texts" not in data:
-        raise InvalidRequest(f'the body needs "query" and "texts"; send {RERANK_EXAMPLE}')
+    schemas.require(data, ("query", "texts"), RERANK_EXAMPLE)
     query = params.text(data["query"], "query")
     inputs = Inputs(params.text_list(data["texts"], "texts"), single=False, query=query, name="texts")
     given = params.at_root({k: v for k, v in data.items() if v is not None})
@@ -131,8 +129,7 @@ async def tokenize(request: Request) -> Response:
     res = guarded(request)
     data = await _body(request, res, schemas.HF_EXAMPLE)
     schemas.only_fields(data, ("inputs", "add_special_tokens"))
-    if "inputs" not in data:
-        raise InvalidRequest(f'the body has no "inputs"; send {schemas.HF_EXAMPLE}')
+    schemas.require(data, ("inputs",), schemas.HF_EXAMPLE)
     inputs = params.texts(data["inputs"])
     schemas.check_limits(inputs, res.limits)
     special = params.boolean(
@@ -163,8 +160,7 @@ async def decode(request: Request) -> Response:
     res = guarded(request)
     data = await _body(request, res, DECODE_EXAMPLE)
     schemas.only_fields(data, ("ids", "skip_special_tokens"))
-    if "ids" not in data:
-        raise InvalidRequest(f'the body has no "ids"; send {DECODE_EXAMPLE}')
+    schemas.require(data, ("ids",), DECODE_EXAMPLE)
     ids = data["ids"]
     batch = ids if isinstance(ids, list) and ids and isinstance(ids[0], list) else [ids]
     vocab_size = res.encoder.whole.get_vocab_size()
