@@ -21,6 +21,7 @@ from api.bulk.columns import Answers, item_name, per_input
 from api.bulk.reader import Chunk, Columns, Reject
 from api.config import Settings
 from api.engine.backend import Backend
+from api.engine.encoder import NO_TOKENS
 from api.engine.opened import open_bundle
 from container.bundle import MODEL_FILE
 from tasks import params
@@ -143,8 +144,7 @@ class BulkModel:
                 if sent is not None and prepared.sent is not None:
                     sent[row] = prepared.sent[k]
         for row in sorted(blank):
-            reason = "it has no tokens: the model's tokenizer drops every character of it and adds none of its own"
-            chunk.rejects.append(Reject(chunk.positions[row], chunk.ids[row], reason))
+            chunk.rejects.append(Reject(chunk.positions[row], chunk.ids[row], f"it {NO_TOKENS}"))
             windows[row] = []
         if self.long_input == "refuse":
             limit = self.encoder.max_length

@@ -42,6 +42,12 @@ from tokenizers.pre_tokenizers import PreTokenizer
 from tasks.base import TRUNCATE, Inputs, LongInput, Side, Vocab
 from tasks.errors import InputError, InputTooLong
 
+# Why a text was refused (a request's 400) or rejected (a bulk row): nothing of it reaches the model.
+NO_TOKENS = (
+    "has no tokens: the model's tokenizer drops every character of it (whitespace, zero-width or control "
+    "characters) and adds none of its own"
+)
+
 # ASCII that BERT's clean_text changes beyond spacing: control characters, which it drops (\t, \n and \r it
 # turns into spaces, which the pre-tokenizer splits on either way).
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -118,10 +124,7 @@ class Encoder:
         # tokenizer that adds no special tokens can give one (of whitespace, zero-width characters), so only its
         # encodings are looked at.
         if self._may_be_blank and not keep_blank and (blank := encoded.blank()):
-            raise InputError(
-                f"{_namer(inputs)(blank[0])} has no tokens: this model's tokenizer drops every character of it "
-                "(whitespace, zero-width or control characters) and adds none of its own; send some text"
-            )
+            raise InputError(f"{_namer(inputs)(blank[0])} {NO_TOKENS}; send some text")
         return encoded
 
     def _encode_inputs(self, inputs: Inputs, long_input: LongInput) -> Encoded:
