@@ -104,6 +104,8 @@ async def test_classification_shapes_top_k_and_raw_scores(classifier: httpx.Asyn
     (raw,) = await predict(classifier, "text", top_k=None, raw_scores=True)
     logits = np.array([e["score"] for e in raw])
     assert np.allclose(softmax(logits.astype(np.float32)), [e["score"] for e in everything], atol=1e-5)
+    # raw_scores wins over a function_to_apply sent beside it (its help says so): the logits, not their softmax.
+    assert await predict(classifier, "text", top_k=None, raw_scores=True, function_to_apply="softmax") == [raw]
 
 
 async def test_every_predict_answer_carries_the_compute_headers(classifier: httpx.AsyncClient) -> None:
