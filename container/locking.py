@@ -12,12 +12,14 @@ from tasks.errors import InputError
 
 def locked(path: Path, flags: int, busy: str) -> int | None:
     """`path` opened with `flags` and locked by this process: its descriptor. InputError(`busy`) if another
-    process holds it; None if it was removed or replaced between its opening and its locking (the caller opens
-    it again, or gives up). On a file system without locks (some network mounts) it is returned unlocked: the
-    work runs, unguarded."""
+    process holds it; InputError too if it is to be created (O_CREAT) where no file can be; None if it was
+    removed or replaced between its opening and its locking (the caller opens it again, or gives up). On a file
+    system without locks (some network mounts) it is returned unlocked: the work runs, unguarded."""
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
+        if flags & os.O_CREAT:  # its folder is missing or takes no files (/proc): no look again creates it
+            raise InputError(f"cannot create {path}: its folder is missing or holds no files") from None
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -341,3 +341,12 @@ def test_an_out_that_is_a_file_is_refused_before_any_work(
     out.write_text("")
     assert run(tiny_model("text-classification"), "--task", "text-classification", "--out", out, "--force") == 2
     assert "is a file; give a folder for the bundle" in capsys.readouterr().err
+
+
+def test_an_out_where_no_file_can_be_made_is_refused_not_waited_on(
+    tiny_model: ModelFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # /proc takes no new files: the lock beside the bundle could not be created, which the build took for a
+    # lock removed by its holder and looked again, at 100% of a core, for ever.
+    assert run(tiny_model("text-classification"), "--task", "text-classification", "--out", "/proc/hare-nope") == 2
+    assert "cannot create /proc/.hare-nope.optimize-lock" in capsys.readouterr().err
