@@ -172,6 +172,11 @@ async def test_a_classifiers_pairs_are_predicts(fp32_bundle: ModelFactory, tmp_p
     missing = BulkOptions(tmp_path / "in.jsonl", tmp_path / "o2.jsonl", columns=Columns("premise", text_pair="x"))
     with pytest.raises(InputError, match="name it with --text-column and --text-pair-column"):
         run_job(settings(bundle), missing)
+    # One column named twice was read once: each row classified as a single text, the scores of a plain run.
+    twice = BulkOptions(tmp_path / "in.jsonl", tmp_path / "o3.jsonl", columns=Columns("premise", text_pair="premise"))
+    with pytest.raises(InputError, match="--text-column and --text-pair-column both name the column 'premise'"):
+        run_job(settings(bundle), twice)
+    assert not (tmp_path / "o3.jsonl").exists()
 
 
 async def test_ranking_reads_query_and_document_columns(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
@@ -190,6 +195,12 @@ async def test_ranking_reads_query_and_document_columns(fp32_bundle: ModelFactor
         ranked = await predict(bundle, {"query": query, "documents": [documents[i] for i in mine]})
         for entry in ranked:
             assert scores[mine[entry["index"]]] == pytest.approx(entry["score"], abs=1e-5)
+    same = BulkOptions(
+        tmp_path / "in.parquet", tmp_path / "o2.parquet", columns=Columns(query="query", document="query")
+    )
+    with pytest.raises(InputError, match="--query-column and --document-column both name the column 'query'"):
+        run_job(settings(bundle), same)  # an IndexError of the job's first chunk, its work folder left behind
+    assert not (tmp_path / "o2.parquet.parts").exists()
 
 
 async def test_windows_read_long_texts_whole(fp32_bundle: ModelFactory, tmp_path: Path) -> None:

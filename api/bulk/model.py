@@ -107,9 +107,17 @@ class BulkModel:
         return self.settings.max_batch_size, self.settings.max_batch_tokens
 
     def check(self, columns: Columns) -> None:
-        """Refuse columns the task cannot read: a second text beside each text is a classifier's pair."""
+        """Refuse columns the task cannot read: a second text beside each text is a classifier's pair; the two
+        texts of a pair are two columns (the rows' values are keyed by column: one named twice was read once, a
+        classifier's pairs as single texts, ranking's documents as missing)."""
         if columns.text_pair is not None and not self.task.text_pairs:
             raise InputError(f"{self.task.name} reads single texts: --text-pair-column is text-classification's")
+        first, *others = columns.values(self.task.pairs)
+        if first in others:
+            options = (
+                "--query-column and --document-column" if self.task.pairs else "--text-column and --text-pair-column"
+            )
+            raise InputError(f"{options} both name the column {first!r}: name two different columns")
 
     def probe(self, id_type: pa.DataType) -> pa.Schema:
         """One text through the whole path before the job starts, so that parameters the model cannot answer
