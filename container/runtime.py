@@ -126,6 +126,17 @@ def available_targets() -> list[str]:
     return [t for t, providers in PROVIDERS.items() if providers[0] in have]
 
 
+def check_target(target: str) -> None:
+    """Refuse a target this onnxruntime cannot run (a GPU bundle where no CUDA provider is installed)."""
+    import onnxruntime as ort
+
+    if target not in available_targets():
+        raise InputError(
+            f"target {target!r} needs {PROVIDERS[target][0]}, but this onnxruntime offers "
+            f"{', '.join(ort.get_available_providers())}"
+        )
+
+
 class OnnxModel:
     """A loaded graph. `run` takes a superset of feeds and passes on only the declared inputs."""
 
@@ -148,11 +159,7 @@ class OnnxModel:
         when a node would run on the CPU, so it gets the CUDA provider alone."""
         import onnxruntime as ort
 
-        if target not in available_targets():
-            raise InputError(
-                f"target {target!r} needs {PROVIDERS[target][0]}, but this onnxruntime offers "
-                f"{', '.join(ort.get_available_providers())}"
-            )
+        check_target(target)
         providers = [(name, PROVIDER_OPTIONS.get(name, {})) for name in PROVIDERS[target]]
         if cuda_graph:
             name, options = providers[0]

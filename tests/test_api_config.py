@@ -28,6 +28,7 @@ from container.bundle import (
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
 from container.models import open_model
+from container.runtime import available_targets
 from tasks.errors import InputError
 from tests.conftest import ModelFactory
 
@@ -181,6 +182,14 @@ def test_serve_builds_the_default_bundle_when_missing_then_execs_gunicorn(
     with pytest.raises(InputError, match="is a file; give the bundle's folder"):
         serve.main(parser.parse_args([str(tmp_path / "a-file")]))
     assert built == []
+    # A port in use is said before the build's minutes, not after them.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        shutil.rmtree(tmp_path / DEFAULT_BUNDLE)
+        with pytest.raises(InputError, match=r"cannot listen on 127\.0\.0\.1:"):
+            serve.main(parser.parse_args(["--host", "127.0.0.1", "--port", str(taken.getsockname()[1])]))
+    assert built == []
     # A model folder where its bundle belongs: the error says how to build the bundle.
     model = tmp_path / "my-model"
     model.mkdir()
@@ -218,6 +227,24 @@ def test_a_damaged_bundle_is_refused_before_any_worker_starts(
     parser = argparse.ArgumentParser()
     serve.configure(parser)
     with pytest.raises(InputError, match=said):
+        serve.main(parser.parse_args([str(bundle)]))
+    assert execs == []
+
+
+@pytest.mark.skipif("gpu" in available_targets(), reason="this onnxruntime runs GPU bundles")
+def test_a_gpu_bundle_where_onnxruntime_has_no_cuda_is_refused_before_gunicorn(
+    tiny_bundle: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The shared engine's process failed to load it: a traceback, a fatal error at its shutdown, an abort.
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle("feature-extraction"), bundle)
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text()) | {"target": "gpu"}
+    (bundle / MANIFEST_FILE).write_text(json.dumps(manifest))
+    execs: list[list[str]] = []
+    monkeypatch.setattr(os, "execvpe", lambda file, argv, env: execs.append(argv))
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    with pytest.raises(InputError, match="target 'gpu' needs CUDAExecutionProvider, but this onnxruntime offers"):
         serve.main(parser.parse_args([str(bundle)]))
     assert execs == []
 

@@ -22,6 +22,7 @@ from typing import Any
 from api.config import Settings, describe, parse_bool
 from api.engine.opened import checked_bundle
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK
+from container.runtime import check_target
 from tasks.errors import InputError
 
 APP = "api.web.app:create_app_from_env()"
@@ -88,15 +89,17 @@ def environment(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str
 def main(args: argparse.Namespace) -> int:
     env = environment(args, dict(os.environ))
     settings = Settings.from_env(env)
+    check_addresses(settings)  # before minutes of building the default bundle
     if not settings.bundle.exists() and "HARE_BUNDLE" not in env and args.bundle_dir is None:
         build_default_bundle(settings.bundle)
+        check_addresses(settings)  # again: the port may have been taken while it was built
     manifest, _ = checked_bundle(settings.bundle)  # refuse a broken bundle here, with its reason, not in every worker
-    check_address(settings.host, settings.port)
-    if settings.probe_port is not None:
-        check_address(settings.host, settings.probe_port, "HARE_PROBE_PORT (--probe-port)")
+    # Name the bundle's target when none was asked for: gunicorn sizes its workers for a GPU differently. One
+    # that this onnxruntime cannot run failed in the shared engine's process, its traceback and an abort shown.
+    target = settings.target or manifest.target
+    check_target(target)
     env["HARE_BUNDLE"] = str(settings.bundle.resolve())
-    # Name the bundle's target when none was asked for: gunicorn sizes its workers for a GPU differently.
-    env["HARE_TARGET"] = settings.target or manifest.target
+    env["HARE_TARGET"] = target
     # Fresh metrics for this run: gunicorn_conf makes (and later removes) the folder.
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     argv = [sys.executable, "-m", "gunicorn", "-c", CONFIG, APP]
@@ -104,6 +107,13 @@ def main(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     os.execvpe(argv[0], argv, env)  # exec: gunicorn takes over this PID and receives its signals
     return 0  # not reached
+
+
+def check_addresses(settings: Settings) -> None:
+    """Refuse the serving and probe addresses if this machine cannot listen on them (check_address)."""
+    check_address(settings.host, settings.port)
+    if settings.probe_port is not None:
+        check_address(settings.host, settings.probe_port, "HARE_PROBE_PORT (--probe-port)")
 
 
 def check_address(host: str, port: int, setting: str = "HARE_PORT (--port)") -> None:
