@@ -5,6 +5,7 @@ refusal is one sentence and exit 2, before the work it would waste where it can 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -16,9 +17,11 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from container.bundle import MANIFEST_FILE, PARITY_FILE
+from container.defaults import DEFAULT_BUNDLE
 from container.optimize.pipeline import holding
 from hare.cli import main
 from tests.conftest import ModelFactory
+from tests.live_server import free_port
 
 QUICK = ["--tune-lengths", "8", "--tune-batches", "1", "--tune-seconds", "0.02", "--tune-budgets", "128"]
 
@@ -232,3 +235,21 @@ def test_a_roberta_config_with_a_null_pad_id_is_read(tiny_model: ModelFactory, t
     (folder / "config.json").write_text(json.dumps(config | {"pad_token_id": None}))  # a TypeError came out
     source = inspect_source(folder, get_task("text-classification"), False, False)
     assert source.max_length <= positions - 2  # RoBERTa's positions start after padding_idx 1
+
+
+@pytest.mark.slow  # the real default model's build, stopped once it has begun
+def test_sigterm_stops_serves_default_build_and_removes_its_folder(tmp_path: Path) -> None:
+    # `hare serve` with no bundle builds the default one first; a SIGTERM then killed it outright, its working
+    # folder and lock left beside the bundle.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARE_")}
+    command = [sys.executable, "-m", "hare.cli", "serve", "--port", str(free_port())]
+    log, bundles = tmp_path.parent / f"{tmp_path.name}.log", tmp_path / DEFAULT_BUNDLE.parent
+    with log.open("w") as stderr, subprocess.Popen(command, stderr=stderr, cwd=tmp_path, env=env) as serving:
+        deadline = time.monotonic() + 120
+        while not list(bundles.glob(f".{DEFAULT_BUNDLE.name}.partial-*/*")):  # begun: a first file written
+            assert serving.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        serving.send_signal(signal.SIGTERM)
+        assert serving.wait(120) == 128 + signal.SIGTERM
+    assert list(bundles.iterdir()) == []
+    assert "hare serve: stopped;" in log.read_text()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -139,6 +140,7 @@ def build_default_bundle(out: Path) -> None:
     print(f"hare serve: {out} is missing; building it with `hare optimize` (a few minutes)", file=sys.stderr)
     try:
         from container.defaults import default_model_dir
+        from container.optimize.cli import exit_on_signal
         from container.optimize.pipeline import OptimizeOptions, optimize
         from tasks.registry import get_task
 
@@ -148,4 +150,10 @@ def build_default_bundle(out: Path) -> None:
             f"building the default bundle needs the optimizer extra ({exc.name} is missing): "
             "pip install -e '.[optimize]', or pass a BUNDLE_DIR built elsewhere"
         ) from exc
-    optimize(OptimizeOptions(model_dir=model_dir, task=get_task(DEFAULT_TASK), out=out))
+    # As `hare optimize`: docker stop, Kubernetes or a timeout (SIGTERM) removes the build's folder and its lock.
+    signal.signal(signal.SIGTERM, exit_on_signal)
+    try:
+        optimize(OptimizeOptions(model_dir=model_dir, task=get_task(DEFAULT_TASK), out=out))
+    except (KeyboardInterrupt, SystemExit):
+        print(f"hare serve: stopped; {out} is not built, and the build's working folder is removed", file=sys.stderr)
+        raise

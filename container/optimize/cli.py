@@ -148,7 +148,8 @@ def variant_names(text: str | None) -> list[str] | None:
     return names
 
 
-def _stop(signum: int, frame: object) -> None:
+def exit_on_signal(signum: int, frame: object) -> None:
+    """A signal handler that leaves as Ctrl-C does, through every `finally` (a build's folder is removed)."""
     raise SystemExit(128 + signum)
 
 
@@ -169,7 +170,7 @@ def main(args: argparse.Namespace) -> int:
     checked_gates(thresholds, task)
     if args.validation_file is not None:  # read whole here: what is wrong with it was said after the export
         file_samples(args.validation_file, get_task(task).pairs)
-    signal.signal(signal.SIGTERM, _stop)  # docker stop, Kubernetes, timeout: the build's folder is removed
+    signal.signal(signal.SIGTERM, exit_on_signal)  # docker stop, Kubernetes, timeout: the build's folder is removed
     # Piped output (CI logs) gets a wide console so the variant table is not squeezed to 80 columns.
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
     out = args.out or DEFAULT_BUNDLE
@@ -195,7 +196,7 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         manifest = optimize(options, console)
-    except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM (_stop): it left without a word
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM (exit_on_signal): it left without a word
         console.print(f"hare optimize: stopped; {out} is as it was, and the build's working folder is removed")
         raise
     console.print(variant_table(manifest))
