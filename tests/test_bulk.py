@@ -512,6 +512,27 @@ def test_a_bad_file_stops_with_one_sentence(
     assert not (tmp_path / "o.parquet").exists()
 
 
+def test_a_job_that_rejects_every_row_ends_with_a_sentence_and_exit_2(
+    fp32_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A Latin-1 CSV: every row "not valid UTF-8", and the job said "2 run, 0 written", exit 0.
+    (tmp_path / "in.csv").write_bytes("text\ncaf\u00e9\nna\u00efve\n".encode("latin-1"))
+    bundle = fp32_bundle("feature-extraction")
+    capsys.readouterr()
+    code = hare(["run", str(bundle), "-i", str(tmp_path / "in.csv"), "-o", str(tmp_path / "o.parquet"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert f"every row of {tmp_path / 'in.csv'} was rejected (2 of 2: its text is not valid UTF-8" in " ".join(
+        err.split()
+    )
+    assert len((tmp_path / "o.rejects.jsonl").read_text().splitlines()) == 2  # the reasons, where it says
+    # One good row among them is a job done, exit 0.
+    (tmp_path / "in.csv").write_bytes("text\ncaf\u00e9\nfine\n".encode("latin-1"))
+    assert (
+        hare(["run", str(bundle), "-i", str(tmp_path / "in.csv"), "-o", str(tmp_path / "o2.parquet"), "--quiet"]) == 0
+    )
+
+
 def test_a_pipe_as_input_stops_with_one_sentence(
     fp32_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

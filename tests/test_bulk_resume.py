@@ -175,6 +175,7 @@ def test_ctrl_c_stops_the_job_cleanly_and_the_same_command_finishes_it(
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)
     assert process.returncode == 130 and "terminate" not in err, (process.returncode, err)
+    assert "the same command resumes the job" in err  # it had left without a word
     assert not out.exists()
     finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0 and "done by an earlier run" in finished.stdout, finished.stderr

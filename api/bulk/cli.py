@@ -127,6 +127,7 @@ def main(args: argparse.Namespace) -> int:
         # The committed parts are on disk and the work folder's lock goes with the process: leave now. The
         # interpreter's teardown destroyed OpenVINO's compiled models out of order now and then (SIGABRT,
         # "terminate called without an active exception"; once in a loaded CI run, never in 15 runs here).
+        print("hare run: stopped; its committed chunks are kept: the same command resumes the job", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)
@@ -135,6 +136,13 @@ def main(args: argparse.Namespace) -> int:
     Console().print(report(summary))
     if args.summary is not None:
         args.summary.write_bytes(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2))
+    if summary.rejected and not summary.written and not summary.skipped:
+        # A file of another encoding, a wrong column's numbers: the job "succeeded" with nothing in its output.
+        reason, count = summary.reasons.most_common(1)[0]
+        raise InputError(
+            f"every row of {options.input} was rejected ({count:,} of {summary.rejected:,}: {reason}); the reasons "
+            f"are in {summary.rejects}"
+        )
     return 0
 
 
