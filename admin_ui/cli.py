@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from admin_ui.auth import needs_token
 from admin_ui.client import normalize_url
+from admin_ui.settings import ConsoleSettings, SettingsError
+from bench.store import Store
 from tasks.errors import InputError
 
 APP = Path(__file__).with_name("app.py")
@@ -79,9 +82,43 @@ def streamlit_command(args: argparse.Namespace, python: str = sys.executable) ->
     ]  # fmt: skip
 
 
+def check_listen(address: str, port: int) -> None:
+    """Refuse an address this machine cannot listen on, which Streamlit reported after the console's URL was
+    shown (a port in use) or with a traceback (a name that is no address)."""
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise InputError(f"--address {address} is not an address ({exc.strerror})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Streamlit's server binds
+        try:
+            probe.bind(where)
+        except OSError as exc:
+            raise InputError(
+                f"cannot listen on {address}:{port} ({exc.strerror}); give a free --port, or an --address of this "
+                "machine"
+            ) from None
+
+
+def check_settings(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    """Refuse now what the console's pages would refuse once a browser came: a bad HARE_CONSOLE_* value, a
+    --bundles that is no folder, a --db that is not a result store or where none can be made."""
+    for folder in args.bundles or ():
+        if not folder.is_dir():
+            raise InputError(f"--bundles {folder} is not a folder; give the folder that holds the bundles")
+    try:
+        settings = ConsoleSettings.from_env(env)
+    except SettingsError as exc:
+        raise InputError(str(exc)) from None
+    if settings.bench_db is not None:
+        Store(settings.bench_db)  # opened (made if new) as the Benchmarks page will
+
+
 def main(args: argparse.Namespace) -> int:
-    env = console_env(args, os.environ)
     command = streamlit_command(args)
+    check_listen(args.address, args.port)
+    env = console_env(args, os.environ)
+    check_settings(args, env)
     host = f"[{args.address}]" if ":" in args.address else args.address
     print(f"hare console: http://{host}:{args.port} (Ctrl-C to stop)", file=sys.stderr, flush=True)
     # Become Streamlit rather than wait for it: a stop signal (Ctrl-C, docker stop, systemd) reaches the server

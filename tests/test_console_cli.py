@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 from admin_ui import auth, cli
 from admin_ui.settings import ConsoleSettings, SettingsError
 from hare.cli import main as hare
+from tests.live_server import free_port
 from tests.test_console_support import fake_appliance
 
 APP = str(Path(__file__).resolve().parents[1] / "admin_ui" / "app.py")
@@ -60,7 +62,7 @@ def test_listening_beyond_loopback_needs_a_token() -> None:
     assert hare(["console", "--address", "0.0.0.0"]) == 2  # InputError: exit status 2, no Streamlit started
 
 
-def test_main_starts_streamlit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_main_starts_streamlit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls: list[list[str]] = []
 
     def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
@@ -68,9 +70,47 @@ def test_main_starts_streamlit(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(os, "execve", execve)
     monkeypatch.delenv("HARE_CONSOLE_TOKEN", raising=False)
-    assert hare(["console", "--port", "8765", "--appliance", "localhost:8080"]) == 0
-    assert calls[0][calls[0].index("--server.port") + 1] == "8765"
+    monkeypatch.setenv("HARE_CONSOLE_BENCH_DB", str(tmp_path / "bench.db"))
+    port = str(free_port())
+    assert hare(["console", "--port", port, "--appliance", "localhost:8080"]) == 0
+    assert calls[0][calls[0].index("--server.port") + 1] == port
     assert hare(["console", "--appliance", "ftp://x"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "said"),
+    [
+        # Each started Streamlit: a traceback, a misleading "beyond this machine" or the console's URL printed
+        # before Streamlit said the port was taken; the others on the first page a browser opened, or never.
+        (["--address", "notanaddress"], {}, "--address notanaddress is not an address"),
+        (["--port", "{taken}"], {}, "cannot listen on 127.0.0.1:{taken} (Address already in use); give a free --port"),
+        (["--bundles", "{tmp}/nope"], {}, "--bundles {tmp}/nope is not a folder"),
+        (["--db", "{tmp}/a-file"], {}, "{tmp}/a-file is not a result store this user can open"),
+        ([], {"HARE_CONSOLE_TIMEOUT": "abc"}, "HARE_CONSOLE_TIMEOUT must be a positive number of seconds, not 'abc'"),
+        ([], {"HARE_CONSOLE_APPLIANCES": "ftp://x"}, "HARE_CONSOLE_APPLIANCES: 'ftp://x'"),
+    ],
+)
+def test_what_the_console_cannot_use_is_refused_before_streamlit_starts(
+    argv: list[str],
+    env: dict[str, str],
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    started: list[list[str]] = []
+    monkeypatch.setattr(os, "execve", lambda path, command, environ: started.append(command))
+    monkeypatch.delenv("HARE_CONSOLE_TOKEN", raising=False)
+    for name, value in {"HARE_CONSOLE_BENCH_DB": str(tmp_path / "bench.db"), **env}.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "a-file").write_text("not a store")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        values = {"tmp": str(tmp_path), "taken": str(taken.getsockname()[1])}
+        command = ["console", "--port", str(free_port()), *(a.format(**values) for a in argv)]
+        assert hare(command) == 2
+    assert said.format(**values) in " ".join(capsys.readouterr().err.split()) and started == []
 
 
 @pytest.mark.parametrize(
