@@ -188,6 +188,7 @@ async def test_ranking_reads_query_and_document_columns(fp32_bundle: ModelFactor
     run_job(settings(bundle), BulkOptions(tmp_path / "in.parquet", tmp_path / "out.parquet", chunk_rows=7))
     table = pq.read_table(tmp_path / "out.parquet")
     assert table.schema.field("id").type == pa.int64()  # Parquet ids keep their type
+    assert table.schema.field("score").type == pa.float32()  # as /predict's, at float32 precision
     assert table.column("id").to_pylist() == [i * 10 for i in range(30)]
     scores = table.column("score").to_pylist()
     for q, query in enumerate(queries):
@@ -573,6 +574,11 @@ def test_an_output_where_no_folder_can_be_made_stops_with_one_sentence(
         ("o.parquet", ["--rejects", "o.parquet.parts/r.jsonl"], "is the job's work folder, inside it"),
         # Found only once the output was written (its summary then lost to "already exists").
         ("o.parquet", ["--summary", "nowhere/s.json"], "--summary nowhere/s.json cannot be written"),
+        # A folder as the rejects file: the job ran whole, then its merge failed on it.
+        ("o.parquet", ["--rejects", "a-folder"], "--rejects a-folder cannot be written"),
+        ("new/o.parquet", ["--rejects", "new"], "--rejects new is the output, inside it or holds it"),
+        # Read as part of the input by the next run.
+        ("a-folder/o.parquet", ["-i", "a-folder"], "the output a-folder/o.parquet is the input or inside it"),
     ],
 )
 def test_a_bad_output_stops_before_any_work_and_leaves_nothing_in_the_way(
