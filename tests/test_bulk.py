@@ -19,9 +19,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from rich.console import Console
 from tokenizers import Tokenizer
 
-from api.bulk.job import BulkOptions, _reason_kind, run_job
+from api.bulk import writer
+from api.bulk.cli import report
+from api.bulk.job import BulkOptions, Progress, _reason_kind, run_job
 from api.bulk.model import BulkModel
 from api.bulk.reader import Columns, Corpus
 from api.config import Settings
@@ -670,3 +673,110 @@ def test_an_output_named_as_a_folder_is_a_usage_error(tmp_path: Path, capsys: py
     code = hare(["run", "-i", str(tmp_path / "in.jsonl"), "-o", f"{tmp_path / 'newdir'}/"])
     assert code == 2 and "newdir/ names a folder; name a file to write" in capsys.readouterr().err
     assert not (tmp_path / "newdir").exists()
+
+
+class Stopped(Exception):
+    """The job's end at a chosen place, as a kill there: what was committed stays, the rest is not written."""
+
+
+class StopAfter(Progress):
+    """Stops the job once `parts` chunks of this run are committed (a kill -9 between two chunks)."""
+
+    def __init__(self, parts: int) -> None:
+        self.parts = parts
+
+    def advance(self, position: int, rows: int, skipped: bool) -> None:
+        if not skipped:
+            self.parts -= 1
+            if self.parts == 0:
+                raise Stopped
+
+
+def stopped_after(bundle: Path, options: BulkOptions, parts: int) -> None:
+    with pytest.raises(Stopped):
+        run_job(settings(bundle), options, StopAfter(parts))
+    assert not options.output.exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"max_chars": 10}, "max_chars"),
+        ({"parameters": {"encoding_format": "int8"}}, "parameters"),
+        ({"columns": Columns(id="key")}, "columns"),
+        ({"long_input": "refuse"}, "long_input"),
+        ({}, "input"),  # the input rewritten in place, of the same size
+    ],
+)
+def test_a_stopped_job_resumes_only_as_it_began(
+    fp32_bundle: ModelFactory, tmp_path: Path, change: dict[str, Any], said: str
+) -> None:
+    # Each of these resumed, and the output held rows of two jobs: vectors of two kinds, rows another limit
+    # rejected or kept, ids from two columns.
+    bundle = fp32_bundle("feature-extraction")
+    rows = [{"id": f"d{i}", "key": f"k{i}", "text": f"row {i} of the corpus"} for i in range(50)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    options = BulkOptions(source, tmp_path / "out.parquet", chunk_rows=10)
+    stopped_after(bundle, options, 2)
+    if not change:
+        before = source.stat().st_mtime_ns
+        write_jsonl(source, [{**r, "text": r["text"].replace("row", "wor")} for r in rows])
+        os.utime(source, ns=(before + 10**9, before + 10**9))
+    with pytest.raises(InputError, match=f"holds an unfinished job with another {said}; run the same command"):
+        run_job(settings(bundle), dataclasses.replace(options, **change))
+    if not change:
+        return
+    summary = run_job(settings(bundle), options)
+    assert summary.resumed and (summary.skipped, summary.rows) == (20, 30)
+    assert pq.read_table(options.output).column("id").to_pylist() == [f"d{i}" for i in range(50)]
+    shown = Console(record=True, width=200)
+    shown.print(report(summary))
+    assert "20 rows were done by an earlier run" in shown.export_text()
+
+
+def test_a_job_killed_between_a_chunks_rejects_and_its_part_keeps_every_reject(
+    fp32_bundle: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A chunk is done once its part is there: its rejects must be there before, or a kill between the two lost them.
+    bundle = fp32_bundle("feature-extraction")
+    rows = [{"id": f"d{i}", "text": "" if i % 4 == 0 else f"row {i}"} for i in range(30)]
+    options = BulkOptions(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out.parquet", chunk_rows=10)
+    commit = writer._commit
+
+    def killed_at_second_rejects(path: Path, write: Any) -> None:
+        if path.name == "rejects-000001.jsonl":
+            raise Stopped
+        commit(path, write)
+
+    monkeypatch.setattr(writer, "_commit", killed_at_second_rejects)
+    with pytest.raises(Stopped):
+        run_job(settings(bundle), options)
+    monkeypatch.setattr(writer, "_commit", commit)
+    summary = run_job(settings(bundle), options)
+    rejects = [json.loads(line)["id"] for line in (tmp_path / "out.rejects.jsonl").read_text().splitlines()]
+    assert rejects == [f"d{i}" for i in range(0, 30, 4)] and summary.rejected == 8
+    assert pq.read_table(options.output).column("id").to_pylist() == [f"d{i}" for i in range(30) if i % 4]
+
+
+def test_a_new_job_in_a_folder_without_parts_keeps_none_of_its_files(
+    fp32_bundle: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run killed after its first chunk's rejects and before its part: the job begun again otherwise takes the
+    # folder over, and that run's rejects were merged into its own.
+    bundle = fp32_bundle("feature-extraction")
+    source = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": ""}, {"id": "b", "text": "fine"}])
+    options = BulkOptions(source, tmp_path / "out.parquet")
+    commit = writer._commit
+
+    def killed_at_first_part(path: Path, write: Any) -> None:
+        if path.name.startswith("part-"):
+            raise Stopped
+        commit(path, write)
+
+    monkeypatch.setattr(writer, "_commit", killed_at_first_part)
+    with pytest.raises(Stopped):
+        run_job(settings(bundle), options)
+    monkeypatch.setattr(writer, "_commit", commit)
+    summary = run_job(settings(bundle), dataclasses.replace(options, columns=Columns(text="id")))
+    assert pq.read_table(options.output).column("id").to_pylist() == ["a", "b"]
+    assert summary.rejected == 0 and not options.rejects_path.exists()
