@@ -734,6 +734,21 @@ def test_a_stopped_job_resumes_only_as_it_began(
     assert "20 rows were done by an earlier run" in shown.export_text()
 
 
+def test_rejects_are_in_row_order_whatever_rejected_them(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    # The reader's rejects (an empty text) and the model's (a text without tokens) of one chunk, as the rows stand.
+    bundle = without_special_tokens(fp32_bundle("feature-extraction"), tmp_path / "bundle")
+    good = ["the cat sat", "dogs barked loudly"]
+    rows = [{"id": i, "text": t} for i, t in zip("abcde", [good[0], " ", "", "\t", good[1]], strict=True)]
+    summary = run_job(settings(bundle), BulkOptions(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "o.jsonl"))
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    tokenizer.no_padding()
+    assert summary.tokens == sum(len(tokenizer.encode(t)) for t in good) > len(good)
+    rejects = [json.loads(line) for line in (tmp_path / "o.rejects.jsonl").read_text().splitlines()]
+    assert [(r["row"], r["id"]) for r in rejects] == [(1, "b"), (2, "c"), (3, "d")]
+    assert summary.reasons == {"it has no tokens": 2, "its text is an empty string": 1}
+    assert summary.rate == summary.to_dict()["rows_per_second"] == 5 / summary.seconds  # rows read, not written
+
+
 def test_a_job_killed_between_a_chunks_rejects_and_its_part_keeps_every_reject(
     fp32_bundle: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -756,6 +771,67 @@ def test_a_job_killed_between_a_chunks_rejects_and_its_part_keeps_every_reject(
     rejects = [json.loads(line)["id"] for line in (tmp_path / "out.rejects.jsonl").read_text().splitlines()]
     assert rejects == [f"d{i}" for i in range(0, 30, 4)] and summary.rejected == 8
     assert pq.read_table(options.output).column("id").to_pylist() == [f"d{i}" for i in range(30) if i % 4]
+
+
+def test_overwrite_replaces_the_output_and_its_rejects(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    bundle = fp32_bundle("feature-extraction")
+    source = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": "fine"}, {"id": "b", "text": ""}])
+    out, rejects = tmp_path / "out.jsonl", tmp_path / "out.rejects.jsonl"
+    run_job(settings(bundle), BulkOptions(source, out))
+    assert rejects.is_file()
+    write_jsonl(source, [{"id": "c", "text": "all"}, {"id": "d", "text": "good"}])
+    (tmp_path / "out.jsonl.parts").mkdir()  # left by a run stopped before its first part: no leave either
+    with pytest.raises(InputError, match=r"out\.jsonl already exists; delete it or pass --overwrite"):
+        run_job(settings(bundle), BulkOptions(source, out))
+    out.unlink()  # the rejects of the first job alone are in the way too
+    with pytest.raises(InputError, match=r"out\.rejects\.jsonl already exists; delete it or pass --overwrite"):
+        run_job(settings(bundle), BulkOptions(source, out))
+    run_job(settings(bundle), BulkOptions(source, out, overwrite=True))
+    assert [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()] == ["c", "d"]
+    assert not rejects.exists()  # the first job's rejects are no rows of this output
+
+
+@pytest.mark.parametrize("name", ["out.ndjson", "out.json", "out.JSONL"])
+def test_an_output_named_as_json_lines_is_json_lines(fp32_bundle: ModelFactory, tmp_path: Path, name: str) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [{"id": 7, "text": "a"}, {"id": "x", "text": "b"}])
+    run_job(settings(fp32_bundle("feature-extraction")), BulkOptions(source, tmp_path / name))
+    lines = [orjson.loads(line) for line in (tmp_path / name).read_bytes().splitlines()]
+    assert [line["id"] for line in lines] == ["7", "x"]  # a text format's ids are text: 7 written as "7"
+    assert all(len(line["embeddings"]) > 1 for line in lines)
+
+
+def test_a_text_of_exactly_max_chars_runs_and_blank_lines_are_no_rows(tmp_path: Path) -> None:
+    source = write_jsonl(
+        tmp_path / "in.jsonl", [{"text": "abcde"}, b"\n", b"  \r\n", {"text": "abcdef"}, {"text": "ab"}]
+    )
+    [chunk] = Corpus(source, Columns(), pairs=False).chunks(100, 5)
+    assert chunk.ids == [0, 2] and chunk.values == [["abcde", "ab"]]
+    assert [(r.row, r.reason) for r in chunk.rejects] == [
+        (1, "its text is 6 characters long, over the limit of 5 (--max-chars)")
+    ]
+
+
+def test_a_param_is_read_as_json(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    # -p dimensions=8: the number 8, not the text "8".
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}, {"text": "b"}])
+    out = tmp_path / "o.parquet"
+    assert (
+        hare(
+            [
+                "run",
+                str(fp32_bundle("feature-extraction")),
+                "-i",
+                str(source),
+                "-o",
+                str(out),
+                "-q",
+                "-p",
+                "dimensions=8",
+            ]
+        )
+        == 0
+    )
+    assert pq.read_table(out).schema.field("embeddings").type.list_size == 8
 
 
 def test_a_new_job_in_a_folder_without_parts_keeps_none_of_its_files(
