@@ -856,3 +856,20 @@ def test_a_new_job_in_a_folder_without_parts_keeps_none_of_its_files(
     summary = run_job(settings(bundle), dataclasses.replace(options, columns=Columns(text="id")))
     assert pq.read_table(options.output).column("id").to_pylist() == ["a", "b"]
     assert summary.rejected == 0 and not options.rejects_path.exists()
+
+
+def test_token_vectors_are_float32_lists_of_fixed_size_lists(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "the cat"}, {"text": "the cat sat on a mat"}])
+    options = BulkOptions(source, tmp_path / "o.parquet", parameters={"output_value": "token_embeddings"})
+    run_job(settings(fp32_bundle("feature-extraction")), options)
+    kind = pq.read_schema(options.output).field("embeddings").type
+    assert pa.types.is_list(kind) and pa.types.is_fixed_size_list(kind.value_type)
+    assert kind.value_type.value_type == pa.float32()
+    lengths = [len(tokens) for tokens in pq.read_table(options.output).column("embeddings").to_pylist()]
+    assert lengths[0] < lengths[1]
+
+
+def test_an_asked_output_format_is_written_whatever_the_name(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": "the cat"}])
+    run_job(settings(fp32_bundle("feature-extraction")), BulkOptions(source, tmp_path / "o.out", output_format="jsonl"))
+    assert orjson.loads((tmp_path / "o.out").read_bytes())["id"] == "a"
