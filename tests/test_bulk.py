@@ -191,6 +191,7 @@ async def test_ranking_reads_query_and_document_columns(fp32_bundle: ModelFactor
     run_job(settings(bundle), BulkOptions(tmp_path / "in.parquet", tmp_path / "out.parquet", chunk_rows=7))
     table = pq.read_table(tmp_path / "out.parquet")
     assert table.schema.field("id").type == pa.int64()  # Parquet ids keep their type
+    assert table.column_names == ["id", "score", "truncated"]  # the documents' place is the row's, no column
     assert table.schema.field("score").type == pa.float32()  # as /predict's, at float32 precision
     assert table.column("id").to_pylist() == [i * 10 for i in range(30)]
     scores = table.column("score").to_pylist()
