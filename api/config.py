@@ -7,6 +7,7 @@ the same configuration. Nothing is read at import time: `Settings.from_env()` re
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -391,6 +392,18 @@ class Settings:
             threads=settings.threads or threads,
             cores=settings.cores or physical_cores(),
         )
+
+    @staticmethod
+    def misspelled(env: Mapping[str, str]) -> list[str]:
+        """A sentence for each HARE_* variable of `env` that is no setting but reads like one (HARE_MAX_BATCH,
+        HARE_WORKER): ignored as any unknown variable is, it left the server on a default its user thought
+        changed. Other components' variables (HARE_CONSOLE_*, HARE_BENCH_DB, ...) resemble none."""
+        names = [f.metadata["env"] for f in dataclasses.fields(Settings)]
+        said = []
+        for key in sorted(k for k in env if k.startswith("HARE_") and k not in names):
+            if close := difflib.get_close_matches(key, names, 1, 0.8):
+                said.append(f"{key} is no setting (did you mean {close[0]}?); it is ignored")
+        return said
 
     def shared_engine(self, manifest: Manifest) -> bool:
         """Whether one engine process should run the model for all workers (HARE_ENGINE)."""

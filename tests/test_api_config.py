@@ -31,6 +31,7 @@ from container.models import open_model
 from container.runtime import available_targets
 from tasks.errors import InputError
 from tests.conftest import ModelFactory
+from tests.live_server import free_port
 
 CONFIGURATION_PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -414,3 +415,27 @@ def test_a_hand_edited_manifest_names_the_field_of_the_wrong_kind(
     (bundle / MANIFEST_FILE).write_text(json.dumps(json.loads((bundle / MANIFEST_FILE).read_text()) | edit))
     with pytest.raises(InputError, match="hare.json is unreadable: .*" + re.escape(said)):
         read_manifest(bundle)
+
+
+def test_a_misspelled_setting_is_named_with_the_one_it_resembles(
+    tiny_bundle: ModelFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # HARE_MAX_BATCH=-1 was ignored without a word: the server ran on the default its user meant to change.
+    for name, value in {
+        "HARE_MAX_BATCH": "-1",
+        "HARE_WORKER": "2",
+        "HARE_CONSOLE_TOKEN": "t",
+        "HARE_BENCH_DB": "x",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(os, "execvpe", lambda file, argv, env: None)
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    bundle = tiny_bundle("feature-extraction")
+    capsys.readouterr()  # what building it printed
+    serve.main(parser.parse_args([str(bundle), "--port", str(free_port())]))
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "hare serve: HARE_MAX_BATCH is no setting (did you mean HARE_MAX_BATCH_SIZE?); it is ignored",
+        "hare serve: HARE_WORKER is no setting (did you mean HARE_WORKERS?); it is ignored",
+    ]  # the console's and the bench's variables are theirs, not misspellings

@@ -90,6 +90,8 @@ def environment(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str
 def main(args: argparse.Namespace) -> int:
     env = environment(args, dict(os.environ))
     settings = Settings.from_env(env)
+    for sentence in Settings.misspelled(env):
+        print(f"hare serve: {sentence}", file=sys.stderr)
     check_addresses(settings)  # before minutes of building the default bundle
     if not settings.bundle.exists() and "HARE_BUNDLE" not in env and args.bundle_dir is None:
         build_default_bundle(settings.bundle)
