@@ -10,8 +10,11 @@ from typing import Any
 
 import numpy as np
 import onnx
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from api.bulk.job import BulkOptions, run_job
 from api.bulk.model import BulkModel
 from api.config import Settings
 from container.bundle import MODEL_FILE, read_manifest
@@ -412,3 +415,43 @@ async def test_kserve_answers_one_json_text_per_input(splade_bundle: Path) -> No
     (output,) = answer.json()["outputs"]
     assert output["name"] == "sparse" and output["datatype"] == "BYTES" and output["shape"] == [2]
     assert [json.loads(text) for text in output["data"]] == served
+
+
+async def test_a_bulk_job_writes_predicts_sparse_answers_as_typed_columns(
+    splade_bundle: Path, m3_bundle: Path, tmp_path: Path
+) -> None:
+    """`hare run` over a sparse bundle: SPLADE's entries and bge-m3's three outputs, each /predict's, in columns
+    of float32 (a map of token id to weight for lexical weights); an output not asked has no column."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in M3_TEXTS))
+    every = {"return_dense": True, "return_sparse": True, "return_colbert_vecs": True}
+
+    def job(bundle: Path, out: str, parameters: dict[str, Any]) -> pa.Table:
+        settings = dataclasses.replace(Settings.from_env({}), bundle=bundle)
+        run_job(settings, BulkOptions(source, tmp_path / out, parameters=parameters))
+        return pq.read_table(tmp_path / out)
+
+    m3, default, splade = (
+        job(m3_bundle, "m3.parquet", every),
+        job(m3_bundle, "d.parquet", {}),
+        job(splade_bundle, "s.parquet", {}),
+    )
+    async with serve(m3_bundle) as client:
+        answer = (await client.post("/predict", json={"inputs": M3_TEXTS, "parameters": every})).json()
+    async with serve(splade_bundle) as client:
+        entries = (await client.post("/predict", json={"inputs": M3_TEXTS})).json()
+    float32 = pa.float32()
+    assert m3.schema.field("lexical_weights").type == pa.map_(pa.string(), float32)
+    assert m3.schema.field("dense_vecs").type == pa.list_(float32, 32)
+    assert m3.schema.field("colbert_vecs").type == pa.list_(pa.list_(float32, 32))
+    assert default.column_names == ["id", "dense_vecs", "lexical_weights", "truncated"]  # colbert not asked
+    for i, row in enumerate(m3.to_pylist()):
+        assert np.allclose(row["dense_vecs"], answer["dense_vecs"][i], atol=1e-6)
+        weights = dict(row["lexical_weights"])
+        assert weights.keys() == answer["lexical_weights"][i].keys()
+        assert np.allclose(list(weights.values()), list(answer["lexical_weights"][i].values()), atol=1e-6)
+        assert np.allclose(row["colbert_vecs"], answer["colbert_vecs"][i], atol=1e-6)
+    assert splade.schema.field("sparse").type == pa.list_(pa.struct([("index", pa.int64()), ("value", float32)]))
+    for got, want in zip(splade.column("sparse").to_pylist(), entries, strict=True):
+        assert [e["index"] for e in got] == [e["index"] for e in want]
+        assert np.allclose([e["value"] for e in got], [e["value"] for e in want], atol=1e-6)

@@ -3,7 +3,7 @@
     vectors (numpy, 1-D)       fixed_size_list<float32 | int8 | uint8, width>   embeddings, dense_vecs
     token vectors (2-D)        list<fixed_size_list<..., width>>                 token_embeddings, colbert_vecs
     base64 vectors             string
-    lists of objects           list<struct<...>>                                 labels, entities, sparse entries
+    lists of objects           list<struct<...>> (numbers: float32, int64)       labels, entities, sparse entries
     {token id: weight}         map<string, float32>                              bge-m3's lexical_weights
     numbers                    float32                                           ranking's score
 
@@ -102,7 +102,21 @@ def column(values: Sequence[Any]) -> pa.Array:
         return pa.array(values, pa.float32())
     if isinstance(first, dict):
         return pa.array([list(v.items()) for v in values], pa.map_(pa.string(), pa.float32()))
-    return pa.array(values)
+    array = pa.array(values)
+    return array.cast(single(array.type))
+
+
+def single(kind: pa.DataType) -> pa.DataType:
+    """`kind` with its float64s as float32, at any depth: the scores and weights of a list of objects are the
+    model's float32 values, which Arrow's inference from Python floats wrote at twice their size (a SPLADE
+    corpus's entries: 16 bytes each where 12 hold them exactly)."""
+    if pa.types.is_float64(kind):
+        return pa.float32()
+    if pa.types.is_list(kind):
+        return pa.list_(pa.field(kind.value_field.name, single(kind.value_type)))
+    if pa.types.is_struct(kind):
+        return pa.struct([pa.field(f.name, single(f.type), f.nullable) for f in kind])
+    return kind
 
 
 def vectors(values: Sequence[np.ndarray]) -> pa.Array:
