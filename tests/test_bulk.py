@@ -693,6 +693,16 @@ class StopAfter(Progress):
                 raise Stopped
 
 
+class Recorded(Progress):
+    """What the job told its progress bar of each chunk: (position, rows, skipped)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[int, int, bool]] = []
+
+    def advance(self, position: int, rows: int, skipped: bool) -> None:
+        self.chunks.append((position, rows, skipped))
+
+
 def stopped_after(bundle: Path, options: BulkOptions, parts: int) -> None:
     with pytest.raises(Stopped):
         run_job(settings(bundle), options, StopAfter(parts))
@@ -727,8 +737,11 @@ def test_a_stopped_job_resumes_only_as_it_began(
         run_job(settings(bundle), dataclasses.replace(options, **change))
     if not change:
         return
-    summary = run_job(settings(bundle), options)
+    bar = Recorded()
+    summary = run_job(settings(bundle), options, bar)
     assert summary.resumed and (summary.skipped, summary.rows) == (20, 30)
+    # The progress bar's rate counts this run's chunks alone, the earlier run's told apart as skipped.
+    assert [(rows, skipped) for _, rows, skipped in bar.chunks] == [(10, True)] * 2 + [(10, False)] * 3
     assert pq.read_table(options.output).column("id").to_pylist() == [f"d{i}" for i in range(50)]
     shown = Console(record=True, width=200)
     shown.print(report(summary))
