@@ -15,14 +15,18 @@ import types
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 
 from container.machine import FULL_LEVELS
+from container.onnx_wire import output_ranks
 from tasks.errors import InputError
 from tasks.ops import POOLINGS, Dense
 from tasks.params import kind
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 MODEL_FILE = "model.onnx"
 TOKENIZER_FILE = "tokenizer.json"
@@ -204,6 +208,59 @@ def read_manifest(bundle: Path) -> Manifest:
         )
     check_sizes(bundle, manifest)
     return manifest
+
+
+def checked_bundle(bundle: Path) -> tuple[Manifest, Tokenizer]:
+    """The bundle's manifest and tokenizer, or InputError naming what is wrong with them: `hare serve` calls it
+    before any worker starts, so a broken bundle is one sentence rather than a traceback from every worker, and
+    `hare run` and `hare tune` open a bundle through it, so that all three refuse one alike."""
+    # Here, not at the top: the images' health check imports this module (through api/config.py) for its
+    # constants, and needs neither the tokenizer nor the tasks.
+    from tokenizers import Tokenizer
+
+    from container.openvino_runtime import VARIANTS as OPENVINO_VARIANTS
+    from tasks.registry import TASKS
+
+    manifest = read_manifest(bundle)
+    if manifest.task not in TASKS:
+        raise InputError(f"{bundle} serves task {manifest.task!r}, which this hare does not know")
+    if manifest.output != TASKS[manifest.task].output:  # a build writes its task's: the task was edited
+        raise InputError(
+            f"{bundle} serves task {manifest.task!r}, which reads a graph's {TASKS[manifest.task].output!r}, but "
+            f"its graph answers {manifest.output!r} (hare.json's task was edited?); build the model again with "
+            f"hare optimize --task {manifest.task}"
+        )
+    _check_graph(bundle, manifest, TASKS[manifest.task].output_axes)
+    data = bundle / (MODEL_FILE + ".data")
+    if manifest.variant in OPENVINO_VARIANTS and data.is_file() and data.resolve().parent != bundle.resolve():
+        # OpenVINO reads a graph's weights only from inside its folder (ONNX Runtime follows the link): a bundle
+        # of links (`cp -rs`, a store of blobs) failed in every worker, saying to rebuild it.
+        raise InputError(
+            f"{data} is a link to {data.resolve()}, outside the bundle's folder, and OpenVINO reads the weights of "
+            f"a {manifest.variant} graph only from inside it: copy the bundle with its files (cp -rL), not as links"
+        )
+    try:
+        tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    except Exception as exc:  # tokenizers raises a bare Exception with its parser's message
+        raise InputError(f"{bundle / TOKENIZER_FILE} is unreadable ({exc}); rebuild the bundle") from None
+    return manifest, tokenizer
+
+
+def _check_graph(bundle: Path, manifest: Manifest, axes: int | None) -> None:
+    """InputError when the graph is no ONNX model (each worker failed to load it, with a traceback), or its
+    output has another rank than the task reads (`axes`): among the tasks that read "logits", a hare.json's task
+    edited to another failed in every worker with a traceback."""
+    try:
+        rank = output_ranks(bundle / MODEL_FILE).get(manifest.output)
+    except ValueError as exc:
+        raise InputError(f"{bundle / MODEL_FILE} is not an ONNX graph ({exc}); rebuild the bundle") from None
+    if axes is not None and rank is not None and rank != axes:
+        per = {2: "one row a text", 3: "one row a token"}
+        raise InputError(
+            f"{bundle} serves task {manifest.task!r}, which reads {per[axes]}, but its graph answers "
+            f"{per.get(rank, f'{rank} axes')} (hare.json's task was edited?); build the model again with "
+            f"hare optimize --task {manifest.task}"
+        )
 
 
 # The binary files a server reads, whose sizes the build records: their parsers' errors say nothing of a short

@@ -1,6 +1,6 @@
 """The ranks of an ONNX graph's outputs, read from the file's protobuf wire format without the onnx package
 (not installed at serve time) and without loading the weights: the master checks a bundle with it before any
-worker starts (api/engine/opened.py), where a session would load the whole model.
+worker starts (container/bundle.py, checked_bundle), where a session would load the whole model.
 
 The wire format is a sequence of (key, value) fields; a length-delimited value (a message, bytes) is skipped in
 one step, so reading a graph's outputs passes over its weights and nodes without parsing them. The path read,

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from api.config import Settings, describe, layout
-from api.engine.opened import checked_bundle
 from api.process import serve
 from container.bundle import (
     MANIFEST_FILE,
     MAX_BATCH_TOKENS,
     MODEL_FILE,
     TOKENIZER_FILE,
+    checked_bundle,
     file_sizes,
     read_manifest,
     resolve_max_batch_tokens,

@@ -268,7 +268,7 @@ async def test_served_calls_are_padded_to_the_runtimes_multiple_and_answer_as_un
 def test_tune_check_replays_a_bf16_bundle(bf16_bundle: Path) -> None:
     from container.optimize.tune import check
 
-    assert check(bf16_bundle) == 0
+    assert check(bf16_bundle, read_manifest(bf16_bundle)) == 0
 
 
 def test_a_bf16_bundle_without_openvino_says_what_to_install(

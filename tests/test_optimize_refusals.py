@@ -12,14 +12,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from safetensors.torch import load_file, save_file
 
-from container.bundle import MANIFEST_FILE, PARITY_FILE
+from container.bundle import MANIFEST_FILE, PARITY_FILE, TOKENIZER_FILE, checked_bundle
 from container.defaults import DEFAULT_BUNDLE
 from container.optimize.pipeline import holding
 from hare.cli import main
+from tasks.errors import InputError
 from tests.conftest import ModelFactory
 from tests.live_server import free_port
 
@@ -223,6 +225,38 @@ def test_tune_check_on_a_damaged_bundle_is_one_sentence(
     (bundle / MANIFEST_FILE).write_text(json.dumps(manifest))
     assert main(["tune", str(bundle), "--check"]) == 2
     assert "ships variant 'int8-unknown' but records no gates for it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", [["--dry-run"], ["--check"], []])
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ({TOKENIZER_FILE: "{not json"}, "tokenizer.json is unreadable"),
+        ({MANIFEST_FILE: {"task": "summarize"}}, "serves task 'summarize', which this hare does not know"),
+    ],
+)
+def test_tune_refuses_a_bundle_that_serve_and_run_refuse_in_their_words(
+    tiny_bundle: ModelFactory,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    mode: list[str],
+    damage: dict[str, Any],
+    said: str,
+) -> None:
+    # A tokenizer.json that is no JSON came out of --dry-run as tokenizers' bare Exception; an unknown task came
+    # out of --check as a KeyError, and a plain `hare tune` measured the bundle and rewrote its hare.json.
+    bundle = _copy(tiny_bundle("feature-extraction"), tmp_path / "bundle")
+    for name, content in damage.items():
+        if isinstance(content, dict):
+            content = json.dumps(json.loads((bundle / name).read_text()) | content)
+        (bundle / name).write_text(content)
+    manifest = (bundle / MANIFEST_FILE).read_bytes()
+    with pytest.raises(InputError, match=said) as refused:  # as `hare serve` and `hare run` open a bundle
+        checked_bundle(bundle)
+    capsys.readouterr()  # the fixture's build
+    assert main(["tune", str(bundle), *mode, "--seconds", "0.02", "--streams", "1"]) == 2
+    assert capsys.readouterr().err.strip() == f"hare tune: error: {refused.value.message}"
+    assert (bundle / MANIFEST_FILE).read_bytes() == manifest
 
 
 def test_a_roberta_config_with_a_null_pad_id_is_read(tiny_model: ModelFactory, tmp_path: Path) -> None:

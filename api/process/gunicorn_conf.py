@@ -162,7 +162,7 @@ def _reload_refusal() -> str | None:
     """Why a reload must not start workers on the bundle on disk now, or None."""
     if _engine is not None:
         return "the shared engine holds the model and is not reloaded; restart the server to serve a new bundle"
-    from api.engine.opened import checked_bundle  # here: the master imports no model code unless asked to reload
+    from container.bundle import checked_bundle  # here: the master imports no model code unless asked to reload
     from tasks.errors import InputError
 
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from api.config import Settings, describe, parse_bool
-from api.engine.opened import checked_bundle
+from container.bundle import checked_bundle
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK
 from container.runtime import check_target
 from tasks.errors import InputError

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from container.arguments import comma_ints, count, positive_float
-from container.bundle import MANIFEST_FILE, MODEL_FILE, PARITY_FILE, TOKENIZER_FILE, read_manifest
+from container.bundle import MANIFEST_FILE, MODEL_FILE, PARITY_FILE, Manifest, checked_bundle
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
 from tasks.errors import InputError
@@ -55,21 +55,20 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tokenizers import Tokenizer
-
     from container.optimize import autotune
 
     bundle: Path = args.bundle
-    manifest = read_manifest(bundle)
+    # As `hare serve` and `hare run` open it: a bundle they refuse (its task unknown, its tokenizer unreadable) is
+    # refused here in the same sentence, not measured, checked or rewritten.
+    manifest, tokenizer = checked_bundle(bundle)
     if args.check:
-        return check(bundle)
+        return check(bundle, manifest)
     if manifest.target != "cpu":
         raise InputError(
             f"{bundle} is a {manifest.target} bundle: the batch budget is measured for CPU bundles "
             "(a GPU batches up to HARE_MAX_BATCH_TOKENS, 8192 by default)"
         )
     streams = args.streams or physical_cores()
-    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
     budgets = autotune.BUDGETS if args.budgets is None else autotune.checked_budgets(args.budgets)
     rates = autotune.token_rates(
         bundle / MODEL_FILE, tokenizer, streams, budgets=budgets, min_seconds=args.seconds, variant=manifest.variant
@@ -108,14 +107,14 @@ def _table(rates: dict[int, float], budget: int, before: int | None) -> Table:
     return table
 
 
-def check(bundle: Path) -> int:
-    """The shipped graph against the bundle's stored reference, on this CPU, with the gates it shipped with."""
+def check(bundle: Path, manifest: Manifest) -> int:
+    """The shipped graph against the bundle's stored reference, on this CPU, with the gates it shipped with
+    (`manifest`: the bundle's, checked_bundle's)."""
     from container.machine import int8_check
     from container.models import open_model
     from container.optimize.validate import judge, load_parity, served_outputs
     from tasks.registry import get_task
 
-    manifest = read_manifest(bundle)
     if not (bundle / PARITY_FILE).is_file():
         raise InputError(f"{bundle} has no {PARITY_FILE} (built before hare kept its validation set): rebuild it")
     shipped = next((v for v in manifest.variants if v["name"] == manifest.variant), None)
