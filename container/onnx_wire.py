@@ -35,6 +35,46 @@ def output_ranks(path: Path) -> dict[str, int | None]:
         return ranks
 
 
+def hidden_width(path: Path) -> int | None:
+    """The model's hidden size as its weights say it: the longest of their matrices' shorter sides (an embedding
+    table is vocabulary x hidden, a layer's weights hidden x hidden or hidden x its feed-forward width); None
+    where the graph has no matrix. Read from each initializer's dims (TensorProto field 1), its data skipped:
+    `hare tune` sizes a batch budget's memory by it before it makes a session (container/optimize/autotune.py,
+    fitting_tokens); a bundle carries no config.json to read it from."""
+    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        sides = [
+            min(dims)
+            for graph in _messages(data, 0, len(data), 7)
+            for tensor in _messages(data, *graph, 5)
+            if len(dims := list(_ints(data, *tensor, 1))) == 2
+        ]
+        return max(sides, default=None)
+
+
+def _ints(data: mmap.mmap, start: int, end: int, number: int) -> Iterator[int]:
+    """The values of the repeated integer field `number` in data[start:end], packed or one field each."""
+    at = start
+    while at < end:
+        key, at = _varint(data, at)
+        field, wire = key >> 3, key & 7
+        if wire == LENGTH_DELIMITED:
+            length, at = _varint(data, at)
+            if field == number:  # packed: the values one after another
+                inner = at
+                while inner < at + length:
+                    value, inner = _varint(data, inner)
+                    yield value
+            at += length
+        elif wire == 0:
+            value, at = _varint(data, at)
+            if field == number:
+                yield value
+        elif wire in SKIPPED:
+            at += SKIPPED[wire] or 0
+        else:
+            raise ValueError(f"wire type {wire} at byte {at}: not an ONNX model")
+
+
 def _messages(data: mmap.mmap, start: int, end: int, number: int) -> Iterator[tuple[int, int]]:
     """The (start, end) of each length-delimited field `number` among the fields in data[start:end]."""
     at = start

@@ -259,6 +259,47 @@ def test_tune_refuses_a_bundle_that_serve_and_run_refuse_in_their_words(
     assert (bundle / MANIFEST_FILE).read_bytes() == manifest
 
 
+def test_budgets_and_timed_batches_over_this_machines_memory_are_refused_before_any_work(
+    tiny_model: ModelFactory,
+    tiny_bundle: ModelFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `hare tune --budgets 100000000 --dry-run` grew to 22 GB and was killed; `hare optimize --tune-batches
+    # 200000` failed after the export with ONNX Runtime's "Failed to allocate memory".
+    from container.onnx_wire import hidden_width
+    from container.optimize import autotune, pipeline
+
+    model = tiny_model("feature-extraction")
+    hidden = json.loads((model / "config.json").read_text())["hidden_size"]
+    bundle = tiny_bundle("feature-extraction")
+    assert hidden_width(bundle / "model.onnx") == hidden  # read from the graph's weights: a bundle has no config
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("worked on a call that cannot fit")
+
+    monkeypatch.setattr(autotune, "available_bytes", lambda: 2**30)  # 1 GiB available, never the real memory
+    monkeypatch.setattr(autotune, "token_rates", never)
+    monkeypatch.setattr(pipeline, "_compose", never)  # the export and everything after it
+    fitting = int(autotune.MEMORY_SHARE * 2**30) // (2 * hidden * autotune.HIDDEN_BYTES)  # two streams
+    capsys.readouterr()  # the fixtures' builds
+    assert main(["tune", str(bundle), "--budgets", "128,100000000", "--dry-run", "--streams", "2"]) == 2
+    said = capsys.readouterr().err
+    assert "100,000,000 padded tokens does not fit in this machine's memory" in said
+    assert f"name budgets of 128 to {fitting:,}" in said
+    out = tmp_path / "bundle"
+    args = [model, "--task", "feature-extraction", "--out", out, "--variants", "fp32", "--tune-streams", "2"]
+    assert run(*args, "--tune-budgets", "100000000") == 2
+    assert f"name budgets of 128 to {fitting:,}" in capsys.readouterr().err
+    assert run(*args, "--tune-batches", "1,200000", "--tune-lengths", "8,64") == 2
+    one_call = int(autotune.MEMORY_SHARE * 2**30) // (hidden * autotune.HIDDEN_BYTES)  # autotune: one at a time
+    said = " ".join(capsys.readouterr().err.split())
+    assert "--tune-batches 200,000 of 64-token sequences (the longest of --tune-lengths the model reads)" in said
+    assert "is a call of 12,800,000 padded tokens" in said and f"batches up to {one_call // 64:,} at that" in said
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_a_roberta_config_with_a_null_pad_id_is_read(tiny_model: ModelFactory, tmp_path: Path) -> None:
     from container.optimize.source import inspect_source
     from tasks.registry import get_task

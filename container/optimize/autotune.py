@@ -324,17 +324,60 @@ def token_rates(
     return rates_of(samples, feeds, streams)
 
 
-def checked_budgets(budgets: Sequence[int]) -> tuple[int, ...]:
+def checked_budgets(budgets: Sequence[int], fitting: int | None = None) -> tuple[int, ...]:
     """The budgets a user named (`hare optimize --tune-budgets`, `hare tune --budgets`), smallest first, once
     each: the climb goes up from the smallest. One under a sequence of BUDGET_LENGTH tokens would be timed as
-    that sequence, and so named for a batch it never ran: refused."""
+    that sequence, and so named for a batch it never ran: refused. One over `fitting` padded tokens (None: no
+    limit known) cannot fit in this machine's memory (fitting_tokens): refused before the kernel kills the
+    build for it (a budget of 100,000,000 grew to 22 GB before it was killed)."""
     small = [b for b in budgets if b < BUDGET_LENGTH]
     if not budgets or small:
         raise InputError(
             f"batch budgets are padded tokens per call, each at least {BUDGET_LENGTH} (one {BUDGET_LENGTH}-token "
             f"sequence), e.g. 128,256,512; got {','.join(map(str, budgets)) or 'none'}"
         )
+    if fitting is not None and max(budgets) > fitting:
+        raise InputError(
+            f"a batch budget of {max(budgets):,} padded tokens does not fit in this machine's memory with every "
+            f"stream running one: name budgets of {BUDGET_LENGTH} to {fitting:,} (fewer streams fit larger ones)"
+            if fitting >= BUDGET_LENGTH
+            else f"not even a batch budget of {BUDGET_LENGTH} padded tokens fits in this machine's memory with "
+            "every stream running one: run fewer streams"
+        )
     return tuple(sorted(set(budgets)))
+
+
+# Bytes of a model call's activations a padded token takes at the least: its hidden state, one float32 per
+# hidden unit. Every layer's output is one; the call holds more (attention scores, the feed-forward's wider
+# states, the inputs), so a call over what this allows cannot fit, and one under it may still not (the climb's
+# fits_next and ONNX Runtime's allocation errors stop those).
+HIDDEN_BYTES = 4
+
+
+def fitting_tokens(hidden: int, calls: int, available: int | None = None) -> int | None:
+    """The most padded tokens one of `calls` model calls at once may hold and still fit in MEMORY_SHARE of the
+    `available` memory (None: this machine's, available_bytes), as fits_next allows a budget's growth, with each
+    token taking `hidden` floats (HIDDEN_BYTES each). None where either is unknown (0): no limit."""
+    available = available_bytes() if available is None else available
+    if not available or not hidden:
+        return None
+    return int(MEMORY_SHARE * available) // (max(1, calls) * hidden * HIDDEN_BYTES)
+
+
+def check_tune_points(lengths: Sequence[int], batches: Sequence[int], max_length: int, fitting: int | None) -> None:
+    """Refuse `--tune-batches` x `--tune-lengths` whose largest call (lengths cut at the model's `max_length`, as
+    the timed texts are) is over `fitting` padded tokens (fitting_tokens; None: no limit): ONNX Runtime's "Failed
+    to allocate memory" came out of autotune, after the export and every variant's build."""
+    length = min(max(lengths), max_length)
+    if fitting is None or max(batches) * length <= fitting:
+        return
+    most = fitting // length
+    fits = f"name batches up to {most:,}" if most else "name shorter lengths"
+    raise InputError(
+        f"--tune-batches {max(batches):,} of {length}-token sequences (the longest of --tune-lengths the model "
+        f"reads) is a call of {max(batches) * length:,} padded tokens, which does not fit in this machine's "
+        f"memory: {fits} at that length"
+    )
 
 
 def rates_of(

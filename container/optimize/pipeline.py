@@ -90,6 +90,7 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
         src = source.inspect_source(model_dir, opts.task, opts.allow_pickle, opts.trust_remote_code)
         if adapter in src.prompts:  # sentence-transformers' prompt of the same name goes with the adapter
             src = replace(src, default_prompt_name=adapter)
+        check_memory(opts, src)
         tried = candidates(opts.target, fuse.attention_shape(src.config), opts.int8_levels)
         manifest = _compose(opts, src, variants.plan(tried, opts.only), folder, console)
         # The old bundle moved aside, then the new one in: two renames, never a moment without a bundle
@@ -98,6 +99,19 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Manifest:
             os.replace(opts.out, folder / "replaced")
         os.replace(folder / "bundle", opts.out)
         return manifest
+
+
+def check_memory(opts: OptimizeOptions, src: source.SourceModel) -> None:
+    """Refuse, before the export, timing calls this machine's memory cannot hold, by the model's hidden size
+    (autotune.fitting_tokens): the budgets named for the batch budget's streams at once, and the largest of
+    --tune-batches x --tune-lengths, one call at a time. A CPU build's only: a GPU's calls hold its memory."""
+    if opts.target != "cpu":
+        return
+    hidden = fuse.attention_shape(src.config)[1]
+    if opts.tune_budgets:
+        streams = opts.tune_streams or physical_cores()
+        autotune.checked_budgets(opts.tune_budgets, autotune.fitting_tokens(hidden, streams))
+    autotune.check_tune_points(opts.tune_lengths, opts.tune_batches, src.max_length, autotune.fitting_tokens(hidden, 1))
 
 
 def check_out(out: Path, model_dir: Path) -> None:

@@ -27,6 +27,7 @@ from container.arguments import comma_ints, count, positive_float
 from container.bundle import MANIFEST_FILE, MODEL_FILE, PARITY_FILE, Manifest, checked_bundle
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
+from container.onnx_wire import hidden_width
 from tasks.errors import InputError
 
 
@@ -69,7 +70,8 @@ def main(args: argparse.Namespace) -> int:
             "(a GPU batches up to HARE_MAX_BATCH_TOKENS, 8192 by default)"
         )
     streams = args.streams or physical_cores()
-    budgets = autotune.BUDGETS if args.budgets is None else autotune.checked_budgets(args.budgets)
+    fitting = autotune.fitting_tokens(hidden_width(bundle / MODEL_FILE) or 0, streams)
+    budgets = autotune.BUDGETS if args.budgets is None else autotune.checked_budgets(args.budgets, fitting)
     rates = autotune.token_rates(
         bundle / MODEL_FILE, tokenizer, streams, budgets=budgets, min_seconds=args.seconds, variant=manifest.variant
     )
