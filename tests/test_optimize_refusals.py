@@ -300,6 +300,47 @@ def test_budgets_and_timed_batches_over_this_machines_memory_are_refused_before_
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("command", "flag", "why"),
+    [
+        ("tune", "--streams", "its thread's CPU time"),
+        ("optimize", "--tune-streams", "its thread's CPU time"),
+        ("optimize", "--tune-threads", "only wait for each other"),
+    ],
+)
+def test_timing_with_more_calls_or_threads_than_cores_is_refused_before_any_work(
+    tiny_model: ModelFactory,
+    tiny_bundle: ModelFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    flag: str,
+    why: str,
+) -> None:
+    # `--tune-streams 500` on 2 cores recorded 173,620,680 tokens/s in hare.json (a thread's CPU time does not
+    # count its wait for a core); `--tune-threads 1000` was accepted.
+    from container.machine import physical_cores
+    from container.optimize import autotune, pipeline
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("timed more calls or threads than cores")
+
+    if command == "tune":  # built before the build's stages are taken away
+        target = [str(tiny_bundle("feature-extraction")), "--dry-run"]
+    else:
+        target = [str(tiny_model("feature-extraction")), "--task", "feature-extraction", "--out", str(tmp_path / "b")]
+    monkeypatch.setattr(autotune, "token_rates", never)
+    monkeypatch.setattr(pipeline, "_compose", never)  # the export and everything after it
+    capsys.readouterr()  # the fixtures' builds
+    cores = physical_cores()
+    assert main([command, *target, flag, str(cores + 1)]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"{flag} {cores + 1} is more than this machine's {cores} physical cores" in said
+    assert why in said and said.endswith(f"give at most {cores}")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_roberta_config_with_a_null_pad_id_is_read(tiny_model: ModelFactory, tmp_path: Path) -> None:
     from container.optimize.source import inspect_source
     from tasks.registry import get_task

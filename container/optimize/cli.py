@@ -16,7 +16,7 @@ from container.arguments import comma_ints, count, finite_float, positive_float,
 from container.bundle import Manifest
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK, default_model_dir
 from container.machine import FULL_LEVELS, NARROW_LEVELS
-from container.optimize.autotune import BUDGETS_HELP, HOPELESS, checked_budgets
+from container.optimize.autotune import BUDGETS_HELP, HOPELESS, check_cores, checked_budgets
 from container.optimize.textset import file_samples
 from container.optimize.validate import FP32_GATE
 from tasks.base import Gate
@@ -168,6 +168,8 @@ def main(args: argparse.Namespace) -> int:
     given = {metric: getattr(args, f"gate_{metric}", None) for metric in gates_by_metric()}
     thresholds = {metric: value for metric, value in given.items() if value is not None}
     checked_gates(thresholds, task)
+    check_cores("--tune-streams", args.tune_streams, "streams")
+    check_cores("--tune-threads", args.tune_threads, "threads")
     if args.validation_file is not None:  # read whole here: what is wrong with it was said after the export
         file_samples(args.validation_file, get_task(task).pairs)
     signal.signal(signal.SIGTERM, exit_on_signal)  # docker stop, Kubernetes, timeout: the build's folder is removed

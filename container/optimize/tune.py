@@ -69,6 +69,7 @@ def main(args: argparse.Namespace) -> int:
             f"{bundle} is a {manifest.target} bundle: the batch budget is measured for CPU bundles "
             "(a GPU batches up to HARE_MAX_BATCH_TOKENS, 8192 by default)"
         )
+    autotune.check_cores("--streams", args.streams, "streams")
     streams = args.streams or physical_cores()
     fitting = autotune.fitting_tokens(hidden_width(bundle / MODEL_FILE) or 0, streams)
     budgets = autotune.BUDGETS if args.budgets is None else autotune.checked_budgets(args.budgets, fitting)
