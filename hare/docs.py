@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -79,13 +80,16 @@ def kserve_table() -> str:
 
 
 def gates_table() -> str:
-    """Every parity gate `hare optimize` applies: where, its default threshold, the flag that overrides it."""
-    rows = ["| Gate | Applies to | Default | Flag | What it measures |", "|---|---|---|---|---|"]
+    """Every parity gate `hare optimize` applies: where, its default threshold, the flag that overrides it and
+    the thresholds it takes (the metric's values, Gate.bounds)."""
+    rows = ["| Gate | Applies to | Default | Flag | Takes | What it measures |", "|---|---|---|---|---|---|"]
     for name, gate in optimize_cli.declared_gates():
         where = f"`{name}`" if name in TASKS else name
         default = f"{'≥' if gate.higher_is_better else '≤'} {gate.threshold:g}"
         flag = optimize_cli.gate_flag(gate)
-        rows.append(f"| `{gate.metric}` | {where} | {default} | `{flag}` | {_cell(gate.help)} |")
+        low, high = gate.bounds
+        takes = f"{low:g} to {high:g}" if math.isfinite(high) else f"≥ {low:g}"
+        rows.append(f"| `{gate.metric}` | {where} | {default} | `{flag}` | {takes} | {_cell(gate.help)} |")
     return "\n".join(rows)
 
 

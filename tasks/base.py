@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -20,14 +21,23 @@ if TYPE_CHECKING:  # annotations only: the console reads the task specs without 
 Array = NDArray[np.float32]
 
 
+# The values a gate's metric takes (Gate.bounds), besides a share's 0 to 1: a correlation's or a cosine's, and a
+# difference's.
+CORRELATION = (-1.0, 1.0)
+DIFFERENCE = (0.0, math.inf)
+
+
 @dataclass(frozen=True)
 class Gate:
-    """A parity threshold a candidate variant must meet before it may ship."""
+    """A parity threshold a candidate variant must meet before it may ship. `bounds`: the values the metric
+    takes (a share's 0 to 1 by default; a correlation's or a cosine's -1 to 1; a difference's 0 up), so that a
+    threshold outside them, which no variant can meet or every one meets, is refused before the build."""
 
     metric: str
     threshold: float
     higher_is_better: bool
     help: str
+    bounds: tuple[float, float] = (0.0, 1.0)
 
     def passes(self, value: float) -> bool:
         return value >= self.threshold if self.higher_is_better else value <= self.threshold

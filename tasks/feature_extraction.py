@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 
 from tasks import params, prompts, quantize
 from tasks.base import (
+    CORRELATION,
     NUMBER,
     TEXT_TENSOR,
     Answer,
@@ -222,7 +223,7 @@ SPEC = TaskSpec(
     pairs=False,
     parity=parity,
     default_pooling="mean",  # what transformers' feature-extraction models without a pooling config get
-    gates=(Gate("cosine_p1", 0.99, True, "1st percentile of cosine(PyTorch, candidate) embeddings"),),
+    gates=(Gate("cosine_p1", 0.99, True, "1st percentile of cosine(PyTorch, candidate) embeddings", CORRELATION),),
     parameters=PARAMETERS,
     parse_inputs=params.texts,
     parse_params=parse_params,

@@ -20,6 +20,7 @@ import orjson
 
 from tasks import params, prompts
 from tasks.base import (
+    CORRELATION,
     NUMBER,
     TEXT_TENSOR,
     Answer,
@@ -287,7 +288,7 @@ SPEC = TaskSpec(
     pairs=False,
     parity=parity,
     gates=(
-        Gate("cosine_p1", 0.99, True, "1st percentile of cosine(PyTorch, candidate) sparse vectors"),
+        Gate("cosine_p1", 0.99, True, "1st percentile of cosine(PyTorch, candidate) sparse vectors", CORRELATION),
         Gate("top20_overlap_p1", 0.9, True, "1st percentile of the share of the top-20 terms both vectors keep"),
     ),
     parameters=PARAMETERS,

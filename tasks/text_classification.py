@@ -10,6 +10,7 @@ import numpy as np
 
 from tasks import params
 from tasks.base import (
+    DIFFERENCE,
     NUMBER,
     TEXT_TENSOR,
     TRUNCATED,
@@ -171,6 +172,7 @@ SPEC = TaskSpec(
             False,
             "largest |score difference| from PyTorch (softmax over the labels; sigmoid for multi-label and "
             "one-logit heads; a regression head's values as a share of their range over the validation texts)",
+            DIFFERENCE,
         ),
     ),
     parameters=PARAMETERS,

@@ -12,6 +12,8 @@ import numpy as np
 
 from tasks import params
 from tasks.base import (
+    CORRELATION,
+    DIFFERENCE,
     NUMBER,
     TRUNCATED,
     Answer,
@@ -210,8 +212,14 @@ SPEC = TaskSpec(
     # Gated on the worst query, so no single query's ranking may drift; and on the scores themselves, so that a
     # threshold on them (score > 0.5) answers as with transformers.
     gates=(
-        Gate("spearman_min", 0.98, True, "lowest per-query Spearman correlation with PyTorch scores"),
-        Gate("max_score_diff", 0.02, False, "largest |score difference| from PyTorch (sigmoid of the relevance logit)"),
+        Gate("spearman_min", 0.98, True, "lowest per-query Spearman correlation with PyTorch scores", CORRELATION),
+        Gate(
+            "max_score_diff",
+            0.02,
+            False,
+            "largest |score difference| from PyTorch (sigmoid of the relevance logit)",
+            DIFFERENCE,
+        ),
     ),
     parameters=PARAMETERS,
     parse_inputs=parse_inputs,

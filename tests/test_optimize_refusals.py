@@ -5,6 +5,7 @@ refusal is one sentence and exit 2, before the work it would waste where it can 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -19,9 +20,12 @@ from safetensors.torch import load_file, save_file
 
 from container.bundle import MANIFEST_FILE, PARITY_FILE, TOKENIZER_FILE, checked_bundle
 from container.defaults import DEFAULT_BUNDLE
+from container.optimize.cli import checked_gates, declared_gates, gate_flag
 from container.optimize.pipeline import holding
 from hare.cli import main
+from tasks.base import Gate
 from tasks.errors import InputError
+from tasks.registry import TASKS
 from tests.conftest import ModelFactory
 from tests.live_server import free_port
 
@@ -339,6 +343,52 @@ def test_timing_with_more_calls_or_threads_than_cores_is_refused_before_any_work
     assert f"{flag} {cores + 1} is more than this machine's {cores} physical cores" in said
     assert why in said and said.endswith(f"give at most {cores}")
     assert list(tmp_path.iterdir()) == []
+
+
+def _outside(gate: Gate) -> list[float]:
+    """Thresholds just outside the values the gate's metric takes."""
+    low, high = gate.bounds
+    return [low - 0.5, *([high + 1] if math.isfinite(high) else [])]
+
+
+@pytest.mark.parametrize(
+    ("task", "gate", "value"),
+    [
+        (TASKS[name].name if name in TASKS else "text-classification", gate, value)
+        for name, gate in declared_gates()
+        for value in _outside(gate)
+    ],
+)
+def test_a_gate_threshold_its_metric_never_takes_is_refused_before_any_work(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    task: str,
+    gate: Gate,
+    value: float,
+) -> None:
+    # `--min-top1 2` and `--max-score-diff -1` ran the whole build before "no variant passed the parity gates".
+    from container.optimize import pipeline
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("built against a gate no variant can meet")
+
+    model = tmp_path / "model"  # refused before the folder is read
+    model.mkdir()
+    monkeypatch.setattr(pipeline, "optimize", never)
+    assert run(model, "--task", task, "--out", tmp_path / "b", gate_flag(gate), value) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"{gate_flag(gate)} {value:g} is outside the values {gate.metric} takes" in said
+    low, high = gate.bounds
+    assert said.endswith(f"give a threshold from {low:g} to {high:g}" if math.isfinite(high) else f"of {low:g} or more")
+
+
+def test_a_gate_threshold_at_the_ends_of_its_metrics_values_is_taken() -> None:
+    for name, gate in declared_gates():
+        task = name if name in TASKS else "text-classification"
+        for end in gate.bounds:
+            if math.isfinite(end):
+                checked_gates({gate.metric: end}, task)  # exact, or anything: a user's choice, not a mistake
 
 
 def test_a_roberta_config_with_a_null_pad_id_is_read(tiny_model: ModelFactory, tmp_path: Path) -> None:

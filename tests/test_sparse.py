@@ -363,12 +363,15 @@ def test_int8_candidates_are_gated(splade: Path, tmp_path: Path) -> None:
 
 
 def test_cli_overlap_gate_refuses(splade: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`hare optimize --min-top20-overlap` sets the gate: above what any candidate can reach, nothing ships."""
+    """`hare optimize --min-top20-overlap` sets the gate: where no int8 candidate reaches it, nothing ships;
+    above what any candidate can reach (an overlap is a share), it is refused before the build."""
     from hare.cli import main
 
     out = tmp_path / "bundle"
-    args = ["optimize", str(splade), "--task", "sparse-embedding", "--out", str(out), "--variants", "fp32,int8"]
-    assert main([*args, "--min-top20-overlap", "1.01", "--tune-lengths", "8", "--tune-batches", "1"]) == 3
+    args = ["optimize", str(splade), "--task", "sparse-embedding", "--out", str(out), "--variants", "int8"]
+    assert main([*args, "--min-top20-overlap", "1.01"]) == 2
+    assert "--min-top20-overlap 1.01 is outside the values top20_overlap_p1 takes" in capsys.readouterr().err
+    assert main([*args, "--min-top20-overlap", "1", "--tune-lengths", "8", "--tune-batches", "1"]) == 3
     assert "top20_overlap_p1" in capsys.readouterr().err
     assert not out.exists()
 

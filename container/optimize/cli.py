@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 from collections.abc import Mapping
@@ -128,7 +129,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def checked_gates(thresholds: Mapping[str, float], task: str) -> None:
-    """Refuse a gate's flag that does not apply to `task` (it was ignored: a build judged on the default)."""
+    """Refuse a gate's flag that does not apply to `task` (it was ignored: a build judged on the default), and a
+    threshold outside the values its metric takes (Gate.bounds): `--min-top1 2` failed every variant, and only
+    after the whole build."""
     applies = {FP32_GATE.metric, *(gate.metric for gate in TASKS[task].gates)}
     for metric in sorted(set(thresholds) - applies):
         tasks = [name for name, gate in gates_by_metric()[metric]]
@@ -136,6 +139,15 @@ def checked_gates(thresholds: Mapping[str, float], task: str) -> None:
             f"{gate_flag(gates_by_metric()[metric][0][1])} is a gate of {', '.join(tasks)}, not of {task}; "
             f"{task}'s gates: {', '.join(gate_flag(g) for g in (FP32_GATE, *TASKS[task].gates))}"
         )
+    for metric, value in sorted(thresholds.items()):
+        gate = next(gate for _, gate in gates_by_metric()[metric])  # tasks sharing a metric share its bounds
+        low, high = gate.bounds
+        if not low <= value <= high:
+            values = f"from {low:g} to {high:g}" if math.isfinite(high) else f"of {low:g} or more"
+            raise InputError(
+                f"{gate_flag(gate)} {value:g} is outside the values {metric} takes ({gate.help}), so it fails or "
+                f"passes every variant alike; give a threshold {values}"
+            )
 
 
 def variant_names(text: str | None) -> list[str] | None:

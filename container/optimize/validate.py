@@ -21,7 +21,7 @@ from container.models import open_model
 from container.optimize.errors import ValidationFailed
 from container.optimize.source import SourceModel
 from container.optimize.textset import Sample
-from tasks.base import Gate, ParityInput, TaskSpec
+from tasks.base import DIFFERENCE, Gate, ParityInput, TaskSpec
 from tasks.errors import InputError
 from tasks.ops import length_batches, pad_batch
 
@@ -34,6 +34,7 @@ FP32_GATE = Gate(
     1e-4,
     False,
     "fp32 variants: largest |output difference| from PyTorch, per unit of the outputs' largest magnitude (>= 1)",
+    DIFFERENCE,
 )
 # The token count of the sample where a graph is furthest from PyTorch (a metric, named in refusals).
 WORST_AT = "max_abs_diff_tokens"
