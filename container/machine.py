@@ -72,13 +72,17 @@ def cpu_quota(root: Path = CGROUP) -> int | None:
 
 
 @cache
+def usable_cpus() -> int:
+    """Logical CPUs (hyper-threads too) this process may run on, within its cgroup's CPU quota."""
+    usable = len(os.sched_getaffinity(0))
+    quota = cpu_quota()
+    return usable if quota is None else min(usable, quota)
+
+
 def physical_cores() -> int:
     """Physical cores (not hyper-threads) this process may use, within its cgroup's CPU quota: the serving
     default is one model stream each."""
-    usable = len(os.sched_getaffinity(0))
-    quota = cpu_quota()
-    if quota is not None:
-        usable = min(usable, quota)
+    usable = usable_cpus()
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.is_file():
         return usable

@@ -324,7 +324,7 @@ def test_timing_with_more_calls_or_threads_than_cores_is_refused_before_any_work
 ) -> None:
     # `--tune-streams 500` on 2 cores recorded 173,620,680 tokens/s in hare.json (a thread's CPU time does not
     # count its wait for a core); `--tune-threads 1000` was accepted.
-    from container.machine import physical_cores
+    from container.machine import usable_cpus
     from container.optimize import autotune, pipeline
 
     def never(*_: object, **__: object) -> None:
@@ -337,11 +337,11 @@ def test_timing_with_more_calls_or_threads_than_cores_is_refused_before_any_work
     monkeypatch.setattr(autotune, "token_rates", never)
     monkeypatch.setattr(pipeline, "_compose", never)  # the export and everything after it
     capsys.readouterr()  # the fixtures' builds
-    cores = physical_cores()
-    assert main([command, *target, flag, str(cores + 1)]) == 2
+    cpus = usable_cpus()
+    assert main([command, *target, flag, str(cpus + 1)]) == 2
     said = " ".join(capsys.readouterr().err.split())
-    assert f"{flag} {cores + 1} is more than this machine's {cores} physical cores" in said
-    assert why in said and said.endswith(f"give at most {cores}")
+    assert f"{flag} {cpus + 1} is more than the {cpus} CPUs this process may use" in said
+    assert why in said and said.endswith(f"give at most {cpus}")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from container.machine import available_bytes, describe, physical_cores
+from container.machine import available_bytes, describe, usable_cpus
 from container.models import Model, open_model
 from container.optimize.textset import SENTENCES
 from container.runtime import InferenceFailed
@@ -380,23 +380,22 @@ def check_tune_points(lengths: Sequence[int], batches: Sequence[int], max_length
     )
 
 
-# Why a timing flag may not pass the physical cores (`check_cores`), by flag's meaning.
+# Why a timing flag may not pass the CPUs (`check_cores`), by flag's meaning.
 OVER_CORES = {
     "streams": "each stream's rate is its tokens per its thread's CPU time, which does not count the time it waits "
-    "for a core (500 streams on 2 cores recorded 173,620,680 tokens/s)",
-    "threads": "a call's threads past the cores only wait for each other, so its time is no serving's",
+    "for a CPU (500 streams on 2 cores recorded 173,620,680 tokens/s)",
+    "threads": "a call's threads past the CPUs only wait for each other, so its time is no serving's",
 }
 
 
 def check_cores(flag: str, value: int, kind: str) -> None:
-    """Refuse `value` model calls (`kind` "streams") or ONNX Runtime threads ("threads") at once beyond this
-    machine's physical cores (within its CPU quota: physical_cores, the cores the server shares among its
-    model calls, api/engine/cores.py): what they measure is no machine's."""
-    cores = physical_cores()
-    if value > cores:
+    """Refuse `value` model calls (`kind` "streams") or ONNX Runtime threads ("threads") at once beyond the
+    logical CPUs this process may run on (usable_cpus: hyper-threads count, so that two streams on a 2-vCPU
+    machine of one core and its sibling are measured as before): what more would measure is no machine's."""
+    cpus = usable_cpus()
+    if value > cpus:
         raise InputError(
-            f"{flag} {value} is more than this machine's {cores} physical cores: {OVER_CORES[kind]}; give at most "
-            f"{cores}"
+            f"{flag} {value} is more than the {cpus} CPUs this process may use: {OVER_CORES[kind]}; give at most {cpus}"
         )
 
 
