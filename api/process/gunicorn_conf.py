@@ -45,7 +45,7 @@ from typing import Any
 from api.config import Settings
 from api.engine.cores import forget
 from api.process import scratch
-from container.bundle import read_manifest
+from container.bundle import checked_bundle, read_manifest  # its tokenizers and tasks only when called
 
 ENGINE_START_SECONDS = 600  # a big model's load and its graphs' capture
 
@@ -162,7 +162,6 @@ def _reload_refusal() -> str | None:
     """Why a reload must not start workers on the bundle on disk now, or None."""
     if _engine is not None:
         return "the shared engine holds the model and is not reloaded; restart the server to serve a new bundle"
-    from container.bundle import checked_bundle  # here: the master imports no model code unless asked to reload
     from tasks.errors import InputError
 
     try:
