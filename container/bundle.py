@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 
 from container.machine import FULL_LEVELS
-from container.onnx_wire import output_ranks
+from container.onnx_wire import output_shapes
 from tasks.errors import InputError
 from tasks.ops import POOLINGS, Dense
 from tasks.params import kind
@@ -247,13 +247,21 @@ def checked_bundle(bundle: Path) -> tuple[Manifest, Tokenizer]:
 
 
 def _check_graph(bundle: Path, manifest: Manifest, axes: int | None) -> None:
-    """InputError when the graph is no ONNX model (each worker failed to load it, with a traceback), or its
-    output has another rank than the task reads (`axes`): among the tasks that read "logits", a hare.json's task
-    edited to another failed in every worker with a traceback."""
+    """InputError when the graph is no ONNX model (each worker failed to load it, with a traceback), its output
+    has another rank than the task reads (`axes`): among the tasks that read "logits", a hare.json's task edited
+    to another failed in every worker with a traceback; or, where the graph states it (a token classifier's; a
+    sequence classifier's export leaves it named), another number of scores a row than hare.json has labels (an
+    edit that added or dropped one answered scores under other labels' names)."""
     try:
-        rank = output_ranks(bundle / MODEL_FILE).get(manifest.output)
+        shape = output_shapes(bundle / MODEL_FILE).get(manifest.output)
     except ValueError as exc:
         raise InputError(f"{bundle / MODEL_FILE} is not an ONNX graph ({exc}); rebuild the bundle") from None
+    rank = None if shape is None else len(shape)
+    if manifest.labels and shape and shape[-1] is not None and shape[-1] != len(manifest.labels):
+        raise InputError(
+            f"{bundle / MANIFEST_FILE} names {len(manifest.labels)} labels, but its graph answers {shape[-1]} scores "
+            "a row (its labels were edited?); give one label for each score, or build the model again"
+        )
     if axes is not None and rank is not None and rank != axes:
         per = {2: "one row a text", 3: "one row a token"}
         raise InputError(

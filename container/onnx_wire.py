@@ -1,6 +1,6 @@
-"""The ranks of an ONNX graph's outputs, read from the file's protobuf wire format without the onnx package
-(not installed at serve time) and without loading the weights: the master checks a bundle with it before any
-worker starts (container/bundle.py, checked_bundle), where a session would load the whole model.
+"""The shapes of an ONNX graph's outputs, and its hidden size, read from the file's protobuf wire format without
+the onnx package (not installed at serve time) and without loading the weights: the master checks a bundle with
+it before any worker starts (container/bundle.py, checked_bundle), where a session would load the whole model.
 
 The wire format is a sequence of (key, value) fields; a length-delimited value (a message, bytes) is skipped in
 one step, so reading a graph's outputs passes over its weights and nodes without parsing them. The path read,
@@ -17,11 +17,11 @@ LENGTH_DELIMITED = 2
 SKIPPED = {0: None, 1: 8, 5: 4}  # wire type -> bytes to skip (None: a varint)
 
 
-def output_ranks(path: Path) -> dict[str, int | None]:
-    """Each graph output's name and rank (None where the graph gives no shape); ValueError if the file is not
-    an ONNX model's protobuf."""
+def output_shapes(path: Path) -> dict[str, tuple[int | None, ...] | None]:
+    """Each graph output's name and shape, a dimension's size or None where it is named (a batch, a length);
+    None where the graph gives no shape. ValueError if the file is not an ONNX model's protobuf."""
     with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        ranks: dict[str, int | None] = {}
+        found: dict[str, tuple[int | None, ...] | None] = {}
         for graph in _messages(data, 0, len(data), 7):
             for start, end in _messages(data, *graph, 12):
                 name = b"".join(data[s:e] for s, e in _messages(data, start, end, 1)).decode()
@@ -31,8 +31,12 @@ def output_ranks(path: Path) -> dict[str, int | None]:
                     for tensor in _messages(data, *kind, 1)
                     for shape in _messages(data, *tensor, 2)
                 ]
-                ranks[name] = sum(1 for shape in shapes for _ in _messages(data, *shape, 1)) if shapes else None
-        return ranks
+                found[name] = (
+                    tuple(next(_ints(data, *dim, 1), None) for shape in shapes for dim in _messages(data, *shape, 1))
+                    if shapes
+                    else None
+                )
+        return found
 
 
 def hidden_width(path: Path) -> int | None:

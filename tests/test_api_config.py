@@ -417,6 +417,24 @@ def test_a_hand_edited_manifest_names_the_field_of_the_wrong_kind(
         read_manifest(bundle)
 
 
+def test_labels_edited_to_another_count_than_the_graphs_scores_are_refused(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    # Renaming labels is an edit people make; one added answered scores under the wrong names (rc 0). Checked where
+    # the graph states its scores a row: a token classifier's (a sequence classifier's export leaves it named).
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle("token-classification"), bundle)
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
+    count = len(manifest["labels"])
+    renamed = {k: f"class {k}" for k in manifest["labels"]}
+    (bundle / MANIFEST_FILE).write_text(json.dumps(manifest | {"labels": renamed}))
+    assert checked_bundle(bundle)[0].labels[0] == "class 0"  # renamed, the same count: served
+    for labels in ({**renamed, str(count): "one more"}, dict(list(renamed.items())[:-1])):
+        (bundle / MANIFEST_FILE).write_text(json.dumps(manifest | {"labels": labels}))
+        with pytest.raises(InputError, match=f"names {len(labels)} labels, but its graph answers {count} scores a row"):
+            checked_bundle(bundle)
+
+
 def test_a_misspelled_setting_is_named_with_the_one_it_resembles(
     tiny_bundle: ModelFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
