@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import os
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -22,7 +23,7 @@ from typing import Any, Literal
 
 from bench import modelonly
 from bench.inputs import Bodies, TextMaker, load_tokenizer, make_bodies
-from bench.loadgen import LoadSpec, latency_summary, run_load
+from bench.loadgen import CONNECT, TIMEOUT, LoadSpec, latency_summary, run_load
 from bench.points import Planned, make_point
 from bench.progress import Reporter, model_only_streams_cap
 from bench.records import ROUND_FIGURES, Point
@@ -110,6 +111,7 @@ class Runner:
         self.hare_threads = 1
         self.max_length: int | None = None  # the bundle's; longer inputs are truncated to it
         self._rounds: dict[Planned, list[Point]] = {}  # with several rounds: each point's passes, held
+        self._answers: dict[str, Counter[str]] = {}  # each HTTP target's answers over its points, by status
 
     def run(self) -> int:
         """Measure every planned point; returns the run id (its status says how it ended)."""
@@ -175,9 +177,18 @@ class Runner:
         self._store_rounds(planned)
         if self.stop.is_set():
             status, message = "cancelled", "stopped by a signal"
-        elif status == "done" and self.failures:
-            message = "; ".join(self.failures)
-            status = "failed" if self.k == 0 else "done"
+        elif status == "done":
+            # A target no request of which was answered is no measurement: a server that answers GET /info as
+            # hare does and fails every /predict (another task's, a broken model) was a run done, exit 0.
+            unanswered = [t for t, answers in self._answers.items() if not answers["200"]]
+            self.failures += [
+                f"{t}: every request failed ({_statuses(self._answers[t])}): check that it serves {subject.task} "
+                "at POST /predict, and its log"
+                for t in unanswered
+            ]
+            if self.failures:
+                message = "; ".join(self.failures)
+                status = "failed" if self.k == 0 or "hare" in unanswered else "done"
         self.store.finish_run(run_id, status, message)
         self.reporter.done(run_id, status, message)
         return run_id
@@ -200,10 +211,11 @@ class Runner:
                     reason = os.strerror(exc.errno) if exc.errno else str(exc)  # asyncio's strerror repeats the address
                     raise InputError(f"{url} does not answer ({reason}): start the server, or check the URL") from exc
                 info = info_json(body) if status == 200 else {}
-                if target == "hare" and status != 200:  # else 1,123 501s were stored as a run done
-                    raise InputError(
-                        f"{url} does not answer GET /info as a hare server does (status {status}): check the URL"
-                    )
+                # Else 1,123 501s were stored as a run done: a web server that is not hare (a 404, or a page
+                # that happens to be at /info) was measured.
+                if target == "hare" and (status != 200 or "task" not in info):
+                    got = f"status {status}" if status != 200 else f"status 200 and {_excerpt(body)}, not its JSON"
+                    raise InputError(f"{url} does not answer GET /info as a hare server does ({got}): check the URL")
                 if target == "hare":
                     self.hare_threads = int(info.get("threads") or 1)
                 for p in group:
@@ -328,6 +340,7 @@ class Runner:
                 "own_cores": samples.own_s / (samples.probe_s or window) if samples.own_s is not None else None,
             },
         )
+        self._answers.setdefault(p.target, Counter()).update({"200": point.ok, **point.errors})
         self._keep(p, point, k, n)
         if by_process and workers > 1 and sum(by_process) > 0.2 and by_process[0] > 0.85 * sum(by_process):
             self.reporter.log(
@@ -406,6 +419,21 @@ def _groups(planned: list[Planned]) -> list[list[Planned]]:
         else:
             out.append([p])
     return out
+
+
+def _statuses(answers: Counter[str]) -> str:
+    """What a target's requests got, such as "1,123 answered 501, 2 timed out" (the load generator's statuses)."""
+    said = {CONNECT: "could not connect", TIMEOUT: "timed out"}
+    got = [f"{n:,} {said.get(status, f'answered {status}')}" for status, n in sorted(answers.items()) if n]
+    return ", ".join(got) or "none was sent"
+
+
+def _excerpt(body: bytes) -> str:
+    """The start of an answer that is not hare's /info, as a user would recognize it (an HTML page, an error)."""
+    lines = body[:200].decode("utf-8", "replace").strip().splitlines()
+    if not lines:
+        return "an empty body"
+    return repr(lines[0][:40]) + ("..." if len(lines) > 1 or len(lines[0]) > 40 else "")
 
 
 def inputs(seq_len: int | str) -> str:

@@ -20,14 +20,24 @@ RESPONSE = (
     b"server-timing: tokenize;dur=0.001, queue;dur=0.001, inference;dur=0.005, postprocess;dur=0.001\r\n"
     b"content-length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY
 )
+# GET /info as a hare server answers it (its task, in short), so that `hare bench run URL` takes this server for
+# one: the bench's tests measure it as a stand-in for hare, which the bench refuses a server that is not.
+INFO = b'{"task":"text-classification"}'
+INFO_RESPONSE = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+    + str(len(INFO)).encode()
+    + b"\r\n\r\n"
+    + INFO
+)
 
 
 class TrivialProtocol(asyncio.Protocol):
-    """Parses each request and answers it with RESPONSE when it is complete."""
+    """Parses each request and answers it with RESPONSE (INFO_RESPONSE at /info) when it is complete."""
 
     def __init__(self) -> None:
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
+        self.url = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
@@ -39,9 +49,12 @@ class TrivialProtocol(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
 
+    def on_url(self, url: bytes) -> None:
+        self.url = url
+
     def on_message_complete(self) -> None:
         if self.transport is not None:
-            self.transport.write(RESPONSE)
+            self.transport.write(INFO_RESPONSE if self.url == b"/info" else RESPONSE)
 
 
 async def serve(host: str, port: int) -> None:

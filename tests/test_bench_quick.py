@@ -12,7 +12,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from socketserver import BaseRequestHandler
 from typing import Any
 
 import pytest
@@ -209,6 +212,88 @@ def test_a_url_that_is_not_hare_fails_the_run_saying_so(tmp_path: Path) -> None:
     [run] = Store(db).runs()
     assert run.status == "failed" and not Store(db).points(run.id)
     assert run.message == f"{url} does not answer GET /info as a hare server does (status 404): check the URL"
+
+
+@contextlib.contextmanager
+def web_server(handler: Callable[..., BaseRequestHandler]) -> Iterator[str]:
+    """A threaded HTTP server on a free loopback port with `handler`, its URL."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_web_page_at_info_is_not_taken_for_a_hare_server(tmp_path: Path) -> None:
+    # A folder served by `python -m http.server` with a file named info answered GET /info 200: every request
+    # failed (501), and the run was reported done, exit 0.
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "info").write_text("<!DOCTYPE html>\n<html><body>hello</body></html>\n")
+    db = tmp_path / "bench.db"
+    with web_server(partial(SimpleHTTPRequestHandler, directory=str(tmp_path / "site"))) as url:
+        code = hare(["bench", "run", url, "--task", "feature-extraction", "--seq", "comet", "--db", str(db)])
+    assert code == 1
+    [run] = Store(db).runs()
+    assert run.status == "failed" and not Store(db).points(run.id)
+    assert run.message == (
+        f"{url} does not answer GET /info as a hare server does (status 200 and '<!DOCTYPE html>'..., not its "
+        "JSON): check the URL"
+    )
+
+
+class _FailingPredict(BaseHTTPRequestHandler):
+    """Answers GET /info as hare does, and POST /predict with 500 (every `failing`-th one; 1: all of them)."""
+
+    failing = 1
+    count = 0
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._answer(200, json.dumps({"task": "feature-extraction", "workers": 1, "threads": 1}).encode())
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        type(self).count += 1
+        self._answer(500 if type(self).count % type(self).failing == 0 else 200, b"[[0.5]]")
+
+
+@pytest.mark.parametrize("failing", [1, 3])
+def test_a_run_whose_every_request_failed_fails(failing: int, tmp_path: Path) -> None:
+    # A server answering /info as hare does and failing every /predict (another task's, a broken model) was a
+    # run done, exit 0. One failing some of them is measured as before: done, its errors counted.
+    handler = type("Failing", (_FailingPredict,), {"failing": failing})
+    db = tmp_path / "bench.db"
+    flags = ["--seq", "comet", "--concurrency", "1", "--warmup", "0", "--duration", "0.5", "--progress", "none"]
+    with web_server(handler) as url:
+        code = hare(["bench", "run", url, "--task", "feature-extraction", *flags, "--db", str(db)])
+    [run] = Store(db).runs()
+    [point] = Store(db).points(run.id)
+    if failing == 3:
+        assert (code, run.status, run.message) == (0, "done", "")
+        assert point.ok > 0 and point.errors["500"] > 0
+        return
+    assert code == 1 and run.status == "failed" and point.ok == 0
+    assert run.message == (
+        f"hare: every request failed ({point.errors['500']:,} answered 500): check that it serves "
+        "feature-extraction at POST /predict, and its log"
+    )
 
 
 @pytest.mark.parametrize(
