@@ -78,6 +78,9 @@ def plots(points: Sequence[Point], ratios: Sequence[Ratio]) -> list[Plot]:
 
     matplotlib.use("Agg")
     out: list[Plot] = []
+    # A point none of whose requests was answered has no latency (NaN) and no rate (0) to draw, on log axes
+    # that refuse them (a run whose every request failed died in matplotlib): its row in the table says so.
+    points = [p for p in points if p.ok > 0]
     http = [p for p in points if p.load != "in-process"]
     for make in (_latency_vs_seq, _throughput_vs_batch, _throughput_vs_concurrency, _hare_vs_baseline):
         plot = make(http if make is not _hare_vs_baseline else list(points), ratios)

@@ -198,3 +198,35 @@ def test_bench_model_never_replaces_what_is_not_its_model(
     assert f"{target} is {what}, not a tiny-classifier model folder" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]
     assert "mine" in (target.read_text() if target.is_file() else (target / "notes.txt").read_text())
+
+
+def unanswered(run_id: int, idx: int, target: str, seq: int) -> Point:
+    """A point none of whose requests was answered: no latency to summarise (NaN), no rate."""
+    nan = math.nan
+    return dataclasses.replace(
+        point(run_id, idx, target, seq, 0.0, nan), ok=0, errors={"501": 10}, seq_s=0.0, tokens_s=0.0, lat_min=nan,
+        lat_p90=nan, lat_p95=nan, lat_p99=nan, lat_max=nan, server={},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["html", "md"])
+@pytest.mark.parametrize("others", ["model-only", "vanilla unanswered too"])
+def test_a_report_of_points_without_answers_is_written_with_what_was_measured(
+    tmp_path: Path, fmt: str, others: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A run whose every request to hare failed: the report died in matplotlib ("Data cannot be log-scaled because
+    # all values are <= 0"), a traceback and no report.
+    store = Store(tmp_path / "bench.db")
+    run = store.create_run("run", task="feature-extraction", target="http://127.0.0.1:8000")
+    for idx, seq in enumerate((8, 16), 1):
+        store.add_point(unanswered(run, idx, "hare", seq))
+        if others == "model-only":
+            store.add_point(dataclasses.replace(point(run, idx + 2, "model-only", seq, 900.0, 1.0), load="in-process"))
+        else:
+            store.add_point(unanswered(run, idx + 2, "vanilla", seq))
+    store.finish_run(run, "failed", "hare: every request failed (20 answered 501)")
+    out = tmp_path / f"r.{fmt}"
+    assert hare(["bench", "report", str(run), "--format", fmt, "--db", str(store.path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "every request failed" in text and text.count("501") >= 2
+    assert "Plots" not in text  # no figure to draw: hare's points have none, the model alone has one target
