@@ -233,7 +233,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     model = sub.add_parser("model", help="write a random-weights model folder of a real checkpoint's geometry")
     model.add_argument("name", choices=sorted(GEOMETRIES), help="the geometry (see bench/geometries.py)")
-    model.add_argument("folder", type=Path, help="where to write it (kept as it is if already built)")
+    model.add_argument("folder", type=Path, help="a new or empty folder (one this command wrote is kept as it is)")
 
     ceiling = sub.add_parser("ceiling", help="the load generator's own ceiling against a trivial endpoint")
     ceiling.add_argument("--concurrency", type=comma_ints, default=[1, 2, 16], help="users to try")

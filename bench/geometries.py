@@ -2,7 +2,7 @@
 depend on the weights' values, and no checkpoint can be downloaded here. Every folder uses the default model's
 BERT uncased vocabulary (tokenization costs about the same as each family's own tokenizer).
 
-    hare bench model mpnet-base DIR                              write the folder (cached: kept if present)
+    hare bench model mpnet-base DIR                              write the folder (one it wrote: kept as it is)
     hare bench run DIR --task feature-extraction --baseline vanilla --seq 8,128
 """
 
@@ -20,6 +20,9 @@ from container.optimize.source import ST_POOLING_KEYS
 from tasks.errors import InputError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+# Written into every folder `build` makes, naming its geometry: only such a folder is reused (and its
+# tokenizer_config.json brought up to date); any other model folder is the user's, never written to.
+MARKER = "bench-geometry.json"
 LABELS = {"id2label": {0: "NEGATIVE", 1: "POSITIVE"}, "label2id": {"NEGATIVE": 0, "POSITIVE": 1}}
 
 
@@ -154,12 +157,18 @@ GEOMETRIES: dict[str, Geometry] = {
 }
 
 
-def build(name: str, folder: Path, seed: int = 0) -> Path:
-    """Write geometry `name` into `folder` (kept as it is when its weights are already there)."""
+def build(name: str, folder: Path, seed: int = 0, cache: bool = False) -> Path:
+    """Write geometry `name` into `folder` (kept as it is when this function built it there already). cache:
+    `folder` is the bench's own (the headline's), reused as it is, marked or built before folders were."""
     geometry = GEOMETRIES[name]
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
-        _tokenizer_config(folder, geometry)
-        return folder
+        built = _built(folder)
+        if built == name or cache:
+            _tokenizer_config(folder, geometry)
+            return folder
+        # A real checkpoint of this geometry has the same config.json: only the marker tells ours apart.
+        what = f"the {built} geometry" if built else "a model `hare bench model` did not write"
+        raise InputError(f"{folder} holds {what}, not a {name} model folder; give a new or empty folder")
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):  # never replaced: it is not ours
         what = "a file" if not folder.is_dir() else "a folder of other files"
         raise InputError(f"{folder} is {what}, not a {name} model folder; give a new or empty folder")
@@ -168,6 +177,7 @@ def build(name: str, folder: Path, seed: int = 0) -> Path:
     partial.mkdir(parents=True)
     try:
         _write(geometry, partial, seed)
+        (partial / MARKER).write_text(json.dumps({"geometry": name}))
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -175,6 +185,15 @@ def build(name: str, folder: Path, seed: int = 0) -> Path:
         folder.rmdir()
     partial.rename(folder)
     return folder
+
+
+def _built(folder: Path) -> str | None:
+    """The geometry `build` wrote into `folder`, from its marker (None: no marker, not ours)."""
+    try:
+        built = json.loads((folder / MARKER).read_text()).get("geometry")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return built if isinstance(built, str) else None
 
 
 def _write(geometry: Geometry, partial: Path, seed: int) -> None:

@@ -107,7 +107,7 @@ def run_headline(options: HeadlineOptions, store: Store, stop: threading.Event) 
     console = Console(stderr=True)
     cores = physical_cores()
     console.print("preparing the headline models (cached after the first run)...")
-    model = geometries.build("distilbert-base", cache_dir() / "distilbert-base-random")
+    model = geometries.build("distilbert-base", cache_dir() / "distilbert-base-random", cache=True)
     cls_bundle = bundle_for_model(
         model, "text-classification", cache_dir() / "distilbert-base-random-bundle", classifier_variants()
     )

@@ -11,6 +11,7 @@ import pytest
 
 from bench.geometries import build
 from bench.tables import POINT_COLUMNS, point_row, server_ms_per_request, server_own_ms_per_request
+from hare.cli import main as hare
 from tests.test_bench_store import point
 
 
@@ -36,3 +37,37 @@ def test_the_tiny_classifier_geometry_is_a_real_classifier_with_next_to_no_model
     model = AutoModelForSequenceClassification.from_pretrained(folder)
     assert model.config.id2label == {0: "NEGATIVE", 1: "POSITIVE"}
     assert sum(p.numel() for p in model.parameters()) < 1.1e6  # the BERT vocabulary's embeddings, and little else
+
+
+def test_a_model_folder_the_command_did_not_write_is_left_as_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A folder holding another model (config.json and model.safetensors) was taken for one already built: its
+    # tokenizer_config.json was rewritten (another tokenizer class, its name_or_path gone), exit 0.
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    files = {
+        "config.json": '{"model_type": "roberta"}',
+        "model.safetensors": "weights",
+        "tokenizer_config.json": '{"tokenizer_class": "RobertaTokenizer", "name_or_path": "mine"}',
+    }
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    assert hare(["bench", "model", "tiny-classifier", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder} holds a model `hare bench model` did not write, not a tiny-classifier model folder" in err
+    assert {p.name: p.read_text() for p in folder.iterdir()} == files
+
+
+def test_a_folder_the_command_wrote_is_reused_for_its_geometry_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = build("tiny-classifier", tmp_path / "tiny")
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    assert hare(["bench", "model", "tiny-classifier", str(folder)]) == 0  # kept: no weights written again
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir() if p.name != "tokenizer_config.json"} == {
+        k: v for k, v in before.items() if k != "tokenizer_config.json"
+    }
+    capsys.readouterr()
+    assert hare(["bench", "model", "distilbert-base", str(folder)]) == 2
+    assert "holds the tiny-classifier geometry, not a distilbert-base model folder" in capsys.readouterr().err
