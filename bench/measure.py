@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
 
 from bench.geometries import GEOMETRIES
 from bench.readout import open_store, print_run
+from bench.store import Store
 from bench.tables import wide_console
 from tasks.errors import HareError, InputError
 
@@ -84,10 +86,7 @@ def _run_checked(args: argparse.Namespace) -> int:
     rep = reporter(args.progress)
     with cancellable() as stop:
         run_id = Runner(options, store, rep, stop).run()
-    run = store.run(run_id)
-    if args.progress != "jsonl":  # jsonl keeps stdout machine-readable
-        print_run(store, run_id)
-    return CANCELLED if run.status == "cancelled" else (0 if run.status == "done" else 1)
+    return _ended(store, run_id, show=args.progress != "jsonl")  # jsonl keeps stdout machine-readable
 
 
 def headline(args: argparse.Namespace) -> int:
@@ -154,9 +153,7 @@ def peers(args: argparse.Namespace) -> int:
     store = open_store(args)
     with cancellable() as stop:
         run_id, _ = run_peers(options, store, stop)
-    run = store.run(run_id)
-    print_run(store, run_id)
-    return CANCELLED if run.status == "cancelled" else (0 if run.status == "done" else 1)
+    return _ended(store, run_id)
 
 
 def bulk(args: argparse.Namespace) -> int:
@@ -187,9 +184,7 @@ def bulk(args: argparse.Namespace) -> int:
     store = open_store(args)
     with cancellable() as stop:
         run_id = run_bulk(options, store, stop)
-    run = store.run(run_id)
-    print_run(store, run_id)
-    return CANCELLED if run.status == "cancelled" else (0 if run.status == "done" else 1)
+    return _ended(store, run_id)
 
 
 def model(args: argparse.Namespace) -> int:
@@ -220,6 +215,17 @@ def ceiling(args: argparse.Namespace) -> int:
                 f"client cpu {s.cpu_s / s.window_s:.2f} cores = {s.cpu_s / max(s.ok, 1) * 1e6:.0f} µs per request"
             )
     return 0
+
+
+def _ended(store: Store, run_id: int, show: bool = True) -> int:
+    """Print a finished run (show), say why it failed on stderr as every hare command says its error (it was
+    only in the run's printout on stdout), and return the exit status."""
+    run = store.run(run_id)
+    if show:
+        print_run(store, run_id)
+    if run.status == "failed":
+        print(f"hare bench: error: run {run_id} failed" + (f": {run.message}" if run.message else ""), file=sys.stderr)
+    return CANCELLED if run.status == "cancelled" else (0 if run.status == "done" else 1)
 
 
 def _check_rounds(rounds: int) -> None:

@@ -65,7 +65,9 @@ def print_run(store: Store, run_id: int) -> None:
         for note in notes(run):
             console.print(escape(note))
         return
-    console.print(points_table(store.points(run_id)))
+    points = store.points(run_id)
+    if points:  # a run that failed before its first point: its message, not an empty table
+        console.print(points_table(points))
     ratios = store.ratios(run_id)
     if ratios:
         console.print(ratios_table(ratios))

@@ -229,7 +229,7 @@ def web_server(handler: Callable[..., BaseRequestHandler]) -> Iterator[str]:
         server.server_close()
 
 
-def test_a_web_page_at_info_is_not_taken_for_a_hare_server(tmp_path: Path) -> None:
+def test_a_web_page_at_info_is_not_taken_for_a_hare_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # A folder served by `python -m http.server` with a file named info answered GET /info 200: every request
     # failed (501), and the run was reported done, exit 0.
     from functools import partial
@@ -238,8 +238,9 @@ def test_a_web_page_at_info_is_not_taken_for_a_hare_server(tmp_path: Path) -> No
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "info").write_text("<!DOCTYPE html>\n<html><body>hello</body></html>\n")
     db = tmp_path / "bench.db"
+    flags = ["--task", "feature-extraction", "--seq", "comet", "--progress", "none", "--db", str(db)]
     with web_server(partial(SimpleHTTPRequestHandler, directory=str(tmp_path / "site"))) as url:
-        code = hare(["bench", "run", url, "--task", "feature-extraction", "--seq", "comet", "--db", str(db)])
+        code = hare(["bench", "run", url, *flags])
     assert code == 1
     [run] = Store(db).runs()
     assert run.status == "failed" and not Store(db).points(run.id)
@@ -247,6 +248,10 @@ def test_a_web_page_at_info_is_not_taken_for_a_hare_server(tmp_path: Path) -> No
         f"{url} does not answer GET /info as a hare server does (status 200 and '<!DOCTYPE html>'..., not its "
         "JSON): check the URL"
     )
+    # Said on stderr as every hare command says its error (it was only on stdout, above an empty table).
+    out, err = capsys.readouterr()
+    assert err.splitlines()[-1] == f"hare bench: error: run {run.id} failed: {run.message}"  # after the server's log
+    assert "message: " in out and "┏" not in out
 
 
 class _FailingPredict(BaseHTTPRequestHandler):
@@ -275,7 +280,9 @@ class _FailingPredict(BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("failing", [1, 3])
-def test_a_run_whose_every_request_failed_fails(failing: int, tmp_path: Path) -> None:
+def test_a_run_whose_every_request_failed_fails(
+    failing: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # A server answering /info as hare does and failing every /predict (another task's, a broken model) was a
     # run done, exit 0. One failing some of them is measured as before: done, its errors counted.
     handler = type("Failing", (_FailingPredict,), {"failing": failing})
@@ -285,8 +292,9 @@ def test_a_run_whose_every_request_failed_fails(failing: int, tmp_path: Path) ->
         code = hare(["bench", "run", url, "--task", "feature-extraction", *flags, "--db", str(db)])
     [run] = Store(db).runs()
     [point] = Store(db).points(run.id)
+    err = capsys.readouterr().err
     if failing == 3:
-        assert (code, run.status, run.message) == (0, "done", "")
+        assert (code, run.status, run.message, err) == (0, "done", "", "")
         assert point.ok > 0 and point.errors["500"] > 0
         return
     assert code == 1 and run.status == "failed" and point.ok == 0
@@ -294,6 +302,7 @@ def test_a_run_whose_every_request_failed_fails(failing: int, tmp_path: Path) ->
         f"hare: every request failed ({point.errors['500']:,} answered 500): check that it serves "
         "feature-extraction at POST /predict, and its log"
     )
+    assert err == f"hare bench: error: run {run.id} failed: {run.message}\n"
 
 
 @pytest.mark.parametrize(
