@@ -174,7 +174,10 @@ def build(name: str, folder: Path, seed: int = 0, cache: bool = False) -> Path:
         raise InputError(f"{folder} is {what}, not a {name} model folder; give a new or empty folder")
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    try:
+        partial.mkdir(parents=True)
+    except OSError as exc:  # /proc/nope: a bare "[Errno 2] No such file or directory: '/proc/nope.partial'"
+        raise InputError(f"{folder} cannot be written ({exc.strerror}); give a folder this user can write in") from None
     try:
         _write(geometry, partial, seed)
         (partial / MARKER).write_text(json.dumps({"geometry": name}))

@@ -156,7 +156,13 @@ class Store:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_db_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # /proc/x/bench.db: a bare "[Errno 2] No such file or directory: '/proc/x'"
+            raise InputError(
+                f"{self.path}: the folder {self.path.parent} cannot be made ({exc.strerror}); give another --db "
+                "(or HARE_BENCH_DB)"
+            ) from None
         try:
             with self._db() as db:
                 # A store already made is only read here: one on a read-only mount can still be browsed.

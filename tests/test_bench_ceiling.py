@@ -71,3 +71,16 @@ def test_a_folder_the_command_wrote_is_reused_for_its_geometry_only(
     capsys.readouterr()
     assert hare(["bench", "model", "distilbert-base", str(folder)]) == 2
     assert "holds the tiny-classifier geometry, not a distilbert-base model folder" in capsys.readouterr().err
+
+
+def test_a_folder_that_cannot_be_written_is_refused_in_one_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `hare bench model tiny-classifier /proc/nope` (here: under a file) printed a bare "[Errno 2] No such file or
+    # directory: '/proc/nope.partial'", a folder the user never named.
+    (tmp_path / "a-file").write_text("")
+    folder = tmp_path / "a-file" / "tiny"
+    assert hare(["bench", "model", "tiny-classifier", str(folder)]) == 2
+    assert capsys.readouterr().err == (
+        f"hare bench: error: {folder} cannot be written (Not a directory); give a folder this user can write in\n"
+    )

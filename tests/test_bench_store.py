@@ -230,3 +230,17 @@ def test_a_report_of_points_without_answers_is_written_with_what_was_measured(
     text = out.read_text()
     assert "every request failed" in text and text.count("501") >= 2
     assert "Plots" not in text  # no figure to draw: hare's points have none, the model alone has one target
+
+
+def test_a_store_whose_folder_cannot_be_made_is_refused_in_one_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--db /proc/x/bench.db` (here: under a file) printed a bare "[Errno 2] No such file or directory: '/proc/x'".
+    (tmp_path / "a-file").write_text("")
+    db = tmp_path / "a-file" / "bench.db"
+    flags = ["--task", "feature-extraction", "--seq", "comet", "--progress", "none", "--db", str(db)]
+    assert hare(["bench", "run", "http://127.0.0.1:9", *flags]) == 2
+    assert capsys.readouterr().err == (
+        f"hare bench: error: {db}: the folder {db.parent} cannot be made (File exists); give another --db (or "
+        "HARE_BENCH_DB)\n"
+    )
