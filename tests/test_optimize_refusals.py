@@ -200,7 +200,10 @@ def test_sigterm_stops_a_build_and_removes_its_folder(tiny_model: ModelFactory, 
     # docker stop, Kubernetes and timeout send SIGTERM: the build's folder of intermediate graphs (gigabytes for
     # a real model) was left behind, where SIGINT removed it.
     out = tmp_path / "bundle"
-    args = [tiny_model("text-classification"), "--task", "text-classification", "--out", out, *QUICK]
+    # Timing seconds long after the export's first file, so that the signal lands in the build however late a
+    # loaded machine lets this test see that file: at QUICK's 0.02 s a build under CI's load once finished (rc 0).
+    slow = ["--tune-lengths", "8", "--tune-batches", "1", "--tune-seconds", "5", "--tune-budgets", "128"]
+    args = [tiny_model("text-classification"), "--task", "text-classification", "--out", out, *slow]
     command = [sys.executable, "-m", "hare.cli", "optimize", *map(str, args)]
     log = tmp_path.parent / f"{tmp_path.name}.log"  # a file, not a pipe nobody reads until the end
     with log.open("w") as stderr, subprocess.Popen(command, stderr=stderr) as build:
