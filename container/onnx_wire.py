@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 LENGTH_DELIMITED = 2
-SKIPPED = {0: None, 1: 8, 5: 4}  # wire type -> bytes to skip (None: a varint)
+FIXED = {1: 8, 5: 4}  # wire type -> the bytes of its fixed-width value (a double, a float)
 
 
 def output_shapes(path: Path) -> dict[str, tuple[int | None, ...] | None]:
@@ -57,30 +57,27 @@ def hidden_width(path: Path) -> int | None:
 
 def _ints(data: mmap.mmap, start: int, end: int, number: int) -> Iterator[int]:
     """The values of the repeated integer field `number` in data[start:end], packed or one field each."""
-    at = start
-    while at < end:
-        key, at = _varint(data, at)
-        field, wire = key >> 3, key & 7
-        if wire == LENGTH_DELIMITED:
-            length, at = _varint(data, at)
-            if field == number:  # packed: the values one after another
-                inner = at
-                while inner < at + length:
-                    value, inner = _varint(data, inner)
-                    yield value
-            at += length
-        elif wire == 0:
-            value, at = _varint(data, at)
-            if field == number:
-                yield value
-        elif wire in SKIPPED:
-            at += SKIPPED[wire] or 0
-        else:
-            raise ValueError(f"wire type {wire} at byte {at}: not an ONNX model")
+    for field, wire, at, value in _fields(data, start, end):
+        if field != number:
+            continue
+        if wire == 0:
+            yield value
+        elif wire == LENGTH_DELIMITED:  # packed: the values one after another
+            while at < value:
+                one, at = _varint(data, at)
+                yield one
 
 
 def _messages(data: mmap.mmap, start: int, end: int, number: int) -> Iterator[tuple[int, int]]:
     """The (start, end) of each length-delimited field `number` among the fields in data[start:end]."""
+    for field, wire, at, value in _fields(data, start, end):
+        if field == number and wire == LENGTH_DELIMITED:
+            yield at, value
+
+
+def _fields(data: mmap.mmap, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """Each field in data[start:end] as (number, wire type, a, b): a length-delimited value's start and end, a
+    varint's end and value; a fixed-width value is skipped. ValueError where the bytes are no protobuf."""
     at = start
     while at < end:
         key, at = _varint(data, at)
@@ -89,12 +86,13 @@ def _messages(data: mmap.mmap, start: int, end: int, number: int) -> Iterator[tu
             length, at = _varint(data, at)
             if at + length > end:
                 raise ValueError(f"a field runs past its message at byte {at}")
-            if field == number:
-                yield at, at + length
+            yield field, wire, at, at + length
             at += length
-        elif wire in SKIPPED:
-            width = SKIPPED[wire]
-            at = _varint(data, at)[1] if width is None else at + width
+        elif wire == 0:
+            value, at = _varint(data, at)
+            yield field, wire, at, value
+        elif wire in FIXED:
+            at += FIXED[wire]
         else:
             raise ValueError(f"wire type {wire} at byte {at}: not an ONNX model")
 
