@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -703,6 +704,23 @@ class Recorded(Progress):
         self.chunks.append((position, rows, skipped))
 
 
+def killed_at_commit(
+    monkeypatch: pytest.MonkeyPatch, bundle: Path, options: BulkOptions, at: Callable[[Path], bool]
+) -> None:
+    """Run the job until the writer is to commit a file `at` picks, and stop it there, as a kill would."""
+    commit = writer._commit
+
+    def killed(path: Path, write: Any) -> None:
+        if at(path):
+            raise Stopped
+        commit(path, write)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(writer, "_commit", killed)
+        with pytest.raises(Stopped):
+            run_job(settings(bundle), options)
+
+
 def stopped_after(bundle: Path, options: BulkOptions, parts: int) -> None:
     with pytest.raises(Stopped):
         run_job(settings(bundle), options, StopAfter(parts))
@@ -770,17 +788,7 @@ def test_a_job_killed_between_a_chunks_rejects_and_its_part_keeps_every_reject(
     bundle = fp32_bundle("feature-extraction")
     rows = [{"id": f"d{i}", "text": "" if i % 4 == 0 else f"row {i}"} for i in range(30)]
     options = BulkOptions(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out.parquet", chunk_rows=10)
-    commit = writer._commit
-
-    def killed_at_second_rejects(path: Path, write: Any) -> None:
-        if path.name == "rejects-000001.jsonl":
-            raise Stopped
-        commit(path, write)
-
-    monkeypatch.setattr(writer, "_commit", killed_at_second_rejects)
-    with pytest.raises(Stopped):
-        run_job(settings(bundle), options)
-    monkeypatch.setattr(writer, "_commit", commit)
+    killed_at_commit(monkeypatch, bundle, options, lambda path: path.name == "rejects-000001.jsonl")
     summary = run_job(settings(bundle), options)
     rejects = [json.loads(line)["id"] for line in (tmp_path / "out.rejects.jsonl").read_text().splitlines()]
     assert rejects == [f"d{i}" for i in range(0, 30, 4)] and summary.rejected == 8
@@ -856,17 +864,7 @@ def test_a_new_job_in_a_folder_without_parts_keeps_none_of_its_files(
     bundle = fp32_bundle("feature-extraction")
     source = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": ""}, {"id": "b", "text": "fine"}])
     options = BulkOptions(source, tmp_path / "out.parquet")
-    commit = writer._commit
-
-    def killed_at_first_part(path: Path, write: Any) -> None:
-        if path.name.startswith("part-"):
-            raise Stopped
-        commit(path, write)
-
-    monkeypatch.setattr(writer, "_commit", killed_at_first_part)
-    with pytest.raises(Stopped):
-        run_job(settings(bundle), options)
-    monkeypatch.setattr(writer, "_commit", commit)
+    killed_at_commit(monkeypatch, bundle, options, lambda path: path.name.startswith("part-"))
     summary = run_job(settings(bundle), dataclasses.replace(options, columns=Columns(text="id")))
     assert pq.read_table(options.output).column("id").to_pylist() == ["a", "b"]
     assert summary.rejected == 0 and not options.rejects_path.exists()
