@@ -488,6 +488,9 @@ def test_the_summary_counts_reasons_without_their_numbers_but_keeps_names() -> N
         # A JSON array read as lines: all but its last object rejected as bad JSON, exit 0.
         ("in.json", b'[\n  {"text": "a"},\n  {"text": "b"}\n]\n', [], "holds a JSON array; hare run reads JSON Lines"),
         ("in.jsonl", b'[{"text": "a"}, {"text": "b"}]\n', [], "holds a JSON array"),
+        # A spreadsheet's "Unicode text": "has no column text (it has: \ufffd\ufffdi d ,  t e x t)".
+        ("in.csv", "id,text\n1,x\n".encode("utf-16"), [], "is UTF-16 text (its byte order mark says so); save it as"),
+        ("in.jsonl", '{"text": "x"}\n'.encode("utf-32"), [], "is UTF-32 text"),
     ],
 )  # fmt: skip
 def test_a_bad_file_stops_with_one_sentence(

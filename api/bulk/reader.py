@@ -200,7 +200,7 @@ class _File:
         self.id_type: pa.DataType = pa.int64()  # row positions, unless the file has an id column
         self._id: str | None = None
         if fmt != "parquet":
-            _refuse_compressed(path)
+            _refuse_unreadable(path)
         opened = {"jsonl": self._open_jsonl, "csv": self._open_csv, "parquet": self._open_parquet}[fmt]
         self.pieces: Iterator[_Piece] = opened()
         self.size = self._rows if fmt == "parquet" else path.stat().st_size
@@ -512,7 +512,7 @@ def input_format(path: Path) -> str:
         return _one_format(path, corpus_files(path))
     fmt = SUFFIXES.get(path.suffix.lower())
     if fmt is None:
-        _refuse_compressed(path)
+        _refuse_unreadable(path)
         raise InputError(f"cannot tell the format of {path} from its suffix; pass --input-format {'|'.join(FORMATS)}")
     return fmt
 
@@ -542,10 +542,18 @@ def _skip_bom(file: io.BufferedReader) -> int:
 
 # The first bytes of the compressed files a corpus may come as (a .jsonl.gz read as JSONL was "no JSON object").
 MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"PK\x03\x04": "zip"}
+# The byte order marks of the wide encodings a spreadsheet saves "Unicode text" in (UTF-32's first: its
+# little-endian mark begins with UTF-16's). A UTF-16 CSV's header was read as "\ufffd\ufffdi d ,  t e x t".
+WIDE = {
+    codecs.BOM_UTF32_LE: "UTF-32",
+    codecs.BOM_UTF32_BE: "UTF-32",
+    codecs.BOM_UTF16_LE: "UTF-16",
+    codecs.BOM_UTF16_BE: "UTF-16",
+}
 
 
-def _refuse_compressed(path: Path) -> None:
-    """InputError if `path` is a compressed file (by its first bytes, MAGIC)."""
+def _refuse_unreadable(path: Path) -> None:
+    """InputError if `path` is a compressed file (by its first bytes, MAGIC) or text in a wide encoding (WIDE)."""
     with path.open("rb") as f:
         head = f.read(6)
     packed = next((name for magic, name in MAGIC.items() if head.startswith(magic)), None)
@@ -554,6 +562,9 @@ def _refuse_compressed(path: Path) -> None:
             f"{path} is {packed}-compressed; decompress it first: hare run reads JSONL and CSV as plain text "
             "(and Parquet, which compresses inside)"
         )
+    wide = next((name for mark, name in WIDE.items() if head.startswith(mark)), None)
+    if wide:
+        raise InputError(f"{path} is {wide} text (its byte order mark says so); save it as UTF-8, which hare run reads")
 
 
 # A string column's bytes, as the binary type of the same layout.
