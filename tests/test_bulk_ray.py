@@ -224,3 +224,7 @@ def test_a_jsonl_with_odd_rows_keeps_them_with_their_reason(
     assert errors["s1"] == "its text is a number, not text" and errors["s2"] == 'the row has no "text" field'
     bad = sorted(e for i, e in rows if i is None)
     assert bad[0] == "the line is a list, not a JSON object" and bad[1].startswith("the line is not valid JSON")
+    # Nothing but bad rows: one sentence and exit 2, as a job on one machine ends.
+    (tmp_path / "in.jsonl").write_text("\n".join(lines[40:]) + "\n")
+    assert hare([*args, "--ray", cluster.address, "--overwrite"]) == 2
+    assert "every row of" in capsys.readouterr().err and pq.read_table(tmp_path / "o").num_rows == 4

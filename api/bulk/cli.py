@@ -190,6 +190,11 @@ def _on_ray(args: argparse.Namespace, settings: Settings, options: BulkOptions) 
         f"hare run on Ray ({args.ray}): {rows:,} rows in {seconds:,.1f} s, {len(rejected):,} rejected (their reason "
         f"in `error`) -> {options.output}/"
     )
+    if rows and len(rejected) == rows:  # as a job on one machine ends
+        raise InputError(
+            f"every row of {options.input} was rejected (the first: {rejected[0]}); the reasons are in `error` of "
+            f"{options.output}/"
+        )
     return 0
 
 
