@@ -79,6 +79,7 @@ def usable_cpus() -> int:
     return usable if quota is None else min(usable, quota)
 
 
+@cache
 def physical_cores() -> int:
     """Physical cores (not hyper-threads) this process may use, within its cgroup's CPU quota: the serving
     default is one model stream each."""
