@@ -114,9 +114,7 @@ class BulkModel:
             raise InputError(f"{self.task.name} reads single texts: --text-pair-column is text-classification's")
         first, *others = columns.values(self.task.pairs)
         if first in others:
-            options = (
-                "--query-column and --document-column" if self.task.pairs else "--text-column and --text-pair-column"
-            )
+            options = columns.options(self.task.pairs)
             raise InputError(f"{options} both name the column {first!r}: name two different columns")
 
     def probe(self, id_type: pa.DataType) -> pa.Schema:

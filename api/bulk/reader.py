@@ -66,6 +66,12 @@ class Columns:
             return self.query, self.document
         return (self.text,) if self.text_pair is None else (self.text, self.text_pair)
 
+    def options(self, pairs: bool) -> str:
+        """The flags that name the columns `values` reads, as a sentence names them."""
+        if pairs:
+            return "--query-column and --document-column"
+        return "--text-column" if self.text_pair is None else "--text-column and --text-pair-column"
+
 
 @dataclass(frozen=True, slots=True)
 class Reject:
@@ -402,9 +408,7 @@ class _File:
 
     def _missing(self, missing: list[str], found: list[str], what: str, option: str | None = None) -> str:
         shown = ", ".join(found[:12]) + (", ..." if len(found) > 12 else "")
-        options = option or ("--query-column and --document-column" if self.pairs else "--text-column")
-        if option is None and len(self.names) == 2 and not self.pairs:
-            options = "--text-column and --text-pair-column"
+        options = option or self.columns.options(self.pairs)
         return f"{self.path} has no {what} {', '.join(missing)} (it has: {shown}); name it with {options}"
 
 
