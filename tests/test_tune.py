@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -52,9 +53,13 @@ def test_a_dry_run_prints_the_setting_and_leaves_the_bundle_alone(
 ) -> None:
     manifest = (elsewhere / "hare.json").read_bytes()
     assert main(["tune", str(elsewhere), "--dry-run", *QUICK]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
+    captured = capsys.readouterr()
+    line = captured.out.strip().splitlines()[-1]
     assert line.startswith("HARE_MAX_BATCH_TOKENS=") and int(line.split("=")[1]) in autotune.BUDGETS
     assert (elsewhere / "hare.json").read_bytes() == manifest
+    # Each budget is said as the climb reaches it, the smallest first, before its calls are timed.
+    climbed = [int(m[1]) for m in re.finditer(r"^batch budget: (\d+) tokens$", captured.err, re.MULTILINE)]
+    assert climbed[:2] == list(autotune.BUDGETS[:2]), captured.err
 
 
 def test_a_read_only_bundle_gets_the_setting_to_use_instead(

@@ -299,6 +299,8 @@ def token_rates(
             samples.setdefault(budget, []).extend(t for stream in taken for t in stream)
 
         for budget in budgets:  # the first round climbs
+            if step:
+                step(f"{budget} tokens")
             feeds[budget] = _feeds(tokenizer, length, max(1, budget // length), names)
             before = resident_bytes()
             try:

@@ -196,7 +196,7 @@ def _compose(
             reports = stages.validate_all(plan.chosen, folder, parity, failed, calibrated.builds, step)
         with stage("autotune", autotune.MAX_ROUNDS) as step:
             tuned = stages.pick_variant(reports, folder, tokenizer, opts, step)
-        with stage("batch budget", autotune.MAX_ROUNDS) as step:
+        with stage("batch budget", len(opts.tune_budgets or autotune.BUDGETS) + autotune.MAX_ROUNDS) as step:
             streams = opts.tune_streams or physical_cores()  # model calls at once (recorded with the machine)
             rates = stages.budget(graph(tuned.best.name), tokenizer, streams, opts, step, tuned.best.name)
         with stage("bundle") as step:

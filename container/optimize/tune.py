@@ -73,12 +73,20 @@ def main(args: argparse.Namespace) -> int:
     streams = args.streams or physical_cores()
     fitting = autotune.fitting_tokens(hidden_width(bundle / MODEL_FILE) or 0, streams)
     budgets = autotune.BUDGETS if args.budgets is None else autotune.checked_budgets(args.budgets, fitting)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+    # A line a budget climbed to and a round: the climb's largest calls take seconds each, and a measurement
+    # that seems to hang says where it is.
     rates = autotune.token_rates(
-        bundle / MODEL_FILE, tokenizer, streams, budgets=budgets, min_seconds=args.seconds, variant=manifest.variant
+        bundle / MODEL_FILE,
+        tokenizer,
+        streams,
+        budgets=budgets,
+        min_seconds=args.seconds,
+        step=lambda detail: console.print(f"batch budget: {detail}"),
+        variant=manifest.variant,
     )
     fields = autotune.budget_fields(rates, streams)
     budget = fields["max_batch_tokens"]
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
     console.print(f"batch budget on {fields['budget_machine']['cpu']}, {streams} model calls at once")
     console.print(_table(rates, budget, manifest.max_batch_tokens))
     if args.dry_run:
