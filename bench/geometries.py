@@ -132,6 +132,26 @@ GEOMETRIES: dict[str, Geometry] = {
         ),
         labels=LABELS,
     ),
+    # BAAI/bge-m3's dense embedding: XLM-RoBERTa large (24 layers of 1,024, a 250,002-entry vocabulary), CLS
+    # pooling, normalized; issue 47's large encoder on a GPU.
+    "bge-m3": Geometry(
+        "feature-extraction",
+        "XLMRobertaConfig",
+        "XLMRobertaModel",
+        dict(
+            vocab_size=250002,
+            hidden_size=1024,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            intermediate_size=4096,
+            max_position_embeddings=8194,
+            type_vocab_size=1,
+            layer_norm_eps=1e-5,
+            pad_token_id=0,  # the BERT vocabulary's [PAD] (the real tokenizer's is 1)
+        ),
+        sentence_transformers=True,
+        pooling="cls",
+    ),
     # Qwen/Qwen3-Embedding-0.6B: a decoder (grouped-query attention, rotary positions), last-token pooling.
     "qwen3-embedding-0.6b": Geometry(
         "feature-extraction",
