@@ -432,7 +432,7 @@ def test_a_first_jsonl_row_without_the_text_or_its_id_is_a_reject_not_the_files_
     assert chunk.ids == ["c"] and chunk.values == [["fine"]]
     assert [(r.row, r.id, r.reason) for r in chunk.rejects] == [
         (0, "a", 'the row has no "text" field'),
-        (1, None, "its id is empty (null)"),
+        (1, None, 'the row has no "id" field'),
     ]
 
 

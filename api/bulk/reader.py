@@ -276,8 +276,11 @@ class _File:
                         column.append(row)
                 else:
                     ids.append(text_id(row.get(self._id)) if self._id is not None else None)
+                    # A row without its id field is said so, as one without a text field is (not "its id is
+                    # empty (null)", which reads as an id written as null).
+                    absent = json_field(row, self._id) if self._id is not None else None
                     for name, column in zip(self.names, values, strict=True):
-                        column.append(json_field(row, name))
+                        column.append(absent if isinstance(absent, Bad) else json_field(row, name))
                 if len(ids) == rows:
                     yield _Piece(ids if self._id is not None else None, values, read)
                     ids, values = [], [[] for _ in self.names]
