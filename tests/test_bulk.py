@@ -410,6 +410,19 @@ def test_a_csv_row_longer_than_a_megabyte_is_a_reject_not_the_end_of_the_job(tmp
     assert [(r.id, r.reason.split(",")[0]) for r in chunk.rejects] == [("big", "its text is 2097152 characters long")]
 
 
+def test_a_csv_naming_a_column_it_reads_twice_is_refused(tmp_path: Path) -> None:
+    # Arrow read the first of the two, and the job ran the other's texts never (rc 0).
+    (tmp_path / "in.csv").write_text("id,text,text\na,first,second\n")
+    with pytest.raises(InputError, match="has 2 columns named 'text' \\(columns 2, 3\\)"):
+        Corpus(tmp_path / "in.csv", Columns(), pairs=False).chunks(100, 100)
+    (tmp_path / "in.csv").write_text("id,text,id\na,first,b\n")
+    with pytest.raises(InputError, match="columns named 'id' \\(columns 1, 3\\)"):
+        Corpus(tmp_path / "in.csv", Columns(), pairs=False).chunks(100, 100)
+    (tmp_path / "in.csv").write_text("id,text,note,note\na,first,x,y\n")  # a column the job does not read
+    [chunk] = Corpus(tmp_path / "in.csv", Columns(), pairs=False).chunks(100, 100)
+    assert chunk.values == [["first"]]
+
+
 def test_an_empty_csv_id_is_a_rejected_row_as_a_null_one(tmp_path: Path) -> None:
     (tmp_path / "in.csv").write_bytes(b'id,text\n,no id\nb,fine\n"",quoted empty\n')  # "" was written as an id
     [chunk] = Corpus(tmp_path / "in.csv", Columns(), pairs=False).chunks(100, 100)

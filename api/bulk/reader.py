@@ -310,6 +310,14 @@ class _File:
         if missing:
             raise InputError(self._missing(missing, header, "column"))
         self._id = self._id_column(header)
+        # A name the job reads, twice in the header: Arrow read the first, silently.
+        for name in dict.fromkeys([*self.names, *([self._id] if self._id else [])]):
+            if header.count(name) > 1:
+                where = ", ".join(str(i + 1) for i, h in enumerate(header) if h == name)
+                raise InputError(
+                    f"{self.path} has {header.count(name)} columns named {name!r} (columns {where}); which to read "
+                    "is unclear: rename all but one"
+                )
         if self._id is not None:
             self.id_type = pa.string()
         return self._csv()
