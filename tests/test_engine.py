@@ -184,6 +184,67 @@ def test_calls_queued_behind_a_busy_model_run_as_one_batch(engine: tuple[Path, E
         np.testing.assert_allclose(row, alone[text], atol=1e-5)
 
 
+class SlowToWake:
+    """The engine's model lock, whose blocking acquire (the GPU thread's) takes `delay` seconds to start, as a
+    thread woken by a release can take on a busy machine; a non-blocking one (a connection's) is the lock's own."""
+
+    def __init__(self, lock: threading.Lock, delay: float) -> None:
+        self.lock, self.delay = lock, delay
+
+    def acquire(self, blocking: bool = True) -> bool:
+        if blocking:
+            time.sleep(self.delay)
+        return self.lock.acquire(blocking)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_a_call_the_gpu_thread_holds_is_not_overtaken_by_a_later_one(engine: tuple[Path, Engine, Path]) -> None:
+    """A call that arrives while the GPU thread waits for the model with the call it took joins that call's
+    batch: run alone at once on its connection (the model free, nothing pending), it overtook the call taken
+    before it, again and again under load."""
+    socket, served, bundle = engine
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    remote = RemoteBackend(socket)
+    batches: list[int] = []
+    run_padded = served.backend.run_padded
+
+    def counted(feeds: dict[str, np.ndarray], width: int = 1, pooling: str | None = None) -> np.ndarray:  # type: ignore[type-arg]
+        batches.append(len(feeds["input_ids"]))
+        return run_padded(feeds, width, pooling)
+
+    served.backend.run_padded = counted  # type: ignore[method-assign]
+    queued = threading.Event()
+    put = served.pending.put
+
+    def noted_put(call: Call, block: bool = True, timeout: float | None = None) -> None:
+        put(call, block, timeout)
+        queued.set()
+
+    served.pending.put = noted_put  # type: ignore[method-assign,assignment]
+    model = served.busy
+    served.busy = SlowToWake(model, delay=1.0)  # type: ignore[assignment]
+    with ThreadPoolExecutor(2) as pool:
+        with model:  # another connection's lone call runs
+            first = pool.submit(remote.run, tokenizer.encode_batch([TEXTS[0]]))
+            assert queued.wait(10)
+            deadline = time.monotonic() + 10
+            while not served.pending.empty():  # taken by the GPU thread, which waits for the model with it
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            time.sleep(0.1)
+        second = pool.submit(remote.run, tokenizer.encode_batch([TEXTS[1]]))  # the model free, nothing pending
+        first.result(timeout=30), second.result(timeout=30)
+    assert batches == [2]  # one run for both, not the second alone before the first
+
+
 def test_a_gone_engine_is_an_error_not_a_hang(engine: tuple[Path, Engine, Path], tmp_path: Path) -> None:
     socket, _, bundle = engine
     tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
