@@ -98,7 +98,8 @@ class Samples:
         return {pid: seconds / max(self.probe_s, 1e-9) for pid, seconds in self.probe_delta.items()}
 
     def server_figures(self) -> dict[str, float]:
-        """The server's own account, in ms: x-compute-time p50/avg and each server-timing phase's average."""
+        """The server's own account, in ms: x-compute-time p50/avg/p99 and each server-timing phase's average and
+        p99 (which phase a tail is in: waiting for the model, or the call itself)."""
         out: dict[str, float] = {}
         compute = sorted(float(c) * 1000.0 for c in self.compute if c)
         if compute:
@@ -111,6 +112,7 @@ class Samples:
                 phases.setdefault(name, []).append(dur)
         for name, durs in phases.items():
             out[f"{name}_avg"] = mean(durs)
+            out[f"{name}_p99"] = percentile(sorted(durs), 99)
         return out
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench.loadgen import BEHIND, MAX_RATE, MAX_WAITING, LoadSpec, latency_summary, run_load
+from bench.loadgen import BEHIND, MAX_RATE, MAX_WAITING, LoadSpec, Samples, latency_summary, run_load
 from bench.servers import ServerProcess, free_port, trivial_server
 from bench.trivial import RESPONSE, TrivialProtocol
 
@@ -48,8 +48,17 @@ def test_closed_loop_counts_add_up(trivial: ServerProcess) -> None:
     lat = latency_summary(s)
     assert 0 < lat.min <= lat.p50 <= lat.p99 <= lat.max
     assert s.server_figures()["compute_p50"] == pytest.approx(0.01)
-    assert s.server_figures()["inference_avg"] == pytest.approx(0.005)
+    assert s.server_figures()["inference_avg"] == s.server_figures()["inference_p99"] == pytest.approx(0.005)
     assert 0 < s.cpu_s / s.window_s < 1.5
+
+
+def test_the_servers_account_says_which_phase_holds_the_tail() -> None:
+    # 99 quick answers and two whose time went waiting for the model: the averages hide them, the p99s do not.
+    quick = [b"tokenize;dur=0.1, queue;dur=0.2, inference;dur=1.0"] * 99
+    slow = [b"tokenize;dur=0.1, queue;dur=80.0, inference;dur=1.0"] * 2
+    figures = Samples(timing=quick + slow, compute=[b"0.0013"] * 99 + [b"0.0811"] * 2).server_figures()
+    assert figures["queue_p99"] == pytest.approx(80.0) and figures["queue_avg"] < 2
+    assert figures["inference_p99"] == pytest.approx(1.0) and figures["compute_p99"] == pytest.approx(81.1)
 
 
 def test_max_requests_bounds_the_window(trivial: ServerProcess) -> None:
