@@ -586,6 +586,7 @@ def test_an_output_where_no_folder_can_be_made_stops_with_one_sentence(
         ("a-folder", ["--overwrite"], "is a folder; name a file to write"),  # it ran the whole job, then failed
         ("o.csv", [], "writes Parquet or JSONL, not CSV"),  # it wrote Parquet into o.csv
         ("o.parquet", ["-p", "dimensions=100000"], "dimensions"),  # it left a work folder that refused the fix
+        ("o.parquet", ["-p", "dimensions=8", "-p", "dimensions=16"], "--param dimensions is given twice"),  # 16 ran
         # Each of these destroyed a file, exit 0: the rejects merged over the output or the input, the summary
         # written over the output; the rejects inside the work folder went with it.
         ("o.parquet", ["--rejects", "o.parquet"], "--rejects o.parquet is the output"),

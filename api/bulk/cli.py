@@ -205,6 +205,8 @@ def parameters(pairs: list[str]) -> dict[str, Any]:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise InvalidRequest(f"--param takes NAME=VALUE, got {pair!r}")
+        if name in out:  # the last one won, silently
+            raise InvalidRequest(f"--param {name} is given twice; give it once")
         try:
             out[name] = orjson.loads(value)
         except orjson.JSONDecodeError:
