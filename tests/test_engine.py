@@ -148,11 +148,8 @@ def test_a_pooled_call_gets_the_vectors_the_worker_would_pool_from_its_rows(engi
             np.testing.assert_allclose(row, want, atol=1e-5, err_msg=str(mode))
 
 
-def test_calls_queued_behind_a_busy_model_run_as_one_batch(engine: tuple[Path, Engine, Path]) -> None:
-    socket, served, bundle = engine
-    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
-    remote = RemoteBackend(socket)
-    alone = {t: served.backend.run(tokenizer.encode_batch([t]))[0] for t in TEXTS}
+def counted_runs(served: Engine) -> list[int]:
+    """The sequences of each model call the engine makes from now on, in order."""
     batches: list[int] = []
     run_padded = served.backend.run_padded
 
@@ -161,6 +158,15 @@ def test_calls_queued_behind_a_busy_model_run_as_one_batch(engine: tuple[Path, E
         return run_padded(feeds, width, pooling)
 
     served.backend.run_padded = counted  # type: ignore[method-assign]
+    return batches
+
+
+def test_calls_queued_behind_a_busy_model_run_as_one_batch(engine: tuple[Path, Engine, Path]) -> None:
+    socket, served, bundle = engine
+    tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
+    remote = RemoteBackend(socket)
+    alone = {t: served.backend.run(tokenizer.encode_batch([t]))[0] for t in TEXTS}
+    batches = counted_runs(served)
     queued: list[Call] = []
     put = served.pending.put
 
@@ -213,14 +219,7 @@ def test_a_call_the_gpu_thread_holds_is_not_overtaken_by_a_later_one(engine: tup
     socket, served, bundle = engine
     tokenizer = Tokenizer.from_file(str(bundle / TOKENIZER_FILE))
     remote = RemoteBackend(socket)
-    batches: list[int] = []
-    run_padded = served.backend.run_padded
-
-    def counted(feeds: dict[str, np.ndarray], width: int = 1, pooling: str | None = None) -> np.ndarray:  # type: ignore[type-arg]
-        batches.append(len(feeds["input_ids"]))
-        return run_padded(feeds, width, pooling)
-
-    served.backend.run_padded = counted  # type: ignore[method-assign]
+    batches = counted_runs(served)
     queued = threading.Event()
     put = served.pending.put
 
