@@ -151,8 +151,8 @@ class Settings:
     workers: int = _setting(
         "HARE_WORKERS",
         _int(0),
-        "worker processes (0: from the profile; public: one, so that the per-client rate limit, which each "
-        "worker keeps, is exact)",
+        "worker processes, at most 4 a CPU (0: from the profile; public: one, so that the per-client rate limit, "
+        "which each worker keeps, is exact)",
         0,
         public=1,
     )

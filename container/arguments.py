@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 
 def comma_ints(text: str) -> list[int]:
@@ -35,6 +36,18 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
     return value
+
+
+def whole_number_to(high: int, why: str) -> Callable[[str], int]:
+    """`--chunk-rows 4096`: a whole number from 1 to `high`, or a usage error (exit 2) that says `why` not more."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"expected at most {high:,}, got {value:,}: {why}")
+        return value
+
+    return parse
 
 
 def count(text: str) -> int:

@@ -35,6 +35,7 @@ from api.process.worker import MAX_HEAD_BYTES, PacedServer
 from api.web.app import create_app
 from api.web.metrics import FLUSH_SECONDS
 from container.bundle import TOKENIZER_FILE
+from container.machine import usable_cpus
 from container.optimize.textset import SENTENCES
 from tests.conftest import ModelFactory
 from tests.live_server import ROOT, alive, group, hare_serve, wait_ready
@@ -475,6 +476,19 @@ def test_serve_refuses_a_missing_bundle_with_its_reason(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "does not exist" in done.stderr and "hare optimize" in done.stderr
+
+
+def test_serve_refuses_more_than_four_workers_a_cpu(tmp_path: Path) -> None:
+    # --workers 500 on 2 cores asked for 500 copies of the model. Four a CPU pass on to the next check.
+    def serve(workers: int) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "hare.cli", "serve", str(tmp_path / "nope"), "--workers", str(workers)]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    most = 4 * usable_cpus()
+    refused = serve(most + 1)
+    assert refused.returncode == 2 and f"HARE_WORKERS={most + 1} (--workers)" in refused.stderr
+    assert f"give at most {most}" in refused.stderr
+    assert "does not exist" in serve(most).stderr
 
 
 def test_serving_never_imports_torch_or_transformers(tiny_bundle: ModelFactory) -> None:

@@ -680,6 +680,18 @@ def test_a_count_below_one_is_a_usage_error(option: str, tmp_path: Path, capsys:
     assert not (tmp_path / "o.parquet").exists()
 
 
+def test_chunks_past_the_most_a_job_holds_in_memory_are_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --chunk-rows 10000000 read the whole corpus into memory before its first answer.
+    (tmp_path / "in.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(SystemExit) as stopped:
+        hare(["run", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.parquet"), "--chunk-rows=16385"])
+    said = capsys.readouterr().err
+    assert stopped.value.code == 2 and "expected at most 16,384, got 16,385" in said and "in memory" in said
+    assert not (tmp_path / "o.parquet").exists()
+
+
 def test_a_parquet_column_that_is_not_text_stops(tmp_path: Path) -> None:
     pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "in.parquet")
     with pytest.raises(Exception, match=r"column text of .* holds int64, not text"):

@@ -23,6 +23,7 @@ from typing import Any
 from api.config import Settings, describe, parse_bool
 from container.bundle import checked_bundle
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK
+from container.machine import usable_cpus
 from container.runtime import check_target
 from tasks.errors import InputError
 
@@ -32,6 +33,7 @@ CONFIG = "python:api.process.gunicorn_conf"
 # Settings without a flag: secrets, whose value a flag would show in `ps` and in the shell's history. Set
 # them in the environment (or a Kubernetes Secret).
 ENV_ONLY = ("admin_token", "api_key")
+WORKERS_A_CPU = 4  # HARE_WORKERS at most: check_workers
 BUNDLE_DEST = "bundle_dir"  # the positional BUNDLE_DIR sets HARE_BUNDLE
 
 
@@ -92,6 +94,7 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings.from_env(env)
     for sentence in Settings.misspelled(env):
         print(f"hare serve: {sentence}", file=sys.stderr)
+    check_workers(settings)
     check_addresses(settings)  # before minutes of building the default bundle
     if not settings.bundle.exists() and "HARE_BUNDLE" not in env and args.bundle_dir is None:
         build_default_bundle(settings.bundle)
@@ -110,6 +113,18 @@ def main(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     os.execvpe(argv[0], argv, env)  # exec: gunicorn takes over this PID and receives its signals
     return 0  # not reached
+
+
+def check_workers(settings: Settings) -> None:
+    """Refuse more workers than WORKERS_A_CPU a CPU hare may use: each is a process holding its own model (on a
+    GPU, its tokenizer), and past a few a CPU they only wait on each other; `--workers 500` on 2 cores asked
+    for 500 copies of the model."""
+    most = WORKERS_A_CPU * usable_cpus()
+    if settings.workers > most:
+        raise InputError(
+            f"HARE_WORKERS={settings.workers} (--workers): hare may use {usable_cpus()} CPU(s) here, and workers "
+            f"past {WORKERS_A_CPU} a CPU only share them, each with its own copy of the model; give at most {most}"
+        )
 
 
 def check_addresses(settings: Settings) -> None:
