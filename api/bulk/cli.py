@@ -34,8 +34,8 @@ from tasks.base import SIDES
 from tasks.errors import InputError, InvalidRequest
 
 # Rows a chunk at most: a job holds IN_FLIGHT chunks, their texts, tokens and answers, at once. 72,000 texts of
-# 10-40 tokens peaked at 572 MB of RSS in chunks of 4,096 rows and at 1.2 GB in chunks of 65,536 (MiniLM,
-# 2026-12-04); --chunk-rows 10000000 read a whole corpus into memory before its first answer.
+# 10-40 tokens peaked at 540 MB of RSS in chunks of 4,096 rows and at 830 MB in chunks of 16,384 (MiniLM,
+# 2026-12-04; docs/bulk.md); --chunk-rows 10000000 read a whole corpus into memory before its first answer.
 MAX_CHUNK_ROWS = 16_384
 
 
