@@ -56,6 +56,23 @@ def test_the_gpu_peers_script_runs_its_comparison_on_cpu(tiny_model: ModelFactor
     assert all(int(rate.replace(",", "")) > 0 and float(cosine) > 0.999 for _, _, rate, cosine in rows), out
 
 
+def test_the_gpu_bulk_script_runs_its_comparison_on_cpu(tiny_model: ModelFactory, tmp_path: Path) -> None:
+    """scripts/gpu-bulk.py, as gpu-peers.py: its CPU mode runs the model alone, `hare run` and
+    sentence-transformers' encode over one small corpus."""
+    folder = make_sentence_transformer(tmp_path / "model", tiny_model("feature-extraction"), pooling="mean")
+    bundle = quick_bundle(folder, "feature-extraction", tmp_path / "bundle")
+    out = run(str(SCRIPTS / "gpu-bulk.py"), str(bundle), str(folder), "--device", "cpu", "--rows", "60")
+    alone = re.findall(r"model alone, (\d) thread\(s\): ([\d,]+) rows/s", out)
+    runs = re.findall(r"hare run, (\d) model thread\(s\): its job ([\d,]+) rows/s", out)
+    theirs = re.findall(
+        r"sentence-transformers, batch (\d+): ([\d,]+) rows/s; hare run's cosine p1 to it ([\d.]+)", out
+    )
+    assert [s for s, _ in alone] == [s for s, _ in runs] == ["1", "2"], out
+    assert [b for b, _, _ in theirs] == ["32", "128"], out
+    assert all(int(r.replace(",", "")) > 0 for _, r in alone + runs), out
+    assert all(float(p1) > 0.999 for _, _, p1 in theirs), out  # the same weights
+
+
 def test_the_users_script_loads_workers_that_feed_the_shared_engine(fp32_bundle: ModelFactory, tmp_path: Path) -> None:
     """scripts/users-check is the device run's many-users step (scripts/gpu-check): here on CPU, two workers
     feeding the shared engine, loaded by wrk through the script's own request bodies; every answer a 2xx, and
