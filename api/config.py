@@ -30,6 +30,8 @@ ENGINES = ("auto", "shared", "per-worker")
 # were kept while keep-alive could pin both clients of a 2-core machine to one worker (one stream then ran at
 # half speed); the workers now balance their connections (api/process/worker.py), and a lone call takes
 # every core (api/engine/cores.py).
+# HARE_WORKERS at most, a CPU hare may use (`hare serve` refuses more: api/process/serve.py check_workers).
+WORKERS_A_CPU = 4
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _UNSET = object()
 
@@ -151,8 +153,8 @@ class Settings:
     workers: int = _setting(
         "HARE_WORKERS",
         _int(0),
-        "worker processes, at most 4 a CPU (0: from the profile; public: one, so that the per-client rate limit, "
-        "which each worker keeps, is exact)",
+        f"worker processes, at most {WORKERS_A_CPU} a CPU (0: from the profile; public: one, so that the "
+        "per-client rate limit, which each worker keeps, is exact)",
         0,
         public=1,
     )

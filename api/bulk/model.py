@@ -188,9 +188,8 @@ class BulkModel:
         body = self.task.postprocess(out, self.params, self.model).body
         for row, item in zip(rows, per_input(body, self.task, len(rows)), strict=True):
             work.items[row] = item
-            # Answered: its encodings go now, not with its chunk. They are most of a chunk's memory (25 KB a
-            # text of 156 tokens), and a chunk answered but not yet written held all of them (20,000 texts of
-            # 10-300 tokens, four chunks in flight: 924 MB of RSS at the peak before, 849 after).
+            # Answered: its encodings go now, not with its chunk, whose memory they are most of (25 KB a text
+            # of 156 tokens): a chunk answered but not yet written held all of them (api/bulk/job.py IN_FLIGHT).
             work.windows[row] = []
 
     def answer(self, work: Work, id_type: pa.DataType) -> Answers:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from api.config import Settings, describe, parse_bool
+from api.config import WORKERS_A_CPU, Settings, describe, parse_bool
 from container.bundle import checked_bundle
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK
 from container.machine import usable_cpus
@@ -33,7 +33,6 @@ CONFIG = "python:api.process.gunicorn_conf"
 # Settings without a flag: secrets, whose value a flag would show in `ps` and in the shell's history. Set
 # them in the environment (or a Kubernetes Secret).
 ENV_ONLY = ("admin_token", "api_key")
-WORKERS_A_CPU = 4  # HARE_WORKERS at most: check_workers
 BUNDLE_DEST = "bundle_dir"  # the positional BUNDLE_DIR sets HARE_BUNDLE
 
 
