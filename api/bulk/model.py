@@ -167,7 +167,7 @@ class BulkModel:
     def batches(self, work: Work) -> list[list[int]]:
         """The chunk's rows in model calls: nearest lengths together, within the batch budget. A row read as
         windows counts as its longest window times their number, so that it costs what it pads to."""
-        rows = [r for r, w in enumerate(work.windows) if w]
+        rows = work.kept
         lengths = [max(len(s) for s in work.windows[r]) * len(work.windows[r]) for r in rows]
         max_items, max_tokens = self.batching
         return [[rows[i] for i in call] for call in length_batches(lengths, max_items, max_tokens)]
