@@ -48,7 +48,9 @@ def test_closed_loop_counts_add_up(trivial: ServerProcess) -> None:
     lat = latency_summary(s)
     assert 0 < lat.min <= lat.p50 <= lat.p99 <= lat.max
     assert s.server_figures()["compute_p50"] == pytest.approx(0.01)
-    assert s.server_figures()["inference_avg"] == s.server_figures()["inference_p99"] == pytest.approx(0.005)
+    # Every answer says inference took 5 ms; the average of thousands of them may differ in the last bit.
+    assert s.server_figures()["inference_avg"] == pytest.approx(0.005)
+    assert s.server_figures()["inference_p99"] == pytest.approx(0.005)
     assert 0 < s.cpu_s / s.window_s < 1.5
 
 
