@@ -352,6 +352,8 @@ class TaskSpec:
     offsets: the answer names spans of the text, so its encodings carry each token's character offsets (a
       tokenizer tracks them at about a fifth of its time: 36 of 187 us for a 142-token text, AMD EPYC).
     embeddings: the task answers OpenAI's /v1/embeddings too.
+    choosers: the request parameters that choose among a request's inputs (ranking's top_n) rather than say
+      how each is answered: a bulk job answers every row of its corpus on its own, so it refuses them.
     sparse: the task answers sparse vectors (TEI's /embed_sparse), from a SPLADE or bge-m3 folder.
 
     What the rest of hare asks of the task, so that no table elsewhere is keyed by task name:
@@ -381,6 +383,7 @@ class TaskSpec:
     text_pairs: bool = field(default=False, kw_only=True)
     offsets: bool = field(default=False, kw_only=True)
     embeddings: bool = field(default=False, kw_only=True)
+    choosers: tuple[str, ...] = field(default=(), kw_only=True)
     sparse: bool = field(default=False, kw_only=True)
     answer: Mapping[str, Any] = field(kw_only=True)
     tensors: Tensors = field(kw_only=True)

@@ -227,6 +227,7 @@ SPEC = TaskSpec(
     postprocess=postprocess,
     prepare=prepare,
     windows=False,
+    choosers=("top_n",),
     answer=ANSWER,
     tensors=Tensors(
         (tensor_io("query", "BYTES", [1]), tensor_io("documents", "BYTES", [-1])),

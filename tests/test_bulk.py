@@ -207,6 +207,11 @@ async def test_ranking_reads_query_and_document_columns(fp32_bundle: ModelFactor
     with pytest.raises(InputError, match="--query-column and --document-column both name the column 'query'"):
         run_job(settings(bundle), same)  # an IndexError of the job's first chunk, its work folder left behind
     assert not (tmp_path / "o2.parquet.parts").exists()
+    # top_n kept each query's best documents of a chunk: the other rows were written without a score.
+    cut = BulkOptions(tmp_path / "in.parquet", tmp_path / "o4.parquet", parameters={"top_n": 1})
+    with pytest.raises(InputError, match="top_n chooses among a request's inputs; a bulk job answers every row"):
+        run_job(settings(bundle), cut)
+    assert not (tmp_path / "o4.parquet").exists() and not (tmp_path / "o4.parquet.parts").exists()
 
 
 async def test_windows_read_long_texts_whole(fp32_bundle: ModelFactory, tmp_path: Path) -> None:

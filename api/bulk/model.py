@@ -80,6 +80,11 @@ class BulkModel:
         if unknown:
             accepted = ", ".join(params.taken(task.parameters, self.model))
             raise InvalidRequest(f"unknown parameter(s) {', '.join(unknown)} for {task.name}; accepted: {accepted}")
+        if chosen := [name for name in task.choosers if name in raw]:
+            raise InvalidRequest(
+                f"{', '.join(chosen)} chooses among a request's inputs; a bulk job answers every row, so it does "
+                "not apply: drop it (each row's score is written, to sort or cut afterwards)"
+            )
         self.params = task.parse_params(raw, self.model)
         self.encoder = opened.encoder
         self.long_input, self.side = long_input, SIDES[side]
