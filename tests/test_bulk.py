@@ -446,6 +446,29 @@ def test_a_csv_naming_a_column_it_reads_twice_is_refused(tmp_path: Path) -> None
     assert chunk.values == [["first"]]
 
 
+@pytest.mark.parametrize(
+    ("header", "opened"),
+    [("id,text", '5,"oops'), ("id,text,note", '5,x,"oops'), ("id,text,note", '5,"oops')],
+    ids=["its text", "a column not read", "a field short"],
+)
+def test_a_csv_quote_that_never_closes_stops_the_job_before_it_loses_the_rows_after_it(
+    tmp_path: Path, header: str, opened: str
+) -> None:
+    # Arrow's reader took the rest of the file as one value: 6 rows run, rc 0, 994 rows neither written nor rejected.
+    fields = header.count(",")
+    rows = [f"{i},row {i}" + ",n" * (fields - 1) for i in range(1000)]
+    rows[5] = opened
+    (tmp_path / "in.csv").write_text("\r\n".join([header, *rows]) + "\r\n")
+    with pytest.raises(InputError, match="row 7 \\(the header is row 1\\) opens a quote that never closes"):
+        Corpus(tmp_path / "in.csv", Columns(), pairs=False).chunks(100, 100)
+    # Closed quotes, line ends inside them and a quote inside an unquoted value read as they did.
+    (tmp_path / "ok.csv").write_text(
+        f'{header}\n1,"two\nlines"{",n" * (fields - 1)}\n2,12" pizza{",n" * (fields - 1)}\n'
+    )
+    [chunk] = Corpus(tmp_path / "ok.csv", Columns(), pairs=False).chunks(100, 100)
+    assert chunk.values == [["two\nlines", '12" pizza']] and not chunk.rejects
+
+
 def test_an_empty_csv_id_is_a_rejected_row_as_a_null_one(tmp_path: Path) -> None:
     (tmp_path / "in.csv").write_bytes(b'id,text\n,no id\nb,fine\n"",quoted empty\n')  # "" was written as an id
     [chunk] = Corpus(tmp_path / "in.csv", Columns(), pairs=False).chunks(100, 100)

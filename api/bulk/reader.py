@@ -320,6 +320,12 @@ class _File:
                 )
         if self._id is not None:
             self.id_type = pa.string()
+        if (row := _quote_left_open(self.path, header[-1])) is not None:
+            raise InputError(
+                f"{self.path}: row {row} (the header is row 1) opens a quote that never closes, so the rest of the "
+                "file reads as one value and the rows in it would be lost; close the quote (a quote inside a "
+                'quoted value is written twice, "")'
+            )
         return self._csv()
 
     def _csv(self) -> Iterator[_Piece]:
@@ -580,6 +586,53 @@ def _refuse_unreadable(path: Path) -> None:
     wide = next((name for mark, name in WIDE.items() if head.startswith(mark)), None)
     if wide:
         raise InputError(f"{path} is {wide} text (its byte order mark says so); save it as UTF-8, which hare run reads")
+
+
+def _quote_left_open(path: Path, last: str) -> int | None:
+    """The row (the header's 1) of a CSV file's last record where it opens a quote the file never closes: Arrow's
+    reader takes the rest of the file as that value, silently (one stray quote took 994 rows with it). Read
+    once, before the job, through the header's `last` column alone (the value a record's last field runs on
+    in), at Arrow's speed; None where every quote closes."""
+    value: bytes | None = None  # the last well-formed record's value of `last`
+    text: str | None = None  # the last malformed record's text (one the open quote left a field short)
+    records = 0
+
+    def malformed(row: Any) -> str:
+        nonlocal text, records
+        text, records = row.text, records + 1
+        return "skip"
+
+    with path.open("rb") as file:
+        reader = pacsv.open_csv(
+            file,
+            read_options=pacsv.ReadOptions(use_threads=False, block_size=CSV_BLOCK),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=malformed, newlines_in_values=True),
+            convert_options=pacsv.ConvertOptions(column_types={last: pa.binary()}, include_columns=[last]),
+        )
+        try:
+            for batch in reader:
+                if batch.num_rows:
+                    records += batch.num_rows
+                    value = batch.column(0)[batch.num_rows - 1].as_py()
+        except pa.ArrowInvalid:
+            return None  # the job's own reading says what is wrong, and where
+        # Either may be the file's last record; only that one can end the file with a line end inside it.
+        size = path.stat().st_size
+        longest = max(len(value or b""), len((text or "").encode()))
+        file.seek(max(0, size - longest - 2))
+        end = file.read()
+    # A value the file ends with, line ends inside: no closing quote came after it (a closed one is followed
+    # by its quote, and an unquoted value cannot hold a line end).
+    if value and (b"\n" in value or b"\r" in value) and end.endswith(value):
+        return 1 + records
+    if text and ("\n" in text or "\r" in text):
+        raw = text.encode()
+        if end.rstrip(b"\r\n").endswith(raw.rstrip(b"\r\n")):
+            try:
+                list(csv.reader(io.StringIO(text), strict=True))
+            except csv.Error as exc:  # strict csv runs out of the file inside a quote
+                return 1 + records if "unexpected end of data" in str(exc) else None
+    return None
 
 
 # A string column's bytes, as the binary type of the same layout.
