@@ -626,6 +626,23 @@ def test_an_output_where_no_folder_can_be_made_stops_with_one_sentence(
     assert code == 2 and f"cannot write {out}: Not a directory" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("option", ["-o", "--rejects", "--summary"])
+def test_an_output_that_is_a_pipe_or_a_device_is_refused_not_replaced(
+    fp32_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    # The finished file was renamed over it: as root, `-o /dev/null --overwrite` replaced /dev/null.
+    (tmp_path / "in.jsonl").write_text('{"text": "x"}\n')
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    out = ["-o", str(tmp_path / "o.parquet")] if option != "-o" else []
+    bundle = fp32_bundle("feature-extraction")
+    capsys.readouterr()
+    code = hare(["run", str(bundle), "-i", str(tmp_path / "in.jsonl"), *out, option, str(pipe), "--overwrite"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{pipe} is not a regular file (a device, a pipe or a socket)" in err, err
+    assert pipe.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "pipe"]
+
+
 @pytest.mark.parametrize(
     ("output", "args", "said"),
     [
@@ -826,7 +843,9 @@ def test_a_stopped_job_resumes_only_as_it_began(
         before = source.stat().st_mtime_ns
         write_jsonl(source, [{**r, "text": r["text"].replace("row", "wor")} for r in rows])
         os.utime(source, ns=(before + 10**9, before + 10**9))
-    with pytest.raises(InputError, match=f"holds an unfinished job with another {said}; run the same command"):
+    with pytest.raises(
+        InputError, match=f"holds an unfinished job that differs from this one in its {said}; run the same command"
+    ):
         run_job(settings(bundle), dataclasses.replace(options, **change))
     if not change:
         return

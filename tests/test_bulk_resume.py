@@ -99,9 +99,11 @@ def test_another_job_in_the_folder_is_refused(fp32_bundle: ModelFactory, tmp_pat
     out = tmp_path / "out.parquet"
     kill_after(hare_run(bundle, source, out), tmp_path / "out.parquet.parts", 1)
     settings = dataclasses.replace(Settings.from_env({}), bundle=bundle)
-    with pytest.raises(Exception, match="holds an unfinished job with another chunk_rows"):
+    with pytest.raises(Exception, match="holds an unfinished job that differs from this one in its chunk_rows"):
         run_job(settings, BulkOptions(source, out, chunk_rows=CHUNK + 1, max_chars=2000))
-    with pytest.raises(Exception, match="holds an unfinished job with another truncation_direction"):
+    with pytest.raises(
+        Exception, match="holds an unfinished job that differs from this one in its truncation_direction"
+    ):
         run_job(settings, BulkOptions(source, out, chunk_rows=CHUNK, max_chars=2000, truncation_direction="left"))
     with pytest.raises(Exception, match="is the input or inside it"):
         run_job(settings, BulkOptions(source, tmp_path / "in.jsonl", chunk_rows=CHUNK, overwrite=True))
@@ -120,7 +122,7 @@ def test_a_bundle_rebuilt_in_place_is_not_resumed_into_the_same_output(
     shutil.rmtree(bundle)
     shutil.copytree(fp32_bundle("feature-extraction", "roberta"), bundle)
     settings = dataclasses.replace(Settings.from_env({}), bundle=bundle)
-    with pytest.raises(Exception, match="holds an unfinished job with another model"):
+    with pytest.raises(Exception, match="holds an unfinished job that differs from this one in its model"):
         run_job(settings, BulkOptions(source, out, chunk_rows=CHUNK, max_chars=2000))
 
 
@@ -136,13 +138,19 @@ def test_a_second_job_on_the_same_output_is_refused_while_the_first_runs(
     command = hare_run(bundle, source, out)
     kill_after(command, folder, 1)
     job = orjson.loads((folder / checkpoint.JOB_FILE).read_bytes())
-    with checkpoint.open_folder(out, job, overwrite=False) as running:
+    rejects = tmp_path / "out.rejects.jsonl"
+    with checkpoint.open_folder(out, job, overwrite=False, rejects=rejects) as running:
         assert running.resumed
         second = subprocess.run(command, capture_output=True, text=True, timeout=120)
         assert second.returncode == 2 and "another hare run is writing" in second.stderr, second.stderr
+        # Another output of the same stem shares its rejects file: the job that ended last replaced the other's.
+        sibling = subprocess.run(hare_run(bundle, source, tmp_path / "out.jsonl"), capture_output=True, text=True)
+        assert sibling.returncode == 2, sibling.stderr
+        assert f"{rejects} is the rejects file of another hare run going on now" in sibling.stderr
     finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert pq.read_table(out).column("id").to_pylist() == [f"d{i}" for i in range(ROWS)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.parquet"]  # no lock, no folder left
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +202,9 @@ def test_a_folder_changed_since_the_kill_is_another_input(fp32_bundle: ModelFact
     kill_after(command, tmp_path / "out.parquet.parts", 1)
     (shards / "part-4.jsonl").write_text('{"text": "a shard added since"}\n')
     changed = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert changed.returncode == 2 and "holds an unfinished job with another input" in changed.stderr
+    assert (
+        changed.returncode == 2 and "holds an unfinished job that differs from this one in its input" in changed.stderr
+    )
     (shards / "part-4.jsonl").unlink()
     finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr

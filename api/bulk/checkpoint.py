@@ -46,6 +46,7 @@ class WorkFolder:
         self.path = path
         self.resumed = False
         self._fd: int | None = fd
+        self._claim: tuple[Path, int] | None = None  # the rejects file's lock (`claim`)
 
     def __enter__(self) -> WorkFolder:
         return self
@@ -57,6 +58,19 @@ class WorkFolder:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._claim is not None:
+            os.close(self._claim[1])
+            self._claim = None
+
+    def claim(self, rejects: Path) -> None:
+        """Lock the rejects file for this job, until it ends: two jobs whose outputs share a stem (out.parquet,
+        out.jsonl) share out.rejects.jsonl, and the one that ended last replaced the other's rejects with its
+        own (both found no file when they began). The lock is a hidden file beside it, removed with the folder."""
+        lock = rejects.with_name(f".{rejects.name}.lock")
+        busy = f"{rejects} is the rejects file of another hare run going on now; give this job --rejects FILE"
+        while (fd := locked(lock, os.O_RDWR | os.O_CREAT, busy)) is None:
+            pass  # removed by the job that held it, just now: create it again
+        self._claim = (lock, fd)
 
     def close(self) -> None:
         """Remove the folder once its parts are merged: the parts first, job.json last, so a run killed midway
@@ -66,6 +80,8 @@ class WorkFolder:
                 path.unlink()
         (self.path / JOB_FILE).unlink()
         self.path.rmdir()
+        if self._claim is not None:  # still held: a job that opens it now finds it replaced, and looks again
+            self._claim[0].unlink(missing_ok=True)
 
 
 def open_folder(output: Path, job: dict[str, Any], overwrite: bool, rejects: Path | None = None) -> WorkFolder:
@@ -97,15 +113,17 @@ def open_folder(output: Path, job: dict[str, Any], overwrite: bool, rejects: Pat
         if work is None:  # merged and removed by the run that held it: look again
             continue
         try:
+            if rejects is not None:
+                work.claim(rejects)
             before = _job(folder)
             if before == job:
                 work.resumed = True
                 return work
             if any(folder.glob("part-*")):
-                changed = sorted(k for k in job if before is None or before.get(k) != job[k])
+                changed = ", ".join(sorted(k for k in job if before is None or before.get(k) != job[k]))
                 raise InputError(
-                    f"{folder} holds an unfinished job with another {', '.join(changed) or 'description'}; run the "
-                    f"same command as before to finish it, or delete {folder} to start over"
+                    f"{folder} holds an unfinished job that differs from this one in its {changed or 'description'}; "
+                    f"run the same command as before to finish it, or delete {folder} to start over"
                 )
             refuse_replacing()
             for stale in folder.iterdir():  # nothing of a run without a committed part is worth keeping
@@ -115,6 +133,8 @@ def open_folder(output: Path, job: dict[str, Any], overwrite: bool, rejects: Pat
             tmp.replace(folder / JOB_FILE)
             return work
         except BaseException:
+            if not any(folder.iterdir()):  # refused before it held anything: nothing left behind
+                folder.rmdir()
             work.release()
             raise
 

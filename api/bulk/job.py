@@ -163,9 +163,15 @@ def _check_files(options: BulkOptions) -> None:
         raise InputError(
             f"the output {options.output} is a folder; name a file to write, such as {options.output / 'out.parquet'}"
         )
+    named = {"--rejects" if options.rejects else "the rejects file": options.rejects_path, "--summary": options.summary}
+    for name, path in {"the output": options.output, **named}.items():
+        # A device or a pipe: the finished file replaced it (as root, -o /dev/null --overwrite replaced /dev/null).
+        if path is not None and path.exists() and not path.is_file() and not path.is_dir():
+            raise InputError(
+                f"{name} {path} is not a regular file (a device, a pipe or a socket); name a file to write"
+            )
     taken = {"the input": options.input, "the output": options.output}
     taken["the job's work folder"] = checkpoint.work_folder(options.output)
-    named = {"--rejects" if options.rejects else "the rejects file": options.rejects_path, "--summary": options.summary}
     for name, path in named.items():
         if path is None:
             continue

@@ -603,13 +603,13 @@ def _quote_left_open(path: Path, last: str) -> int | None:
         return "skip"
 
     with path.open("rb") as file:
-        reader = pacsv.open_csv(
-            file,
-            read_options=pacsv.ReadOptions(use_threads=False, block_size=CSV_BLOCK),
-            parse_options=pacsv.ParseOptions(invalid_row_handler=malformed, newlines_in_values=True),
-            convert_options=pacsv.ConvertOptions(column_types={last: pa.binary()}, include_columns=[last]),
-        )
         try:
+            reader = pacsv.open_csv(
+                file,
+                read_options=pacsv.ReadOptions(use_threads=False, block_size=CSV_BLOCK),
+                parse_options=pacsv.ParseOptions(invalid_row_handler=malformed, newlines_in_values=True),
+                convert_options=pacsv.ConvertOptions(column_types={last: pa.binary()}, include_columns=[last]),
+            )
             for batch in reader:
                 if batch.num_rows:
                     records += batch.num_rows
