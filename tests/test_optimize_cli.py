@@ -344,6 +344,21 @@ def test_an_out_that_is_a_file_is_refused_before_any_work(
     assert "is a file; give a folder for the bundle" in capsys.readouterr().err
 
 
+def test_an_out_that_is_a_mount_point_is_refused_before_any_work(
+    tiny_model: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A volume mounted where the bundle goes: the build ran whole, then its rename over --out failed (EBUSY).
+    out = tmp_path / "volume"
+    out.mkdir()
+    if subprocess.run(["mount", "--bind", str(out), str(out)], capture_output=True).returncode != 0:
+        pytest.skip("no bind mount here (root and mount(8) are needed)")
+    try:
+        assert run(tiny_model("text-classification"), "--task", "text-classification", "--out", out, "--force") == 2
+        assert f"--out {out} is a mount point (a volume)" in capsys.readouterr().err
+    finally:
+        subprocess.run(["umount", str(out)], check=True)
+
+
 def test_an_out_where_no_file_can_be_made_is_refused_not_waited_on(
     tiny_model: ModelFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:

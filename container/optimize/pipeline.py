@@ -4,6 +4,7 @@ it returned, under one progress bar a stage; the bundle is written atomically.""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -123,6 +124,24 @@ def check_out(out: Path, model_dir: Path) -> None:
             raise InputError(f"--out {out} is or holds {what}; give the bundle a folder of its own")
     if out.exists() and not out.is_dir():  # --force would fail only after the whole build
         raise InputError(f"--out {out} is a file; give a folder for the bundle")
+    if mount_point(out):  # the finished bundle replaces --out by a rename, which a mount point refuses
+        raise InputError(
+            f"--out {out} is a mount point (a volume), which the build cannot replace with its bundle; give a "
+            f"folder inside it, such as {out / 'bundle'}"
+        )
+
+
+def mount_point(path: Path) -> bool:
+    """Whether something is mounted at `path`: a volume, or a folder bound onto itself or another of the same
+    file system, which os.path.ismount misses (it compares the device with the parent's)."""
+    if os.path.ismount(path):
+        return True
+    try:
+        with open("/proc/self/mountinfo") as table:  # Linux; field 5 is where each mount is, spaces as \040
+            where = {re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4]) for line in table}
+    except OSError:
+        return False
+    return str(path.resolve()) in where
 
 
 def check_replaceable(out: Path, force: bool) -> None:
