@@ -6,6 +6,7 @@ import errno
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,27 @@ def test_a_read_only_bundle_gets_the_setting_to_use_instead(
     assert "Read-only file system" in err and "set HARE_MAX_BATCH_TOKENS=" in err
     assert read_manifest(elsewhere).max_batch_tokens == 8192
     assert [p.name for p in elsewhere.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
+
+
+def test_a_bundle_on_a_read_only_mount_is_refused_before_the_measurement(
+    elsewhere: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It measured for minutes, then failed with "[Errno 30] Read-only file system: '.hare.json.PID'" (its
+    # temporary's removal failed too, over the sentence saying what to do).
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    if subprocess.run(["mount", "--bind", "-o", "ro", str(elsewhere), str(mounted)], capture_output=True).returncode:
+        pytest.skip("no bind mount here (root and mount(8) are needed)")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(mounted)], check=True)  # older mounts ignore ro above
+        assert main(["tune", str(mounted), *QUICK]) == 2
+        captured = capsys.readouterr()
+        assert "the bundle's folder is read-only to this user): pass --dry-run" in captured.err
+        assert "batch budget:" not in captured.err  # refused before any measurement
+        assert main(["tune", str(mounted), "--dry-run", *QUICK]) == 0
+        assert capsys.readouterr().out.strip().splitlines()[-1].startswith("HARE_MAX_BATCH_TOKENS=")
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True)
 
 
 def test_tune_tries_only_the_budgets_named(elsewhere: Path) -> None:

@@ -15,6 +15,7 @@ check cannot re-pick: it says to rebuild on this CPU (or build with --variants f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -69,6 +70,11 @@ def main(args: argparse.Namespace) -> int:
             f"{bundle} is a {manifest.target} bundle: the batch budget is measured for CPU bundles "
             "(a GPU batches up to HARE_MAX_BATCH_TOKENS, 8192 by default)"
         )
+    if not args.dry_run and not os.access(bundle, os.W_OK):  # found after the measurement, its minutes lost
+        raise InputError(
+            f"cannot write {bundle / MANIFEST_FILE} (the bundle's folder is read-only to this user): pass --dry-run "
+            "to measure and print the budget, then set HARE_MAX_BATCH_TOKENS to it where the bundle is served"
+        )
     autotune.check_cores("--streams", args.streams, "streams")
     streams = args.streams or physical_cores()
     fitting = autotune.fitting_tokens(hidden_width(bundle / MODEL_FILE) or 0, streams)
@@ -98,7 +104,8 @@ def main(args: argparse.Namespace) -> int:
         temporary.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(temporary, bundle / MANIFEST_FILE)  # a server starting meanwhile reads the old or the new
     except OSError as exc:
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only file system refuses even removing what is not there
+            temporary.unlink(missing_ok=True)
         raise InputError(
             f"cannot write {bundle / MANIFEST_FILE} ({exc.strerror}): set HARE_MAX_BATCH_TOKENS={budget} "
             "where the bundle is served instead"
