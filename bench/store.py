@@ -151,6 +151,27 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
+def _columns(db: sqlite3.Connection) -> dict[str, set[str]]:
+    """Each table of `db` (SQLite's own left out) with its columns."""
+    names = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    return {n: {c[1] for c in db.execute(f"PRAGMA table_info('{n}')")} for n in names if not n.startswith("sqlite_")}
+
+
+def _refuse_foreign(db: sqlite3.Connection, path: Path) -> None:
+    """InputError for an SQLite file that holds tables other than a store's, or a store's tables without their
+    columns: another program's database, which the schema was then added to (or a traceback came from)."""
+    with closing(sqlite3.connect(":memory:")) as ours:
+        ours.executescript(SCHEMA)
+        wanted = _columns(ours)
+    found = _columns(db)
+    alien = sorted(t for t, columns in found.items() if t not in wanted or not wanted[t] <= columns)
+    if alien:
+        raise InputError(
+            f"{path} is another program's SQLite database (its tables {', '.join(alien)} are no result store's), "
+            "left as it is; give another --db (or HARE_BENCH_DB)"
+        )
+
+
 class Store:
     """The SQLite file. Each call opens its own short connection, so readers never block a running bench."""
 
@@ -167,6 +188,7 @@ class Store:
             with self._db() as db:
                 # A store already made is only read here: one on a read-only mount can still be browsed.
                 if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                    _refuse_foreign(db, self.path)
                     db.executescript(SCHEMA)
                     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:  # not SQLite, a folder, an unwritable place: sqlite3's own trace

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -148,6 +150,23 @@ def test_a_db_that_is_not_a_store_is_refused_with_a_sentence(tmp_path: Path, wha
         db.write_text("not sqlite")
     with pytest.raises(InputError, match=r"x\.db is not a result store this user can open \(.+\); give another --db"):
         Store(db)
+
+
+@pytest.mark.parametrize("tables", ["customers(name)", "runs(x)"])
+def test_another_programs_database_is_refused_and_left_as_it_is(
+    tmp_path: Path, tables: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `hare bench list --db app.db` added the store's tables to another program's database; a table named
+    # runs of its own gave sqlite3's "no such column: id" traceback.
+    db = tmp_path / "app.db"
+    with closing(sqlite3.connect(db)) as app, app:
+        app.execute(f"CREATE TABLE {tables}")
+    before = db.read_bytes()
+    assert hare(["bench", "list", "--db", str(db)]) == 2
+    table = tables.split("(")[0]
+    said = f"{db} is another program's SQLite database (its tables {table} are no result store's), left as it is"
+    assert said in capsys.readouterr().err
+    assert db.read_bytes() == before
 
 
 @pytest.mark.parametrize("command", [["list"], ["show", "1"], ["compare", "1", "2"], ["export", "1"], ["report"]])
