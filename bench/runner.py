@@ -217,6 +217,7 @@ class Runner:
                     got = f"status {status}" if status != 200 else f"status 200 and {_excerpt(body)}, not its JSON"
                     raise InputError(f"{url} does not answer GET /info as a hare server does ({got}): check the URL")
                 if target == "hare":
+                    self._check_served(url, info)
                     self.hare_threads = int(info.get("threads") or 1)
                 for p in group:
                     if self.stop.is_set():
@@ -228,6 +229,19 @@ class Runner:
             self.failures.append(f"{target}: {exc.message}")
             self.reporter.log(f"{target} skipped: {exc.message}")
             self.k += len(group)  # keep k of n honest: these points will not come
+
+    def _check_served(self, url: str, info: dict[str, Any]) -> None:
+        """InputError where a running server serves another task, or another variant than --bundle's: the run
+        was stored under the bundle's task and manifest, beside its model-only figures, as that server's."""
+        subject = self.subject
+        said = f"--bundle {subject.bundle}" if subject.bundle is not None else "--task"
+        if info.get("task") != subject.task:
+            raise InputError(f"{url} serves {info.get('task')}, not {subject.task} as {said} says: check the URL")
+        variant = read_manifest(subject.bundle).variant if subject.bundle is not None else None
+        if variant is not None and "variant" in info and info["variant"] != variant:
+            raise InputError(
+                f"{url} serves the {info.get('variant')} variant, not {said}'s {variant}: give the bundle it serves"
+            )
 
     @contextlib.contextmanager
     def _server(self, p: Planned) -> Iterator[tuple[str, ServerProcess | None]]:

@@ -279,6 +279,28 @@ class _FailingPredict(BaseHTTPRequestHandler):
         self._answer(500 if type(self).count % type(self).failing == 0 else 200, b"[[0.5]]")
 
 
+@pytest.mark.parametrize(
+    ("served", "said"),
+    [
+        ({"task": "text-classification"}, "serves text-classification, not feature-extraction as --bundle"),
+        ({"task": "feature-extraction", "variant": "int8-mixed"}, "serves the int8-mixed variant, not --bundle"),
+    ],
+    ids=["another task", "another variant"],
+)
+def test_a_server_that_serves_another_bundle_than_the_one_named_fails_the_run(
+    tiny_bundle: ModelFactory, tmp_path: Path, served: dict[str, str], said: str
+) -> None:
+    # Stored as a run done, exit 0, under --bundle's task and manifest, beside that bundle's model-only figures.
+    bundle = tiny_bundle("feature-extraction")
+    info = json.dumps(served).encode()
+    handler = type("Other", (_FailingPredict,), {"failing": 10**9, "do_GET": lambda self: self._answer(200, info)})
+    db = tmp_path / "bench.db"
+    with web_server(handler) as url:
+        code = hare(["bench", "run", url, "--bundle", str(bundle), "--quick", "--progress", "none", "--db", str(db)])
+    [run] = Store(db).runs()
+    assert code == 1 and run.status == "failed" and said in run.message and not Store(db).points(run.id)
+
+
 @pytest.mark.parametrize("failing", [1, 3])
 def test_a_run_whose_every_request_failed_fails(
     failing: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
