@@ -76,10 +76,14 @@ def test_killed_twice_it_finishes_with_every_row_once(fp32_bundle: ModelFactory,
     assert not out.exists() and first >= 3
     second = kill_after(command, folder, 5)
     assert not out.exists() and second >= first + 5 and second < ROWS // CHUNK
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    said = tmp_path / "summary.json"
+    finished = subprocess.run([*command, "--summary", str(said)], capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert "done by an earlier run" in finished.stdout
     assert not folder.exists()
+    # Its rejects are the whole job's, d17's from the first run among them, and so are their reasons' counts.
+    summary = orjson.loads(said.read_bytes())
+    assert summary["resumed"] and summary["rejected"] == sum(summary["reasons"].values()) == 2
 
     whole = tmp_path / "whole.parquet"
     settings = dataclasses.replace(Settings.from_env({}), bundle=bundle)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
 from api.bulk import checkpoint
@@ -69,7 +70,8 @@ class BulkOptions:
 
 @dataclass
 class Summary:
-    """What a job did. rows: rows read and run in this run; skipped: rows of chunks an earlier run finished."""
+    """What a job did. rows: rows read and run in this run; skipped: rows of chunks an earlier run finished;
+    rejected and reasons: the rejects file's, the whole job's (a resumed run's own and its earlier runs')."""
 
     output: Path
     rejects: Path
@@ -142,6 +144,9 @@ def run_job(settings: Settings, options: BulkOptions, progress: Progress | None 
         chunks = pipeline.run(corpus.chunks(options.chunk_rows, max_chars, done))
         summary.seconds, summary.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
         summary.rejected = parts.merge(chunks, options.output, summary.rejects, schema)
+        if work.resumed and summary.rejected:  # this run saw only its own chunks' reasons
+            with summary.rejects.open("rb") as lines:
+                summary.reasons = collections.Counter(_reason_kind(orjson.loads(line)["reason"]) for line in lines)
         work.close()
     return summary
 
