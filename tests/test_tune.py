@@ -6,7 +6,9 @@ import errno
 import json
 import re
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,23 @@ def test_a_bundle_on_a_read_only_mount_is_refused_before_the_measurement(
         assert capsys.readouterr().out.strip().splitlines()[-1].startswith("HARE_MAX_BATCH_TOKENS=")
     finally:
         subprocess.run(["umount", str(mounted)], check=True)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stopped_tune_says_the_bundle_is_as_it_was(elsewhere: Path, stop: signal.Signals) -> None:
+    # It left with exit 130 or 143 and not a word, where optimize and run say what they kept.
+    before = (elsewhere / "hare.json").read_bytes()
+    command = [sys.executable, "-m", "hare.cli", "tune", str(elsewhere), "--seconds", "30", "--streams", "1"]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as tune:
+        assert tune.stderr is not None
+        while "batch budget:" not in tune.stderr.readline():  # measuring
+            assert tune.poll() is None
+        tune.send_signal(stop)
+        err = tune.stderr.read()
+    assert tune.returncode == 128 + stop
+    assert f"hare tune: stopped; {elsewhere / 'hare.json'} is as it was" in err.replace("\n", "")
+    assert (elsewhere / "hare.json").read_bytes() == before
+    assert sorted(p.name for p in elsewhere.iterdir() if p.name.startswith(".")) == []
 
 
 def test_tune_tries_only_the_budgets_named(elsewhere: Path) -> None:

@@ -18,17 +18,20 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from tokenizers import Tokenizer
 
 from container.arguments import comma_ints, count, positive_float
 from container.bundle import MANIFEST_FILE, MODEL_FILE, PARITY_FILE, Manifest, checked_bundle
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
 from container.onnx_wire import hidden_width
+from container.optimize.cli import exit_on_signal
 from tasks.errors import InputError
 
 
@@ -57,14 +60,24 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from container.optimize import autotune
-
     bundle: Path = args.bundle
     # As `hare serve` and `hare run` open it: a bundle they refuse (its task unknown, its tokenizer unreadable) is
     # refused here in the same sentence, not measured, checked or rewritten.
     manifest, tokenizer = checked_bundle(bundle)
     if args.check:
         return check(bundle, manifest)
+    signal.signal(signal.SIGTERM, exit_on_signal)  # docker stop, timeout: said as Ctrl-C is, through the finally
+    try:
+        return _measure(args, bundle, manifest, tokenizer)
+    except (KeyboardInterrupt, SystemExit):  # it left without a word (exit 130 or 143)
+        Console(stderr=True).print(f"hare tune: stopped; {bundle / MANIFEST_FILE} is as it was")
+        raise
+
+
+def _measure(args: argparse.Namespace, bundle: Path, manifest: Manifest, tokenizer: Tokenizer) -> int:
+    """The budget measured and written (or printed, --dry-run)."""
+    from container.optimize import autotune
+
     if manifest.target != "cpu":
         raise InputError(
             f"{bundle} is a {manifest.target} bundle: the batch budget is measured for CPU bundles "
@@ -104,12 +117,13 @@ def main(args: argparse.Namespace) -> int:
         temporary.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(temporary, bundle / MANIFEST_FILE)  # a server starting meanwhile reads the old or the new
     except OSError as exc:
-        with contextlib.suppress(OSError):  # a read-only file system refuses even removing what is not there
-            temporary.unlink(missing_ok=True)
         raise InputError(
             f"cannot write {bundle / MANIFEST_FILE} ({exc.strerror}): set HARE_MAX_BATCH_TOKENS={budget} "
             "where the bundle is served instead"
         ) from exc
+    finally:  # written and not renamed: a full disk, or stopped in between
+        with contextlib.suppress(OSError):  # a read-only file system refuses even removing what is not there
+            temporary.unlink(missing_ok=True)
     print(f"{bundle / MANIFEST_FILE}: max_batch_tokens {manifest.max_batch_tokens} -> {budget}")
     return 0
 
