@@ -482,6 +482,11 @@ def json_row(line: bytes | str) -> dict[str, Any] | Bad:
     try:
         row = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
+        if isinstance(line, bytes):  # orjson says "surrogates not allowed" of any byte that is not UTF-8
+            try:
+                line.decode()
+            except UnicodeDecodeError as bad:
+                return Bad(f"the line is not UTF-8: its byte {bad.start + 1} is 0x{line[bad.start]:02x}")
         return Bad(f"the line is not valid JSON (UTF-8): {exc}")
     return row if isinstance(row, dict) else Bad(f"the line is {kind(row)}, not a JSON object")
 
