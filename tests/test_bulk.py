@@ -207,6 +207,13 @@ async def test_ranking_reads_query_and_document_columns(fp32_bundle: ModelFactor
     with pytest.raises(InputError, match="--query-column and --document-column both name the column 'query'"):
         run_job(settings(bundle), same)  # an IndexError of the job's first chunk, its work folder left behind
     assert not (tmp_path / "o2.parquet.parts").exists()
+    # A column named for the other kind of task was never read, and the job ran on the default columns.
+    body = BulkOptions(tmp_path / "in.parquet", tmp_path / "o5.parquet", columns=Columns(text="document"))
+    with pytest.raises(InputError, match="text-ranking reads --query-column and --document-column, not --text-col"):
+        run_job(settings(bundle), body)
+    query = BulkOptions(tmp_path / "in.parquet", tmp_path / "o6.parquet", columns=Columns(query="document"))
+    with pytest.raises(InputError, match="feature-extraction reads --text-column: --query-column and --document-col"):
+        run_job(settings(fp32_bundle("feature-extraction")), query)
     # top_n kept each query's best documents of a chunk: the other rows were written without a score.
     cut = BulkOptions(tmp_path / "in.parquet", tmp_path / "o4.parquet", parameters={"top_n": 1})
     with pytest.raises(InputError, match="top_n chooses among a request's inputs; a bulk job answers every row"):
@@ -648,6 +655,7 @@ def test_an_output_that_is_a_pipe_or_a_device_is_refused_not_replaced(
     [
         ("a-folder", ["--overwrite"], "is a folder; name a file to write"),  # it ran the whole job, then failed
         ("o.csv", [], "writes Parquet or JSONL, not CSV"),  # it wrote Parquet into o.csv
+        ("-", [], "the output - (standard output) is not one hare run writes to"),  # it wrote a file named -
         ("o.parquet", ["-p", "dimensions=100000"], "dimensions"),  # it left a work folder that refused the fix
         ("o.parquet", ["-p", "dimensions=8", "-p", "dimensions=16"], "--param dimensions is given twice"),  # 16 ran
         # Each of these destroyed a file, exit 0: the rejects merged over the output or the input, the summary

@@ -102,6 +102,8 @@ def main(args: argparse.Namespace) -> int:
         raise InputError(
             f"the output {args.output} names a folder; name a file to write, such as {args.output}out.parquet"
         )
+    if args.output == "-":  # a file named "-" was written, where a user meant standard output
+        raise InputError("the output - (standard output) is not one hare run writes to; name a file, such as out.jsonl")
     args.output = Path(args.output)
     settings = Settings.from_env()
     if args.bundle is not None:

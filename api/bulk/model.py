@@ -119,6 +119,14 @@ class BulkModel:
         classifier's pairs as single texts, ranking's documents as missing)."""
         if columns.text_pair is not None and not self.task.text_pairs:
             raise InputError(f"{self.task.name} reads single texts: --text-pair-column is text-classification's")
+        # A column named for the other kind of task was read never, silently (the defaults name none).
+        default = Columns()
+        if self.task.pairs and columns.text != default.text:
+            raise InputError(f"{self.task.name} reads --query-column and --document-column, not --text-column")
+        if not self.task.pairs and (columns.query, columns.document) != (default.query, default.document):
+            raise InputError(
+                f"{self.task.name} reads --text-column: --query-column and --document-column are ranking's"
+            )
         first, *others = columns.values(self.task.pairs)
         if first in others:
             options = columns.options(self.task.pairs)
