@@ -211,9 +211,9 @@ async def test_ranking_reads_query_and_document_columns(fp32_bundle: ModelFactor
     body = BulkOptions(tmp_path / "in.parquet", tmp_path / "o5.parquet", columns=Columns(text="document"))
     with pytest.raises(InputError, match="text-ranking reads --query-column and --document-column, not --text-col"):
         run_job(settings(bundle), body)
-    query = BulkOptions(tmp_path / "in.parquet", tmp_path / "o6.parquet", columns=Columns(query="document"))
+    other = BulkOptions(tmp_path / "in.parquet", tmp_path / "o6.parquet", columns=Columns(query="document"))
     with pytest.raises(InputError, match="feature-extraction reads --text-column: --query-column and --document-col"):
-        run_job(settings(fp32_bundle("feature-extraction")), query)
+        run_job(settings(fp32_bundle("feature-extraction")), other)
     # top_n kept each query's best documents of a chunk: the other rows were written without a score.
     cut = BulkOptions(tmp_path / "in.parquet", tmp_path / "o4.parquet", parameters={"top_n": 1})
     with pytest.raises(InputError, match="top_n chooses among a request's inputs; a bulk job answers every row"):
