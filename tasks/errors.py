@@ -27,7 +27,8 @@ class HareError(Exception):
 
 class InputError(HareError):
     """The request or command asked for something invalid: an empty string, a text in which the tokenizer finds no
-    token, an empty list, no documents."""
+    token (whitespace alone, where it adds no special tokens; where it adds them, such a text is answered as its
+    special tokens alone are, as sentence-transformers answers it), an empty list, no documents."""
 
 
 class InvalidRequest(InputError):

@@ -110,6 +110,13 @@ async def test_routes_for_other_tasks_answer_404_naming_the_task(ranker: AppClie
         ("/v1/rerank", {"query": "q", "documents": [{"title": "t"}]}, 422, ("documents[0].text",)),
         ("/rerank", {"query": "q", "texts": ["a"], "truncation_direction": "Middle"}, 422, ("truncation_direction",)),
         ("/decode", {"ids": [[1, -5]]}, 422, ("ids[0][1]",)),
+        # "too many ids for this server's limits": neither which limit nor by how much
+        (
+            "/decode",
+            {"ids": [[1]] * 10_001},
+            413,
+            ("ids has 10,001 rows, over this server's 10,000", "HARE_MAX_INPUTS"),
+        ),
     ],
 )
 async def test_protocol_refusals_name_the_field(

@@ -129,6 +129,10 @@ async def test_vector_options_that_do_not_apply_are_ignored_as_sentence_transfor
     for shape in ({"encoding_format": "binary"}, {"output_value": "token_embeddings"}):
         for path in ("/similarity", "/predict"):  # the answer is cosines of float sentence vectors
             assert np.allclose(await post(server, path, {"inputs": pair, "parameters": shape}), cosines, atol=1e-6)
+    # A text against itself: float32 rounding gave 1.0000001 to some, whose arccos is NaN.
+    for text in TEXTS:
+        same = await predict(server, {"source_sentence": text, "sentences": [text, text.upper()]})
+        assert same[0] == 1.0 and -1.0 <= same[1] <= 1.0, same
 
 
 async def test_cohere_v2_embed(server: httpx.AsyncClient) -> None:

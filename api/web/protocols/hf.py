@@ -62,7 +62,8 @@ def cosines(call: Call[bool]) -> list[float]:
     """Cosine of the first vector (the source sentence) with each of the others."""
     vectors = np.stack([as_vector(v) for v in call.served.answer.body])
     unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    return [float(c) for c in unit[1:] @ unit[0]]
+    # Within [-1, 1]: float32 rounding gave a text and itself 1.0000001, whose arccos is NaN.
+    return [float(c) for c in np.clip(unit[1:] @ unit[0], -1.0, 1.0)]
 
 
 def _similarity_inputs(s: Shapes) -> dict[str, Any]:

@@ -167,8 +167,18 @@ async def decode(request: Request) -> Response:
     for i, row in enumerate(batch):
         if not isinstance(row, list) or not row:
             raise InvalidRequest("ids must be a non-empty list of token ids, or a list of such lists")
-        if len(batch) > res.limits.max_inputs or len(row) > res.limits.max_input_chars:
-            raise InputTooLong("too many ids for this server's limits", limit=res.limits.max_inputs)
+        if len(batch) > res.limits.max_inputs:
+            raise InputTooLong(
+                f"ids has {len(batch):,} rows, over this server's {res.limits.max_inputs:,} (HARE_MAX_INPUTS)",
+                limit=res.limits.max_inputs,
+            )
+        if len(row) > res.limits.max_input_chars:
+            where = f"ids[{i}]" if isinstance(ids[0], list) else "ids"
+            raise InputTooLong(
+                f"{where} has {len(row):,} ids, over this server's {res.limits.max_input_chars:,} a text "
+                "(HARE_MAX_INPUT_CHARS)",
+                limit=res.limits.max_input_chars,
+            )
         for j, value in enumerate(row):
             if isinstance(value, float) and value.is_integer():  # JSON's 3.0 is the integer 3
                 row[j] = value = int(value)
