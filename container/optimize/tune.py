@@ -31,7 +31,6 @@ from container.bundle import MANIFEST_FILE, MODEL_FILE, PARITY_FILE, Manifest, c
 from container.defaults import DEFAULT_BUNDLE
 from container.machine import physical_cores
 from container.onnx_wire import hidden_width
-from container.optimize.cli import exit_on_signal
 from tasks.errors import InputError
 
 
@@ -66,6 +65,8 @@ def main(args: argparse.Namespace) -> int:
     manifest, tokenizer = checked_bundle(bundle)
     if args.check:
         return check(bundle, manifest)
+    from container.optimize.cli import exit_on_signal  # here, as serve.py takes it: cli imports the optimizer's stages
+
     signal.signal(signal.SIGTERM, exit_on_signal)  # docker stop, timeout: said as Ctrl-C is, through the finally
     try:
         return _measure(args, bundle, manifest, tokenizer)
