@@ -367,7 +367,8 @@ class Settings:
         "HARE_READ_TIMEOUT",
         _float(0),
         "seconds a connection gets to send a request's head (from its start or its last answer), and then its "
-        "body, and its client to take more of an answer, before it is closed (0: no limit); a connection that "
+        "body (one begun and not ended is answered 408), and its client to take more of an answer, before it is "
+        "closed (0: no limit); a connection that "
         "never finishes a request is otherwise held for good, with its admission place once its head came, and "
         "an answer never read, with its memory",
         30.0,

@@ -72,7 +72,9 @@ PARAMETERS = {
         "models, else softmax), as in transformers",
         options=tuple(FUNCTIONS),
     ),
-    "raw_scores": params.Boolean("true returns the logits (function_to_apply none, whatever it says)"),
+    "raw_scores": params.Boolean(
+        'true returns the logits (TEI\'s name for function_to_apply "none"; with another function_to_apply, refused)'
+    ),
 }
 
 
@@ -115,6 +117,10 @@ def default_function(model: ModelInfo) -> str:
 def parse_params(raw: Mapping[str, object], model: ModelInfo) -> Params:
     function = PARAMETERS["function_to_apply"].read(raw, "function_to_apply", default_function(model))
     if PARAMETERS["raw_scores"].read(raw, "raw_scores", False):
+        if raw.get("function_to_apply") not in (None, "none"):
+            raise InvalidRequest(
+                f'raw_scores true returns the logits, and function_to_apply "{function}" their {function}: send one'
+            )
         function = "none"
     top_k = PARAMETERS["top_k"].read(raw, "top_k", 1)
     return Params(top_k, function)

@@ -61,6 +61,7 @@ BAD_BODIES: list[tuple[str, bytes, int, str, tuple[str, ...]]] = [
     ("no body", b"", 422, "InvalidRequest", ("empty",)),
     ("not JSON", b"{inputs: nope", 422, "InvalidRequest", ("JSON",)),
     ("invalid UTF-8", b'{"inputs": "\xff\xfe"}', 422, "InvalidRequest", ("UTF-8",)),
+    ("nested too deep", b'{"inputs": ' + b"[" * 1100 + b"]" * 1100 + b"}", 422, "InvalidRequest", ("1,024 levels",)),
     ("not an object", b"[1, 2]", 422, "InvalidRequest", ("object",)),
     ("no inputs", b'{"text": "hi"}', 422, "InvalidRequest", ("text",)),
     ("missing inputs", b'{"parameters": {}}', 422, "InvalidRequest", ("inputs",)),

@@ -104,8 +104,12 @@ async def test_classification_shapes_top_k_and_raw_scores(classifier: httpx.Asyn
     (raw,) = await predict(classifier, "text", top_k=None, raw_scores=True)
     logits = np.array([e["score"] for e in raw])
     assert np.allclose(softmax(logits.astype(np.float32)), [e["score"] for e in everything], atol=1e-5)
-    # raw_scores wins over a function_to_apply sent beside it (its help says so): the logits, not their softmax.
-    assert await predict(classifier, "text", top_k=None, raw_scores=True, function_to_apply="softmax") == [raw]
+    # raw_scores beside a function_to_apply that is not "none" asks for two things: refused, naming both.
+    assert await predict(classifier, "text", top_k=None, raw_scores=True, function_to_apply="none") == [raw]
+    both = {"inputs": "text", "parameters": {"raw_scores": True, "function_to_apply": "softmax"}}
+    refused = await classifier.post("/predict", json=both)
+    assert refused.status_code == 422
+    assert "raw_scores" in refused.json()["error"] and "function_to_apply" in refused.json()["error"]
 
 
 async def test_every_predict_answer_carries_the_compute_headers(classifier: httpx.AsyncClient) -> None:

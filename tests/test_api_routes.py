@@ -187,7 +187,7 @@ async def test_openapi_and_docs(ner: AppClient) -> None:
     assert properties["aggregation_strategy"]["enum"] == ["none", "simple", "first", "average", "max"]
     assert properties["stride"]["maximum"] == ner.resources.limits.window_tokens // 2
     assert params["additionalProperties"] is False
-    assert set(predict["responses"]) == {"200", "400", "401", "413", "415", "422", "429", "500", "503"}
+    assert set(predict["responses"]) == {"200", "400", "401", "408", "413", "415", "422", "429", "500", "503"}
     assert "retry-after" in predict["responses"]["429"]["headers"]
     assert "/v1/embeddings" not in spec["paths"] and "/v2/rerank" not in spec["paths"]  # not this bundle's task
     assert {"/tokenize", "/v2/models/{name}/infer", "/v1/models"} <= set(spec["paths"])

@@ -378,9 +378,10 @@ def scratch_of(pid: int) -> list[Path]:
 
 def test_requests_never_sent_whole_are_closed_and_free_their_places(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
     """A client that opens connections and sends half a head (slowloris), trickles one, or sends a head and never
-    its body (which takes a place in admission) has them closed after HARE_READ_TIMEOUT, and the places come
-    back; a request slower than that to answer is not cut. The server raises its descriptor limit to the hard
-    one (systemd gives 1,024), so such connections do not lock everyone out before that."""
+    its body (which takes a place in admission) has them closed after HARE_READ_TIMEOUT, a body begun and not
+    ended answered 408 first, and the places come back; a request slower than that to answer is not cut. The
+    server raises its descriptor limit to the hard one (systemd gives 1,024), so such connections do not lock
+    everyone out before that."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, soft), hard))  # what the server inherits
     env = {"HARE_READ_TIMEOUT": "0.5", "HARE_QUEUE_SIZE": "4", "HARE_MAX_QUEUE_MS": "0"}  # 8 places in all
@@ -411,11 +412,19 @@ def test_requests_never_sent_whole_are_closed_and_free_their_places(tiny_bundle:
                     except OSError:  # closed already
                         break
                     time.sleep(0.3)
+                answers = []
                 for sock in [*held, trickling]:  # closed, after a 429 for the bodies admission had no place for
                     sock.settimeout(max(0.1, started + 6 - time.monotonic()))
-                    while sock.recv(4096):
-                        pass
+                    answers.append(b"")
+                    while data := sock.recv(4096):
+                        answers[-1] += data
                     sock.close()
+                assert answers[:10] == [b""] * 10 and answers[-1] == b"", answers  # heads never whole: no answer
+                # A body begun and never ended is answered 408, saying how much came (or 429: no place for it).
+                assert {a[9:12] for a in answers[10:-1]} == {b"408", b"429"}, answers
+                late = next(a for a in answers if a.startswith(b"HTTP/1.1 408"))
+                assert b"connection: close" in late.lower()
+                assert b"9 of the 100 bytes its Content-Length announces came" in late, late
                 assert httpx.post(f"{url}/predict", json={"inputs": "I like you"}).status_code == 200
                 assert answer.result().status_code == 200
     finally:

@@ -186,6 +186,7 @@ async def load(settings: Settings) -> Resources:
             settings.max_input_chars,
             settings.truncate,
             encoder.window_tokens,
+            settings.read_timeout,
         ),
         limiter=RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None,
         model_name=settings.model_name or manifest.name or settings.bundle.resolve().name,

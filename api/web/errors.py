@@ -10,6 +10,7 @@ HareError (tasks/errors.py)                       500
 │   ├── NotFound                                  404
 │   ├── UnsupportedEncoding                       415
 │   ├── HeadTooLarge                              431
+│   ├── BodyTimeout                               408 (Connection: close)
 │   ├── ClientGone (api/engine/errors.py)         499
 │   └── UnsupportedModel (container/optimize/)    (the optimizer's; exit code 2)
 ├── Unauthorized                                  401 (WWW-Authenticate: Bearer)
@@ -59,6 +60,13 @@ class HeadTooLarge(InputError):
     refused once that much is read, and the connection closed."""
 
 
+class BodyTimeout(InputError):
+    """A request whose body began and did not end within `HARE_READ_TIMEOUT` of its head (a Content-Length
+    larger than the body sent, counted in characters rather than bytes, say): the message says how much came,
+    and the connection closes after the answer. A body that never begins gets no answer: its connection is
+    closed as long after its head."""
+
+
 class Unauthorized(HareError):
     """An inference route without `HARE_API_KEY`'s bearer token (when one is set), `/metrics` or `/info` without
     the admin token (when one is set); answered with `WWW-Authenticate: Bearer`."""
@@ -74,6 +82,7 @@ STATUS: dict[type[HareError], int] = {
     NotFound: 404,
     UnsupportedEncoding: 415,
     HeadTooLarge: 431,
+    BodyTimeout: 408,
     ClientGone: 499,  # nginx's "client closed request": nobody reads it, but metrics tell it from a 400
     InputError: 400,
     Unauthorized: 401,
@@ -111,6 +120,8 @@ def answer(exc: HareError, path: str = "") -> tuple[int, dict[str, str], bytes]:
         # A refused client that hammers on must reconnect (accept() is cheap, and the backlog bounds it)
         # rather than keep a worker reading its requests.
         headers = {"retry-after": str(exc.details.get("retry_after", 1)), "connection": "close"}
+    elif isinstance(exc, BodyTimeout):
+        headers = {"connection": "close"}  # the rest of the body may still come: it is no next request
     elif isinstance(exc, Unauthorized):
         headers = {"www-authenticate": "Bearer"}
     return status_of(exc), headers, body(exc.message, type(exc).__name__, path)

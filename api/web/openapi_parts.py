@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from api.engine.errors import NotReady, Overloaded
-from api.web.errors import STATUS, NotFound, Unauthorized, UnsupportedEncoding
+from api.web.errors import STATUS, BodyTimeout, NotFound, Unauthorized, UnsupportedEncoding
 from api.web.schemas import COMMON
 from api.web.state import Resources
 from container.runtime import InferenceFailed
@@ -32,11 +32,19 @@ INFER_ERRORS: tuple[type[HareError], ...] = (
     InputTooLong,
     InvalidRequest,
     UnsupportedEncoding,
+    BodyTimeout,
     Overloaded,
     InferenceFailed,
     NotReady,
 )
-READ_ERRORS: tuple[type[HareError], ...] = (InputError, Unauthorized, InputTooLong, InvalidRequest, NotReady)
+READ_ERRORS: tuple[type[HareError], ...] = (
+    InputError,
+    Unauthorized,
+    InputTooLong,
+    InvalidRequest,
+    BodyTimeout,
+    NotReady,
+)
 MODEL_ERRORS: tuple[type[HareError], ...] = (Unauthorized, NotFound, NotReady)
 ADMIN_ERRORS: tuple[type[HareError], ...] = (Unauthorized, NotFound, NotReady)
 WHY = {
@@ -44,6 +52,8 @@ WHY = {
     401: "a missing or wrong bearer token (HARE_API_KEY, or HARE_ADMIN_TOKEN on admin routes)",
     404: "no such model or version, or a route off in public mode",
     413: "the body, the number of inputs, a text's characters, or its tokens with truncate false exceed a limit",
+    408: "the body began and did not end within HARE_READ_TIMEOUT (a Content-Length over the bytes sent); the "
+    "connection closes",
     415: "a Content-Encoding other than gzip, deflate or identity",
     422: "malformed JSON, a wrong type, an unknown field, parameter or value; the message names it",
     429: "the worker's queue is full, or the client's rate limit is spent: retry after Retry-After seconds",

@@ -11,6 +11,7 @@ also sit at the body's root, as the Hugging Face client sends feature-extraction
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,10 +19,11 @@ from typing import Any
 
 import orjson
 from starlette.requests import Request
+from starlette.types import Message, Receive
 
 from api.engine.errors import ClientGone
 from api.engine.pipeline import PredictRequest
-from api.web.errors import UnsupportedEncoding
+from api.web.errors import BodyTimeout, UnsupportedEncoding
 from tasks import params
 from tasks.base import SIDES, Inputs, LongInput, ModelInfo, Side, TaskSpec
 from tasks.errors import InputTooLong, InvalidRequest
@@ -52,6 +54,7 @@ COMMON: dict[str, params.Spec] = {
 # Embedding parameters that shape the vectors of an answer. A sentence-similarity answer is cosines, always
 # of float sentence vectors, so they are checked and then set aside (see for_cosines).
 VECTOR_SHAPE = ("encoding_format", "output_value")
+JSON_DEPTH = 1024  # orjson's bound on nesting: deeper JSON is refused as "depth limit exceeded"
 BODY_FIELDS = ("inputs", "parameters", "options")  # "options" (Hugging Face's legacy wait_for_model...) is ignored
 
 
@@ -64,19 +67,32 @@ class Limits:
     max_input_chars: int
     truncate: bool
     window_tokens: int
+    read_timeout: float  # seconds the body gets to come whole (0: no limit)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) as soon as it is known to exceed `limit` bytes: from Content-Length when
-    given, else while streaming, and once decompressed (`Content-Encoding`). Reads the ASGI messages
-    directly: most bodies arrive in one."""
+async def read_body(request: Request, limits: Limits) -> bytes:
+    """The body, refused (413) as soon as it is known to exceed the limit: from Content-Length when given,
+    else while streaming, and once decompressed (`Content-Encoding`); refused (408) when it has not all come
+    within the read timeout. Reads the ASGI messages directly: most bodies arrive in one."""
+    limit = limits.max_body_bytes
     headers = request.headers
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _body_too_large(int(declared), limit)
     encoding = headers.get("content-encoding")
-    body = await _read(request, limit)
+    body = await _read(request.receive, limit, limits.read_timeout, declared)
     return body if encoding is None else decoded(body, encoding, limit)
+
+
+def _body_timeout(size: int, declared: str | None, timeout: float) -> BodyTimeout:
+    # Said, not only closed: a client whose Content-Length counts characters, not bytes, is left to guess.
+    came = f"{size:,} bytes"
+    if declared is not None and declared.isdigit():
+        came = f"{size:,} of the {int(declared):,} bytes its Content-Length announces"
+    return BodyTimeout(
+        f"the body did not come whole within {timeout:g} s (HARE_READ_TIMEOUT): {came} came; send the "
+        "whole body, and a Content-Length that counts its bytes (not characters)"
+    )
 
 
 def decoded(body: bytes, encoding: str, limit: int) -> bytes:
@@ -116,25 +132,37 @@ def _inflate(data: bytes, name: str, limit: int) -> bytes:
     return bytes(out)
 
 
-async def _read(request: Request, limit: int) -> bytes:
-    """The body as sent, refused (413) once it exceeds `limit` bytes."""
-    receive = request.receive
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone("the client closed the connection before sending the whole body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:  # the rest is not read: the body is this long or longer
-            raise _body_too_large(size, limit, whole=not message.get("more_body", False))
-        if not message.get("more_body", False):
-            if not chunks:
-                return chunk
-            chunks.append(chunk)
-            return b"".join(chunks)
-        chunks.append(chunk)
+async def _read(receive: Receive, limit: int, timeout: float, declared: str | None) -> bytes:
+    """The body as sent, refused (413) once it exceeds `limit` bytes, and (408) when it has not all come
+    `timeout` seconds (0: no limit) after the first read. The first message is not timed: most bodies come in
+    one, and a timer cost 4 us a request. A body that never begins is left to the worker's look for slow
+    reads (api/process/worker.py), which closes the connection without a word."""
+    began = asyncio.get_running_loop().time()
+    chunk, more = _chunk(await receive(), 0, limit)
+    if not more:
+        return chunk
+    chunks = [chunk]
+    size = len(chunk)
+    try:
+        async with asyncio.timeout_at(began + timeout if timeout else None):
+            while more:
+                chunk, more = _chunk(await receive(), size, limit)
+                chunks.append(chunk)
+                size += len(chunk)
+    except TimeoutError:
+        raise _body_timeout(size, declared, timeout) from None
+    return b"".join(chunks)
+
+
+def _chunk(message: Message, before: int, limit: int) -> tuple[bytes, bool]:
+    """A message's piece of the body, and whether more follows; `before`: the bytes read before it."""
+    if message["type"] == "http.disconnect":
+        raise ClientGone("the client closed the connection before sending the whole body")
+    chunk: bytes = message.get("body", b"")
+    more: bool = message.get("more_body", False)
+    if before + len(chunk) > limit:  # the rest is not read: the body is this long or longer
+        raise _body_too_large(before + len(chunk), limit, whole=not more)
+    return chunk, more
 
 
 def _body_too_large(size: int, limit: int, whole: bool = True) -> InputTooLong:
@@ -172,6 +200,8 @@ def _not_json(body: bytes, exc: orjson.JSONDecodeError) -> str:
             f"the body is not UTF-8 text (byte {body[bad.start]:#04x} at offset {bad.start}); send JSON encoded "
             "as UTF-8"
         )
+    if str(exc).startswith("depth limit exceeded"):
+        return f"the body nests arrays or objects over {JSON_DEPTH:,} levels deep, orjson's bound; flatten it"
     return f"the body is not valid JSON (UTF-8): {exc}"
 
 

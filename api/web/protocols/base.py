@@ -75,7 +75,7 @@ async def infer(
         await drop_body(request.scope, request.receive, res.limits.max_body_bytes)  # see RefuseEarly
         raise
     with admitted as ticket:
-        body = await schemas.read_body(request, res.limits.max_body_bytes)
+        body = await schemas.read_body(request, res.limits)
         parsed, extra = parse(body, res)
         served = await res.pipeline.run(ticket, parsed, partial(_gone, request.receive))
     request.scope[SERVED] = served

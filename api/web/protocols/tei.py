@@ -122,7 +122,7 @@ async def rerank(request: Request) -> Response:
 async def _body(request: Request, res: Resources, example: str) -> dict[str, Any]:
     if res.limiter is not None:
         res.limiter.check(request)
-    return schemas.parse_json(await schemas.read_body(request, res.limits.max_body_bytes), example)
+    return schemas.parse_json(await schemas.read_body(request, res.limits), example)
 
 
 async def tokenize(request: Request) -> Response:
