@@ -102,6 +102,33 @@ def test_a_request_the_parser_cannot_read_gets_the_json_error_shape(
     assert httpx.post(f"{url}/predict", json={"inputs": "still here"}).status_code == 200
 
 
+@pytest.mark.parametrize("broken", ["unreadable", "head too large", "broken body"])
+def test_pipelined_requests_are_answered_before_the_refusal_of_the_one_after_them(
+    server: tuple[str, subprocess.Popen[bytes], Path], broken: str
+) -> None:
+    # Requests read whole before one the parser cannot read are answered first, in order, and then it: uvicorn
+    # closed the connection at once, and the answers owed to the requests before were lost.
+    url, _, _ = server
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"inputs": ["word " * 50] * 8}).encode()  # long enough to be under way when the rest comes
+    good = f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    after = {
+        "unreadable": b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: many\r\n\r\n",
+        "head too large": b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 1024) + b"\r\n\r\n",
+        "broken body": b"POST /predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\nxx\r\n",
+    }[broken]
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(good + good + after)
+        answers = b""
+        while data := conn.recv(1 << 16):  # until the server closes
+            answers += data
+    statuses = re.findall(rb"HTTP/1.1 (\d+) ", answers)
+    assert statuses == [b"200", b"200", b"431" if broken == "head too large" else b"400"], answers[-400:]
+    last = answers[answers.rindex(b"HTTP/1.1 4") :]
+    assert b"\r\nconnection: close\r\n" in last.lower() and b'"error":' in last
+    assert httpx.post(f"{url}/predict", json={"inputs": "still here"}).status_code == 200
+
+
 @pytest.mark.parametrize("piece", [None, 1024], ids=["at once", "trickled"])
 def test_a_head_over_its_bound_gets_a_431_and_bodies_and_heads_within_it_are_served(
     server: tuple[str, subprocess.Popen[bytes], Path], piece: int | None

@@ -441,9 +441,40 @@ def answering_json(cls: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
     itself, at 16 kB)."""
 
     class JsonErrors(cls):  # type: ignore[valid-type,misc]  # a class known only at run time
+        _refusal: bytes | None = None  # the last answer, owed once the requests read whole before it are answered
+
+        def data_received(self, data: bytes) -> None:
+            if self._refusal is None:  # else what follows a request refused is not read
+                super().data_received(data)
+
         def send_400_response(self, msg: str) -> None:
-            self.transport.write(raw_answer(InputError(UNREADABLE), close=True))
-            self.transport.close()
+            self._refuse(raw_answer(InputError(UNREADABLE), close=True))
+
+        def _refuse(self, answer: bytes) -> None:
+            """Send `answer` to a request the parser cannot read, and close: at once, or, when requests read
+            whole before it on this connection (pipelined) are still to be answered, after them, as HTTP/1.1
+            answers in order (uvicorn closed at once: their answers were lost)."""
+            if self._refusal is not None:
+                return  # refused already: the parser stopped, and reads nothing more
+            cycle, pipeline = getattr(self, "cycle", None), getattr(self, "pipeline", None)
+            broken = cycle is not None and cycle.more_body  # the parser failed in this request's body
+            if pipeline and broken:
+                pipeline.popleft()  # queued behind the one being answered: it never runs (the newest is first)
+            # The request being answered: the one before the queue, or the newest when its body was read whole.
+            owed = bool(pipeline) or (cycle is not None and not cycle.response_complete and not broken)
+            if not owed:
+                self.transport.write(answer)
+                self.transport.close()
+                return
+            self._refusal = answer
+            self.transport.pause_reading()
+
+        def on_response_complete(self) -> None:
+            last = not getattr(self, "pipeline", None)  # no request queued behind this answer
+            super().on_response_complete()
+            if self._refusal is not None and last and not self.transport.is_closing():
+                self.transport.write(self._refusal)
+                self.transport.close()
 
     answering = _bounded_head(JsonErrors) if hasattr(cls, "on_headers_complete") else JsonErrors
     answering.__name__ = answering.__qualname__ = f"JsonErrors{cls.__name__}"
@@ -489,8 +520,7 @@ def _bounded_head(cls: type[Any]) -> type[Any]:
                 super().send_400_response(msg)
 
         def _refuse_head(self) -> None:
-            self.transport.write(raw_answer(HeadTooLarge(HEAD_TOO_LARGE), close=True))
-            self.transport.close()
+            self._refuse(raw_answer(HeadTooLarge(HEAD_TOO_LARGE), close=True))
 
     return BoundedHead
 
