@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -139,6 +139,33 @@ def parse_ints(text: str, what: str, low: int = 1, high: int = 100_000) -> tuple
     if not values:
         raise ValueError(f"{what}: give at least one value")
     return tuple(dict.fromkeys(values))
+
+
+class Busy(Exception):
+    """A bench is already running: `job` is it (the caller says so rather than starting a second)."""
+
+    def __init__(self, job: BenchJob) -> None:
+        super().__init__("a benchmark is already running")
+        self.job = job
+
+
+def new_slot() -> dict[str, Any]:
+    """The console's one bench: {"job": BenchJob | None} and the lock its check-and-start holds."""
+    return {"job": None, "lock": threading.Lock()}
+
+
+def start_alone(slot: MutableMapping[str, Any], argv: Sequence[str], env: dict[str, str] | None = None) -> BenchJob:
+    """Start a bench in `slot` (see `new_slot`) unless its job is still running: raises Busy with that job.
+
+    The check and the start hold the slot's lock, so two tabs whose Start buttons were both drawn while nothing
+    ran get one bench and one Busy (checked only when the form was drawn, both benches ran and skewed each other).
+    """
+    with slot["lock"]:
+        job: BenchJob | None = slot.get("job")
+        if job is not None and job.running:
+            raise Busy(job)
+        slot["job"] = job = BenchJob(argv, env=env)
+        return job
 
 
 class BenchJob:

@@ -264,6 +264,36 @@ def test_job_cancel_stops_the_process_group(tmp_path: Path) -> None:
     assert job.returncode == 130 and job.progress().status == "cancelled"
 
 
+def test_two_starts_at_once_get_one_bench(tmp_path: Path) -> None:
+    # Two tabs pressing Start, both drawn while nothing ran: two benches ran at once and skewed each other.
+    import threading
+
+    from admin_ui.benchjob import Busy, new_slot, start_alone
+
+    slot, got = new_slot(), list[BenchJob | Busy]()
+    barrier = threading.Barrier(2)
+
+    def press(i: int) -> None:
+        barrier.wait()
+        try:
+            got.append(start_alone(slot, fake_bench_argv(tmp_path / f"{i}.db", "slow")))
+        except Busy as busy:
+            got.append(busy)
+
+    threads = [threading.Thread(target=press, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    jobs = [g for g in got if isinstance(g, BenchJob)]
+    refused = [g for g in got if isinstance(g, Busy)]
+    try:
+        assert len(jobs) == 1 and len(refused) == 1 and refused[0].job is jobs[0] is slot["job"]
+    finally:
+        for job in jobs:
+            job.cancel(grace_s=5)
+
+
 def _page(db: Path, monkeypatch: pytest.MonkeyPatch, url: str = "http://127.0.0.1:9") -> AppTest:
     monkeypatch.setenv("HARE_CONSOLE_BENCH_DB", str(db))
     monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", url)
@@ -357,6 +387,51 @@ def test_page_cancel_says_who_and_keeps_the_form(tmp_path: Path, monkeypatch: py
     assert at.text_input(key="hare-bench-conc").value == "2"
     run = Store(tmp_path / "bench.db").run(1)
     assert run.status == "cancelled" and run.message == "cancelled from the console after 0 of 2 points"
+
+
+def start_then_render() -> None:
+    """Tab B: its form's Start pressed once (its fragment reruns alone, the form drawn before A started)."""
+    import os
+    from pathlib import Path
+
+    import streamlit as st
+
+    from admin_ui.benchjob import BenchConfig
+    from admin_ui.views import benchmarks
+
+    if not st.session_state.get("pressed"):
+        st.session_state["pressed"] = True
+        benchmarks._start(BenchConfig(target="http://127.0.0.1:9"), Path(os.environ["HARE_CONSOLE_BENCH_DB"]))
+    benchmarks.render()
+
+
+def test_a_second_tab_is_told_a_run_is_under_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tab B's Start, drawn before tab A started a run, started a second bench beside it.
+    _stand_in(monkeypatch, "slow")
+    with fake_appliance("text-classification") as fake:
+        a = _page(tmp_path / "bench.db", monkeypatch, fake.url)
+        a.button[0].click().run()
+        first = benchmarks_slot_job()
+        deadline = time.monotonic() + 30
+        while first.progress().run_id is None:
+            assert time.monotonic() < deadline, "the stand-in never started"
+            time.sleep(0.1)
+        b = AppTest.from_function(start_then_render, default_timeout=30).run()
+    assert benchmarks_slot_job() is first and first.running and not b.exception
+    started = time.strftime("%H:%M:%S", time.localtime(first.started_at))
+    assert [w.value for w in b.warning] == [
+        f"Not started: run #1 (started {started} from this console, maybe in another tab) is under way; its "
+        "progress is below."
+    ]
+    assert "Cancel benchmark" in [x.label for x in b.button]
+
+
+def benchmarks_slot_job() -> BenchJob:
+    from admin_ui.views import benchmarks
+
+    job = benchmarks._slot()["job"]
+    assert job is not None
+    return job
 
 
 def test_page_shows_a_failed_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

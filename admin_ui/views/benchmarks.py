@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
 from admin_ui import benchbulk, benchpoints, benchruns, charts, state
-from admin_ui.benchjob import BenchConfig, BenchJob
+from admin_ui.benchjob import BenchConfig, BenchJob, Busy, new_slot, start_alone
 from admin_ui.benchprogress import Plan, Progress, live_point_rows
 from admin_ui.percentiles import needed_answers, resolved
 from admin_ui.tables import figure
@@ -24,12 +25,13 @@ from bench.store import Store
 from tasks.errors import InputError
 
 FOLLOWED = "hare.bench.followed"  # the run id the Results tab shows
+REFUSED = "hare.bench.refused"  # why this session's Start did not start a run (another was under way)
 
 
 @st.cache_resource
 def _slot() -> dict[str, Any]:
-    """The console's one bench job ({"job": BenchJob | None}), shared by every session."""
-    return {"job": None}
+    """The console's one bench job (`benchjob.new_slot`), shared by every session."""
+    return new_slot()
 
 
 def render() -> None:
@@ -65,6 +67,9 @@ def _store(db: Path) -> Store | None:
 def _run_panel(db: Path) -> None:
     slot = _slot()
     job: BenchJob | None = slot["job"]
+    refused = st.session_state.pop(REFUSED, None)
+    if refused:
+        st.warning(refused)
     if job is not None and job.running:
         st.info("A benchmark is running; its progress is below. Start another once it ends or after cancelling it.")
     else:
@@ -74,15 +79,26 @@ def _run_panel(db: Path) -> None:
 
 
 def _start(config: BenchConfig, db: Path) -> None:
+    slot = _slot()
     try:
-        job = BenchJob(config.command(db), env=dict(os.environ))
+        start_alone(slot, config.command(db), env=dict(os.environ))
+    except Busy as busy:  # this tab's form was drawn before another tab started one
+        st.session_state[REFUSED] = f"Not started: {_which(busy.job)} is under way; its progress is below."
+        st.rerun()
     except OSError as exc:
         st.error(f"Could not start `hare bench run`: {exc}")
         return
-    slot = _slot()
-    slot["job"], slot["plan"], slot["noted"] = job, config.plan(), None
+    slot["plan"], slot["noted"] = config.plan(), None
     st.session_state.pop(FOLLOWED, None)
     st.rerun()
+
+
+def _which(job: BenchJob) -> str:
+    """ "run #12 (started 14:02:11 from this console)", as another tab's user needs to recognize it."""
+    run_id = job.progress().run_id
+    started = time.strftime("%H:%M:%S", time.localtime(job.started_at))
+    what = f"run #{run_id}" if run_id is not None else "a benchmark"
+    return f"{what} (started {started} from this console, maybe in another tab)"
 
 
 def _follow(job: BenchJob, plan: Plan | None, db: Path) -> None:
@@ -116,7 +132,8 @@ def _progress(job: BenchJob, plan: Plan | None, db: Path) -> None:
         note = progress.plan_note(plan)
         if note:
             st.caption(note)
-        if st.button("Cancel benchmark", type="secondary"):
+        # Keyed by the process: a Cancel drawn for one run cannot stop another started since from another tab.
+        if st.button("Cancel benchmark", type="secondary", key=f"hare-bench-cancel-{job.pid}"):
             job.cancel()
             st.rerun()
     elif progress.status == "done":
