@@ -23,6 +23,7 @@ MODEL_ONLY = (
     "batching; its concurrency is model streams side by side: 1, and at most one per core of this machine"
 )
 MODEL_ONLY_MAX_S = 3.0  # bench/runner.py measures the model alone for at most 3 s a point
+ERROR_WORDS = {"connect": "could not connect", "timeout": "timed out"}  # the load generator's failures
 CUT_SHORT = 0.9  # a point measured for less than this share of the seconds asked was stopped early
 
 
@@ -90,9 +91,25 @@ def cut_short(points: Sequence[Point], asked_s: float | None, cancelled: bool) -
     return last if last.duration_s < CUT_SHORT * asked else None
 
 
+def unanswered(p: Point) -> bool:
+    """A point whose every request failed (a server that died: thousands of connect errors): no measurement."""
+    return p.ok == 0 and sum(p.errors.values()) > 0
+
+
 def complete(points: Sequence[Point], cut: Point | None) -> list[Point]:
-    """The points measured in full: the headline and the charts leave out a point a cancel cut short."""
-    return [p for p in points if p != cut]
+    """The points measured in full: the headline and the charts leave out a point a cancel cut short, and one
+    no request of which was answered (else charted as a real 0 req/s)."""
+    return [p for p in points if p != cut and not unanswered(p)]
+
+
+def unanswered_note(points: Sequence[Point]) -> str:
+    """The sentence under a table with points that got no answer."""
+    said = "; ".join(
+        f"point {p.idx} ({point_words(p)}): "
+        + ", ".join(f"{n:,} {ERROR_WORDS.get(k, f'answered {k}')}" for k, n in sorted(p.errors.items()))
+        for p in points
+    )
+    return f'No answer at {said}. Marked "no answer" and left out of the headline and the charts.'
 
 
 def cut_note(cut: Point, asked_s: float | None) -> str:
@@ -117,7 +134,7 @@ def point_table(points: Sequence[Point], cut: Point | None = None, asked_s: floa
     marked "~" with a sentence saying which, and a point a cancel cut short marked as such."""
     raw: list[dict[str, Any]] = []
     for p in points:
-        target = f"{p.target} (cancelled)" if p == cut else p.target
+        target = f"{p.target} (cancelled)" if p == cut else f"{p.target} (no answer)" if unanswered(p) else p.target
         row: dict[str, Any] = {"target": target, "seq len": seq_label(p.seq_len, p.inputs)}
         row |= {k: getattr(p, k) for k in SETTING_COLUMNS}
         row["concurrency"] = p.concurrency
@@ -156,6 +173,9 @@ def point_table(points: Sequence[Point], cut: Point | None = None, asked_s: floa
             marked.append(p)
         rows.append(text)
     notes = [cut_note(cut, asked_s)] if cut is not None else []
+    dead = [p for p in points if unanswered(p)]
+    if dead:
+        notes.append(unanswered_note(dead))
     if marked:
         notes.append(approximate_note(marked))
     if any(p.target == "model-only" for p in points):

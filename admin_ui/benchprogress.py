@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from admin_ui.benchpoints import cut_short
+from admin_ui.benchpoints import cut_short, unanswered
 from admin_ui.percentiles import latency_text
 from admin_ui.tables import figure
 from bench.store import Point
@@ -39,8 +39,9 @@ class Progress:
 
     @property
     def measured(self) -> int:
-        """Points measured in full: a point a cancel cut short does not count."""
-        return max(self.done_points - (self.cut() is not None), 0)
+        """Points measured in full: a point a cancel cut short, or that got no answer at all, does not count."""
+        dead = sum(unanswered(p) for p in live_point_rows(self))
+        return max(self.done_points - (self.cut() is not None) - dead, 0)
 
     @property
     def fraction(self) -> float:
@@ -69,12 +70,15 @@ class Progress:
         t = self.tick
         if not t:
             return line + " · warming up"
-        answers = int(t.get("requests") or 0) - int(t.get("errors") or 0)
+        errors = int(t.get("errors") or 0)
+        answers = int(t.get("requests") or 0) - errors
+        failed = f" · {errors:,} failed requests" if errors else ""  # a server that died says so as it happens
         if answers <= 0:
-            return line + " · measuring, no answer yet"
+            return line + " · measuring, no answer yet" + failed
         p50 = latency_text(float(t.get("p50_ms") or 0), "p50", answers)
         p99 = latency_text(float(t.get("p99_ms") or 0), "p99", answers)
-        return line + f" · {answers:,} answers · {float(t.get('req_s') or 0):,.1f} req/s · p50 {p50} ms · p99 {p99} ms"
+        figures = f"{float(t.get('req_s') or 0):,.1f} req/s · p50 {p50} ms · p99 {p99} ms"
+        return line + f" · {answers:,} answers{failed} · {figures}"
 
     def outcome(self) -> str:
         """How the run ended, in a sentence: "Run #7 done: 8 of 8 points measured"."""

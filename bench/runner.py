@@ -112,6 +112,7 @@ class Runner:
         self.max_length: int | None = None  # the bundle's; longer inputs are truncated to it
         self._rounds: dict[Planned, list[Point]] = {}  # with several rounds: each point's passes, held
         self._answers: dict[str, Counter[str]] = {}  # each HTTP target's answers over its points, by status
+        self.stopped: list[str] = []  # HTTP targets that stopped answering mid-run (their later points not measured)
 
     def run(self) -> int:
         """Measure every planned point; returns the run id (its status says how it ended)."""
@@ -188,7 +189,7 @@ class Runner:
             ]
             if self.failures:
                 message = "; ".join(self.failures)
-                status = "failed" if self.k == 0 or "hare" in unanswered else "done"
+                status = "failed" if self.k == 0 or "hare" in unanswered or "hare" in self.stopped else "done"
         self.store.finish_run(run_id, status, message)
         self.reporter.done(run_id, status, message)
         return run_id
@@ -197,6 +198,7 @@ class Runner:
 
     def _measure_group(self, run_id: int, group: list[Planned], n: int) -> None:
         target = group[0].target
+        k0 = self.k
         if target == "model-only":
             for p in group:
                 if self.stop.is_set():
@@ -228,7 +230,7 @@ class Runner:
                 raise
             self.failures.append(f"{target}: {exc.message}")
             self.reporter.log(f"{target} skipped: {exc.message}")
-            self.k += len(group)  # keep k of n honest: these points will not come
+            self.k = k0 + len(group)  # keep k of n honest: the points not measured will not come
 
     def _check_served(self, url: str, info: dict[str, Any]) -> None:
         """InputError where a running server serves another task, or another variant than --bundle's: the run
@@ -356,6 +358,14 @@ class Runner:
         )
         self._answers.setdefault(p.target, Counter()).update({"200": point.ok, **point.errors})
         self._keep(p, point, k, n)
+        if point.ok == 0 and point.errors.get(CONNECT):
+            # It answered GET /info and earlier points, and now takes no connection: it died. Its later points
+            # would each be 0 answers and thousands of connect errors, stored and charted as 0 req/s.
+            self.stopped.append(p.target)
+            raise InputError(
+                f"{p.target} stopped answering at point {k}: 0 answers, {_statuses(Counter(point.errors))}; "
+                "its later points were not measured"
+            )
         if by_process and workers > 1 and sum(by_process) > 0.2 and by_process[0] > 0.85 * sum(by_process):
             self.reporter.log(
                 f"{p.target}: one server process used {by_process[0] / sum(by_process):.0%} of the server's CPU "

@@ -327,6 +327,34 @@ def test_a_run_whose_every_request_failed_fails(
     assert err == f"hare bench: error: run {run.id} failed: {run.message}\n"
 
 
+class _Dying(_FailingPredict):
+    """Answers as hare does until it has answered `lives` requests, then closes every connection unanswered."""
+
+    lives = 20
+
+    def handle(self) -> None:
+        if type(self).count < type(self).lives:
+            super().handle()
+
+
+def test_a_server_that_dies_mid_run_fails_it_at_the_point_it_stopped(tmp_path: Path) -> None:
+    # Stored as "done: 3 of 3 points measured", its last points 0 answers and thousands of connect errors,
+    # charted as 0 req/s.
+    handler = type("Dying", (_Dying,), {"failing": 10**9})
+    db = tmp_path / "bench.db"
+    flags = ["--seq", "comet", "--concurrency", "1,2,3", "--warmup", "0", "--duration", "0.5", "--progress", "none"]
+    with web_server(handler) as url:
+        code = hare(["bench", "run", url, "--task", "feature-extraction", *flags, "--db", str(db)])
+    [run] = Store(db).runs()
+    points = Store(db).points(run.id)
+    assert code == 1 and run.status == "failed"
+    assert [p.ok > 0 for p in points] == [True, False]  # the third point was not measured
+    assert run.message == (
+        f"hare stopped answering at point 2: 0 answers, {points[1].errors['connect']:,} could not connect; its "
+        "later points were not measured"
+    )
+
+
 @pytest.mark.parametrize(
     "flags",
     [

@@ -195,6 +195,41 @@ def test_progress_folds_the_jsonl_stream() -> None:
     assert [pt.seq_len for pt in benchprogress.live_point_rows(p)] == [16]
 
 
+def test_a_server_that_died_is_no_point_measured_at_0_req_s() -> None:
+    # "Run #11 done: 8 of 8 points measured", its points after the death charted at 0 req/s.
+    settings = {"seq_len": 16, "batch": 1, "concurrency": 4, "load": "closed"}
+    alive = make_point(11, 1, concurrency=1)
+    dead = make_point(11, 2, concurrency=4, requests=1818, ok=0, errors={"connect": 1818}, req_s=0.0)
+    message = (
+        "hare stopped answering at point 2: 0 answers, 1,818 could not connect; its later points were not measured"
+    )
+    tick = {"event": "tick", "k": 2, "n": 3, "elapsed_s": 1.0, "duration_s": 2.0, "requests": 1818, "errors": 1818}
+    lines = [
+        json.dumps({"event": "start", "run_id": 11, "n": 3, "db": "x"}),
+        json.dumps({"event": "point", "k": 1, "n": 3, "point": alive.to_dict()}),
+        json.dumps({"event": "point_start", "k": 2, "n": 3, "target": "hare", "settings": settings}),
+        json.dumps(tick),
+    ]
+    assert (
+        benchprogress.progress_from_lines(lines)
+        .describe()
+        .endswith("4 concurrent clients · measuring, no answer yet · 1,818 failed requests")
+    )
+    lines += [
+        json.dumps({"event": "point", "k": 2, "n": 3, "point": dead.to_dict()}),
+        json.dumps({"event": "done", "run_id": 11, "status": "failed", "message": message}),
+    ]
+    p = benchprogress.progress_from_lines(lines)
+    assert p.outcome() == f"Run #11 failed: 1 of 3 points measured; {message}"
+    assert benchpoints.complete([alive, dead], None) == [alive]  # not a headline or a chart's 0 req/s
+    table = benchpoints.point_table([alive, dead])
+    assert [r["target"] for r in table.rows] == ["hare", "hare (no answer)"]
+    assert table.notes[0] == (
+        "No answer at point 2 (hare, 16 tokens, batch 1, 4 clients): 1,818 could not connect. "
+        'Marked "no answer" and left out of the headline and the charts.'
+    )
+
+
 def test_bench_config_command_and_parsing(tmp_path: Path) -> None:
     config = BenchConfig(
         "http://h:1", task="text-ranking", model="/m", seq_lens=(16, "comet"), concurrency=(1, 4), duration_s=2.5,
