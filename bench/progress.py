@@ -3,7 +3,9 @@ documented at the top of `bench/store.py`), or nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from typing import Any, Protocol, TextIO
 
@@ -35,10 +37,20 @@ class JsonLines:
 
     def __init__(self, out: TextIO | None = None) -> None:
         self.out = out or sys.stdout
+        self.gone = False  # the reader went away (the console that started the run stopped or restarted)
 
     def _emit(self, event: str, **fields: Any) -> None:
-        self.out.write(json.dumps({"event": event, **fields}, default=str) + "\n")
-        self.out.flush()
+        if self.gone:
+            return
+        try:
+            self.out.write(json.dumps({"event": event, **fields}, default=str) + "\n")
+            self.out.flush()
+        except (BrokenPipeError, ValueError):  # ValueError: the stream was closed after an earlier break
+            # The run goes on and is stored as it goes: it died of "BrokenPipeError: [Errno 32] Broken pipe"
+            # when the console that followed it restarted.
+            self.gone = True
+            with contextlib.suppress(OSError):  # else Python's exit flush says the same broken pipe again
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self.out.fileno())
 
     def start(self, run_id: int, n: int, db: str) -> None:
         self._emit("start", run_id=run_id, n=n, db=db)

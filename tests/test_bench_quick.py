@@ -355,6 +355,38 @@ def test_a_server_that_dies_mid_run_fails_it_at_the_point_it_stopped(tmp_path: P
     )
 
 
+def test_a_run_outlives_the_console_that_followed_it(tmp_path: Path) -> None:
+    # A console restarted mid-run closed the bench's stdout: the run failed with "BrokenPipeError: [Errno 32]
+    # Broken pipe" at its next progress line.
+    handler = type("Fine", (_FailingPredict,), {"failing": 10**9})
+    db = tmp_path / "bench.db"
+    flags = ["--seq", "comet", "--concurrency", "1,2", "--warmup", "0", "--duration", "0.5", "--progress", "jsonl"]
+    with web_server(handler) as url:
+        bench = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hare.cli",
+                "bench",
+                "run",
+                url,
+                "--task",
+                "feature-extraction",
+                *flags,
+                "--db",
+                str(db),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert bench.stdout is not None and b'"start"' in bench.stdout.readline()
+        bench.stdout.close()  # the console goes
+        _, err = bench.communicate(timeout=60)
+    [run] = Store(db).runs()
+    assert (bench.returncode, run.status, run.message) == (0, "done", ""), err.decode()
+    assert len(Store(db).points(run.id)) == 2 and b"BrokenPipe" not in err
+
+
 @pytest.mark.parametrize(
     "flags",
     [

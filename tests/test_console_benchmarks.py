@@ -469,6 +469,19 @@ def benchmarks_slot_job() -> BenchJob:
     return job
 
 
+def test_a_restarted_console_says_a_run_it_did_not_start_is_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A console restarted mid-run said nothing about the run its predecessor started.
+    db = tmp_path / "bench.db"
+    run_id = Store(db).create_run("run", task="text-classification", target="http://127.0.0.1:9")
+    at = _page(db, monkeypatch)
+    assert not at.exception
+    assert [w.value for w in at.warning if w.value.startswith(f"Run #{run_id} is still marked running")]
+    Store(db).finish_run(run_id, "done")
+    assert not _page(db, monkeypatch).warning
+
+
 def test_page_shows_a_failed_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _stand_in(monkeypatch, "fail")
     with fake_appliance("text-classification") as fake:

@@ -73,9 +73,25 @@ def _run_panel(db: Path) -> None:
     if job is not None and job.running:
         st.info("A benchmark is running; its progress is below. Start another once it ends or after cancelling it.")
     else:
+        if job is None:
+            _unfollowed(db)
         benchform.form(db, slot, _start)
     if job is not None:
         _follow(job, slot.get("plan"), db)
+
+
+def _unfollowed(db: Path) -> None:
+    """A run the store calls running that this console did not start: a console stopped or restarted mid-run
+    left it going (the bench outlives it), or `hare bench run` was started elsewhere. Said, not followed."""
+    with contextlib.suppress(InputError, OSError, sqlite3.Error):
+        running = [r for r in Store(db).runs(limit=20) if r.status == "running"]
+        for run in running[:1]:
+            st.warning(
+                f"Run #{run.id} is still marked running in the bench store, and this console is not following it: "
+                "the console that started it stopped or restarted (the bench goes on without it), or it was started "
+                "elsewhere. Its points appear under Results as they are measured; a bench that was killed stays "
+                "marked running. Starting another now would share the cores with it."
+            )
 
 
 def _start(config: BenchConfig, db: Path) -> None:
