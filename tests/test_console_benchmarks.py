@@ -491,6 +491,20 @@ def test_page_shows_a_failed_benchmark(tmp_path: Path, monkeypatch: pytest.Monke
     assert "The benchmark failed: hare bench: error: cannot reach" in at.error[0].value and not at.exception
 
 
+def test_a_refusal_after_a_failed_run_puts_the_failure_away(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "Cannot start: batch sizes: ..." was said above the old "The benchmark failed: ..." and its log.
+    _stand_in(monkeypatch, "fail")
+    with fake_appliance("text-classification") as fake:
+        at = _page(tmp_path / "bench.db", monkeypatch, fake.url)
+        at.button[0].click().run()
+        at = _until_done(at)
+        assert at.error[0].value.startswith("The benchmark failed")
+        at.text_input(key="hare-bench-batches").input("0")
+        next(b for b in at.button if b.label == "Start benchmark").click().run()
+    assert [e.value for e in at.error] == ["Cannot start: batch sizes: 0 is outside 1..1024"]
+    assert not at.get("expander") or all("Bench log" not in e.label for e in at.expander)
+
+
 def test_page_says_a_store_it_cannot_open_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # "The Benchmarks page failed unexpectedly: InputError: ...", above every tab, a traceback in the log.
     db = tmp_path / "bench.db"

@@ -18,6 +18,8 @@ from admin_ui.benchjob import BASELINES, BenchConfig, bundle_for, parse_ints, pa
 
 FORM = "hare.bench.form"  # the values of the last form sent in this session (the slot keeps the console's last)
 DRAWN = "hare.bench.drawn"  # the appliance the form was last drawn for, and whether the user edited its bundle
+REFUSAL = "hare.bench.refusal"  # why the last Start was refused, said under the button after the page redraws
+DISMISSED = "hare.bench.dismissed"  # the finished job whose outcome a later Start put away (its process id)
 WIDGET = "hare-bench-"  # the form's widget keys: WIDGET + field name
 DEFAULTS: dict[str, Any] = {
     "name": "",
@@ -148,8 +150,15 @@ def form(db: Path, slot: dict[str, Any], start: Callable[[BenchConfig, Path], No
         "length and batch size, with 1 stream and as many side by side as the concurrency asks, at most one "
         "per core of this machine. It shows what the server adds to the model's own time.",
     )  # fmt: skip
-    if not st.button("Start benchmark", type="primary"):
+    pressed = st.button("Start benchmark", type="primary")
+    refusal = st.session_state.pop(REFUSAL, None)
+    if not pressed:
+        if refusal:
+            st.error(refusal)
         return
+    job = slot.get("job")
+    if job is not None and not job.running:  # a new attempt puts the last run's outcome and log away
+        st.session_state[DISMISSED] = job.pid
     values = {
         "url": url, "target": target, "name": name, "seq": seq, "batches": batches, "conc": conc,
         "duration": float(duration), "warmup": float(warmup), "baselines": list(baselines), "bundle": bundle,
@@ -178,8 +187,9 @@ def form(db: Path, slot: dict[str, Any], start: Callable[[BenchConfig, Path], No
             raise ValueError("baselines load the original model: give the bundle or the model folder")
         config = _with_task(config)
     except ValueError as exc:
-        st.error(f"Cannot start: {exc}")
-        return
+        # Redrawn whole, so that the last run's outcome above goes: the refusal was said under an old failure.
+        st.session_state[REFUSAL] = f"Cannot start: {exc}"
+        st.rerun()
     start(config, db)
 
 

@@ -76,7 +76,7 @@ def _run_panel(db: Path) -> None:
         if job is None:
             _unfollowed(db)
         benchform.form(db, slot, _start)
-    if job is not None:
+    if job is not None and (job.running or st.session_state.get(benchform.DISMISSED) != job.pid):
         _follow(job, slot.get("plan"), db)
 
 
