@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray  # the dev extra's (ray[data]): a missing ray fails here rather than skip
 
+from tasks.errors import InputError
 from tests.conftest import ModelFactory
 
 # Ray warns of its own deprecated settings as it starts a job, and of a small dataset's few blocks.
@@ -141,10 +142,60 @@ def test_hare_run_on_ray_writes_every_row(
     table = pq.read_table(tmp_path / "out")
     assert sorted(table.column("id").to_pylist()) == sorted(f"r{i}" for i in range(301))
     assert table.column("error").to_pylist().count("its text is an empty string") == 1
+    # The one file in blocks of --chunk-rows rows, each written as its own file: Ray Data read a file as one
+    # block, which one actor ran while the others idled (and wrote one file).
+    assert len(list((tmp_path / "out").glob("*.parquet"))) >= 3
     # -q: the summary alone. Ray Data's plan, its datasets' starts and its progress bars came out all the same.
     assert hare([*args, "--ray", cluster.address, "--overwrite", "-q"]) == 0
     out, err = capfd.readouterr()
     assert "301 rows" in out and "Dataset" not in out + err and "Running" not in out + err, err
+
+
+def test_csv_ids_stay_text_and_a_bad_row_or_a_node_without_the_bundle_is_said_in_one_sentence(
+    cluster: Any, fp32_bundle: ModelFactory, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from api.bulk.ray import run_on_ray
+    from api.bulk.reader import Columns
+    from hare.cli import main as hare
+
+    # Ray Data's CSV reader guessed types: ids 007, 010 and 1e3 came out as the numbers 7.0, 10.0 and 1000.0.
+    (tmp_path / "in.csv").write_text("id,text\n007,a text\n010,another\n1e3,a third\n")
+    bundle = str(fp32_bundle("feature-extraction"))
+    args = ["run", bundle, "-i", str(tmp_path / "in.csv"), "-o", str(tmp_path / "out"), "--ray", cluster.address]
+    assert hare(args) == 0
+    assert sorted(pq.read_table(tmp_path / "out").column("id").to_pylist()) == ["007", "010", "1e3"]
+    capfd.readouterr()
+    # A row with a field too many failed the job with 238 lines of tracebacks.
+    (tmp_path / "bad.csv").write_text("id,text\nr1,a text\nr2,two,fields\n")
+    args = ["run", bundle, "-i", str(tmp_path / "bad.csv"), "-o", str(tmp_path / "bad"), "--ray", cluster.address]
+    assert hare(args) == 2
+    err = capfd.readouterr().err
+    assert "bad.csv: Ray Data's CSV reader stops at a row with more or fewer fields" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "in.csv", "out"]  # no partial folder left
+    # A node that has no bundle at the path: its actors' error, said as such (it read "build one with hare
+    # optimize" inside Ray's traceback text).
+    stage = {"format": "csv", "names": ["text"], "parameters": {}, "columns": Columns(id="id")}
+    with pytest.raises(InputError, match=r"on the Ray node .*: .*does not exist.*every node reads the bundle"):
+        run_on_ray(cluster.address, tmp_path / "gone", [tmp_path / "in.csv"], tmp_path / "o2", stage, 64, quiet=True)
+
+
+def test_a_second_job_on_the_same_output_is_refused_while_the_first_runs(
+    cluster: Any, fp32_bundle: ModelFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Both ran, and the second replaced the first's output (and removed its partial folder as it began).
+    import fcntl
+
+    from hare.cli import main as hare
+
+    (tmp_path / "in.csv").write_text("id,text\nr1,a text\n")
+    held = (tmp_path / ".out.ray-lock").open("w")  # the first job's lock
+    fcntl.flock(held, fcntl.LOCK_EX)
+    args = ["run", str(fp32_bundle("feature-extraction")), "-i", str(tmp_path / "in.csv"), "-o", str(tmp_path / "out")]
+    assert hare([*args, "--ray", cluster.address]) == 2
+    assert "another hare run --ray is writing" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    held.close()
+    assert hare([*args, "--ray", cluster.address]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", "out"]  # the lock goes with the job
 
 
 def test_a_rerun_is_refused_or_replaces_and_a_killed_runs_files_are_not_kept(
@@ -211,10 +262,14 @@ def test_a_jsonl_with_odd_rows_keeps_them_with_their_reason(
 
     lines = [json.dumps({"id": i, "text": f"row {i} by the river"}) for i in range(40)]
     lines += [json.dumps({"id": "s1", "text": 12345}), "not json at all", json.dumps({"id": "s2"}), "[1, 2]"]
-    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    # As on one machine: a byte order mark first is skipped, and a folder's files that are not JSONL are not read
+    # (a README.md was read as rows, and the mark rejected the first).
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "in.jsonl").write_text("\ufeff" + "\n".join(lines) + "\n")
+    (tmp_path / "in" / "README.md").write_text("# the corpus\nfrom the river\n")
     from hare.cli import main as hare
 
-    args = ["run", str(fp32_bundle("feature-extraction")), "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o")]
+    args = ["run", str(fp32_bundle("feature-extraction")), "-i", str(tmp_path / "in"), "-o", str(tmp_path / "o")]
     assert hare([*args, "--ray", cluster.address]) == 0
     assert "44 rows" in capsys.readouterr().out
     table = pq.read_table(tmp_path / "o")
@@ -225,6 +280,6 @@ def test_a_jsonl_with_odd_rows_keeps_them_with_their_reason(
     bad = sorted(e for i, e in rows if i is None)
     assert bad[0] == "the line is a list, not a JSON object" and bad[1].startswith("the line is not valid JSON")
     # Nothing but bad rows: one sentence and exit 2, as a job on one machine ends.
-    (tmp_path / "in.jsonl").write_text("\n".join(lines[40:]) + "\n")
+    (tmp_path / "in" / "in.jsonl").write_text("\n".join(lines[40:]) + "\n")
     assert hare([*args, "--ray", cluster.address, "--overwrite"]) == 2
     assert "every row of" in capsys.readouterr().err and pq.read_table(tmp_path / "o").num_rows == 4

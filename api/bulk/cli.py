@@ -193,7 +193,16 @@ def _on_ray(args: argparse.Namespace, settings: Settings, options: BulkOptions) 
         "max_chars": options.max_chars,
     }
     start = time.perf_counter()
-    rows = run_on_ray(args.ray, settings.bundle, options.input, options.output, stage, options.chunk_rows, args.quiet)
+    try:
+        rows = run_on_ray(
+            args.ray, settings.bundle, corpus.files, options.output, stage, options.chunk_rows, args.quiet
+        )
+    except KeyboardInterrupt:
+        print(
+            f"hare run: stopped; {options.output} is as it was: the same command runs the job again from the start",
+            file=sys.stderr,
+        )
+        return 130
     seconds = time.perf_counter() - start
     rejected = pq.read_table(options.output, columns=["error"]).column("error").drop_null()
     Console().print(

@@ -5,10 +5,10 @@ ADDRESS` does with it (Ray Data's readers and Parquet writer around the stage).
     import ray
     from api.bulk.ray import HareStage
 
-    ds = ray.data.read_parquet("s3://bucket/corpus/")
+    ds = ray.data.read_parquet("s3://bucket/corpus/").repartition(target_num_rows_per_block=1024)
     ds = ds.map_batches(HareStage, fn_constructor_kwargs={"bundle": "/bundles/all-MiniLM-L6-v2"},
                         batch_format="pyarrow", batch_size=1024, num_cpus=1,
-                        compute=ray.data.ActorPoolStrategy(size=8))
+                        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=8))
     ds.write_parquet("s3://bucket/embeddings/")
 
 Each batch is checked, tokenized, run in length-sorted calls at the bundle's batch budget and post-processed
@@ -24,20 +24,24 @@ import dataclasses
 import functools
 import logging
 import os
+import re
 import shutil
 import socket
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
 
 from api.bulk.job import check_apart
 from api.bulk.model import BulkModel
 from api.bulk.reader import Bad, Columns, check, checked_chunk, json_field, json_row, text_id
 from api.bulk.writer import conform
 from api.config import Settings
+from container.locking import locked
 from tasks.errors import InputError
 
 
@@ -61,8 +65,12 @@ class HareStage:
         truncation_direction: str = "right",
         streams: int = 1,
     ) -> None:
-        settings = dataclasses.replace(Settings.from_env(), bundle=Path(bundle), cores=streams)
-        self.model = BulkModel(settings, parameters or {}, long_input, truncation_direction)
+        try:
+            settings = dataclasses.replace(Settings.from_env(), bundle=Path(bundle), cores=streams)
+            self.model = BulkModel(settings, parameters or {}, long_input, truncation_direction)
+        except InputError as exc:  # on one node of many, say which
+            where = "" if Path(bundle).is_dir() else "; every node reads the bundle at the same path (a shared volume)"
+            raise InputError(f"on the Ray node {socket.gethostname()}: {exc.message}{where}") from None
         self.columns = columns or Columns(id="id")
         self.model.check(self.columns)
         self.names = self.columns.values(self.model.task.pairs)
@@ -120,7 +128,7 @@ def jsonl_rows(lines: pa.Table, names: list[str], id_column: str) -> pa.Table:
     reasons: list[str | None] = []
     columns: dict[str, list[str | None]] = {name: [] for name in names}
     for line in lines.column("text").to_pylist():
-        row = json_row(line)
+        row = json_row(line.removeprefix("\ufeff"))  # a file's byte order mark, skipped as on one machine
         if isinstance(row, Bad):
             ids.append(None)
             reasons.append(row.reason)
@@ -141,22 +149,59 @@ def jsonl_rows(lines: pa.Table, names: list[str], id_column: str) -> pa.Table:
 def run_on_ray(
     address: str,
     bundle: Path,
-    source: Path,
+    files: list[Path],
     output: Path,
     stage: dict[str, Any],
     batch_rows: int,
     quiet: bool = False,
 ) -> int:
-    """`source` (Parquet, JSONL or CSV, a file or a folder Ray Data reads) through HareStage on the Ray cluster
-    at `address` into Parquet files in the folder `output`, one actor per CPU of the cluster but one (left to
-    Ray Data's read and write tasks); returns the rows written. The files are written to a folder beside
-    `output` and moved there whole at the end: a job killed on the way leaves `output` as it was, and the same
-    command runs it again from the start (a rerun wrote every row a second time beside the first run's). The
-    caller checked `output` (check_output). HARE_* settings go to the actors, which read their own
-    environment. `quiet` (`hare run -q`): without Ray Data's progress bars and its log of the plan."""
+    """The corpus `files` (Parquet, JSONL or CSV: reader.corpus_files lists a folder's, as on one machine)
+    through HareStage on the Ray cluster at `address` into Parquet files in the folder `output`, one actor per
+    CPU of the cluster but one (left to Ray Data's read and write tasks); returns the rows written. The files
+    are written to a folder beside `output` and moved there whole at the end: a job killed on the way leaves
+    `output` as it was, and the same command runs it again from the start (a rerun wrote every row a second
+    time beside the first run's). The caller checked `output` (check_output). HARE_* settings go to the
+    actors, which read their own environment. `quiet` (`hare run -q`): without Ray Data's progress bars and its
+    log of the plan."""
     import ray
 
     _reachable(address)
+    work = output.parent / f".{output.name}.ray-partial"
+    busy = f"another hare run --ray is writing {output} now; wait for it, or give this job another output"
+    lock = output.parent / f".{output.name}.ray-lock"
+    while (held := locked(lock, os.O_RDWR | os.O_CREAT, busy)) is None:
+        pass  # removed by the job that held it, just now: create it again
+    try:
+        dataset = _dataset(address, bundle, files, stage, batch_rows)
+        shutil.rmtree(work, ignore_errors=True)  # a killed job's, never moved to the output
+        with _quiet_data(quiet), warnings.catch_warnings():
+            # Planned from the input's files, before the repartition splits them: "the operator only received 1
+            # input(s)" and won't use its actors, said of a file that in fact runs on every actor.
+            warnings.filterwarnings("ignore", "The minimum number of concurrent actors", UserWarning)
+            dataset.write_parquet(str(work.resolve()))
+            rows = int(ray.data.read_parquet(str(work.resolve())).count())
+        _replace(output, work)
+    except KeyboardInterrupt:
+        shutil.rmtree(work, ignore_errors=True)  # the caller says so
+        raise
+    except Exception as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        said = _said(exc)
+        if said is None:
+            raise
+        raise said from None
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(held)
+    return rows
+
+
+def _dataset(address: str, bundle: Path, files: list[Path], stage: dict[str, Any], batch_rows: int) -> Any:
+    """The job's Ray dataset: the corpus read as on one machine, in blocks of at most `batch_rows` rows (a file
+    is one block to Ray Data's reader: one actor ran a one-file corpus while the others idled), through
+    HareStage."""
+    import ray
+
     hare_env = {k: v for k, v in os.environ.items() if k.startswith("HARE_")}
     try:
         ray.init(
@@ -167,20 +212,34 @@ def run_on_ray(
         )
     except ConnectionError as exc:  # "auto" with no cluster running
         raise InputError(f"no Ray cluster at --ray {address} ({exc}); start one with `ray start --head`") from None
+    except (ImportError, RuntimeError) as exc:
+        if "ray[client]" not in str(exc):
+            raise
+        raise InputError(  # a 32-line traceback said so
+            f"--ray {address} is a Ray Client address, which needs `pip install 'ray[client]'`; or run the job on "
+            "a node of the cluster with --ray auto"
+        ) from None
     cpus = int(ray.cluster_resources().get("CPU", 0))  # type: ignore[no-untyped-call]
     if cpus < 2:  # its one actor took the only CPU and the reads waited for ever
         raise InputError(
             f"the Ray cluster at {address} has {cpus} CPU: the stage takes one an actor and Ray Data's reads "
             "another; give it at least 2"
         )
+    stage = dict(stage)
     fmt, names = stage.pop("format"), stage.pop("names")
+    paths = [str(f.resolve()) for f in files]
+    id_column = stage["columns"].id or "id"
     if fmt == "jsonl":
-        id_column = stage["columns"].id or "id"
         parse = functools.partial(jsonl_rows, names=names, id_column=id_column)
-        dataset = ray.data.read_text(str(source.resolve())).map_batches(parse, batch_format="pyarrow")
+        dataset = ray.data.read_text(paths).map_batches(parse, batch_format="pyarrow")
+    elif fmt == "csv":
+        # Every column read as text, as on one machine: Ray Data's reader guessed types, and ids 007 and 1e3
+        # came out as the numbers 7.0 and 1000.0.
+        text = {name: pa.string() for name in (id_column, *names)}
+        dataset = ray.data.read_csv(paths, convert_options=pacsv.ConvertOptions(column_types=text))
     else:
-        dataset = {"parquet": ray.data.read_parquet, "csv": ray.data.read_csv}[fmt](str(source.resolve()))
-    done = dataset.map_batches(
+        dataset = ray.data.read_parquet(paths)
+    return dataset.repartition(target_num_rows_per_block=batch_rows).map_batches(
         HareStage,
         fn_constructor_kwargs={"bundle": str(bundle.resolve()), **stage},
         batch_format="pyarrow",
@@ -188,11 +247,10 @@ def run_on_ray(
         num_cpus=1,
         compute=ray.data.ActorPoolStrategy(size=cpus - 1),
     )
-    work = output.parent / f".{output.name}.ray-partial"
-    shutil.rmtree(work, ignore_errors=True)  # a killed job's, never moved to the output
-    with _quiet_data(quiet):
-        done.write_parquet(str(work.resolve()))
-        rows = int(ray.data.read_parquet(str(work.resolve())).count())
+
+
+def _replace(output: Path, work: Path) -> None:
+    """`work` moved into place as `output`, which it replaces."""
     if output.exists():
         aside = output.parent / f".{output.name}.ray-replaced"
         shutil.rmtree(aside, ignore_errors=True)  # one a job killed between the two renames left
@@ -201,7 +259,23 @@ def run_on_ray(
         shutil.rmtree(aside)
     else:
         os.replace(work, output)
-    return rows
+
+
+def _said(exc: BaseException) -> InputError | None:
+    """What a failed Ray job's error says, in one sentence (None: a failure of another kind, raised as it is).
+    A stage's InputError (a node without the bundle, say) reaches the driver as the text of Ray's error alone
+    (its cause is not carried over), its last line naming it; Ray Data's CSV reader fails the whole job on a row
+    with more or fewer fields than the header."""
+    text = str(exc)
+    if said := re.findall(rf"^{re.escape(InputError.__module__)}\.\w+: (.+)$", text, re.M):
+        return InputError(said[-1])
+    if read := re.search(r"Failed to read CSV file: (.+?)\. Please check", text):
+        return InputError(
+            f"{read[1]}: Ray Data's CSV reader stops at a row with more or fewer fields than the header (on one "
+            "machine such a row is rejected); find it with `hare run` without --ray, which names its row, and fix "
+            "it, or convert the file to Parquet"
+        )
+    return None
 
 
 @contextlib.contextmanager
