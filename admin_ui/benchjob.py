@@ -141,6 +141,13 @@ def parse_ints(text: str, what: str, low: int = 1, high: int = 100_000) -> tuple
     return tuple(dict.fromkeys(values))
 
 
+def in_range(value: float, what: str, low: float, high: float) -> float:
+    """`value` when `low <= value <= high`; else a ValueError naming `what` and the range, as `parse_ints` says it."""
+    if not low <= value <= high:
+        raise ValueError(f"{what}: {value:g} is outside {low:g}..{high:g}")
+    return value
+
+
 class Busy(Exception):
     """A bench is already running: `job` is it (the caller says so rather than starting a second)."""
 

@@ -536,6 +536,40 @@ def test_page_refuses_bad_input_before_starting(tmp_path: Path, monkeypatch: pyt
     assert asked == [] and not at.exception
 
 
+def test_out_of_range_numbers_are_refused_not_put_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 0 seconds per point or 999 rounds went back to the last value without a word, and the run went ahead.
+    asked = _stand_in(monkeypatch)
+    at = _page(tmp_path / "bench.db", monkeypatch)
+    for key, value, said in [
+        ("duration", 0.0, "seconds per point: 0 is outside 0.5..600"),
+        ("duration", 100_000.0, "seconds per point: 100000 is outside 0.5..600"),
+        ("warmup", -3.0, "warm-up seconds: -3 is outside 0..60"),
+        ("rounds", 999, "rounds: 999 is outside 1..20"),
+    ]:
+        at.number_input(key=f"hare-bench-{key}").set_value(value)
+        at.button[0].click().run()
+        assert [e.value for e in at.error] == [f"Cannot start: {said}"]
+        assert at.number_input(key=f"hare-bench-{key}").value == value  # kept as typed, to be corrected
+        at.number_input(key=f"hare-bench-{key}").set_value(2)
+    assert at.number_input(key="hare-bench-duration").help == "0.5 to 600 seconds"
+    assert asked == [] and not at.exception
+
+
+def test_a_model_folder_without_a_baseline_is_said_unused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A model folder, even a missing one, was ignored without a word when no baseline was picked.
+    at = _page(tmp_path / "bench.db", monkeypatch)
+    at.text_input(key="hare-bench-model").input(str(tmp_path / "missing")).run()
+    assert f"The model folder {tmp_path / 'missing'} is not used: no baseline is picked." in [
+        c.value for c in at.caption
+    ]
+    at.text_input(key="hare-bench-target").input(str(tmp_path))
+    at.multiselect(key="hare-bench-baselines").select("vanilla")
+    at.button[0].click().run()
+    assert [e.value for e in at.error] == [
+        f"Cannot start: model folder for the baselines: {tmp_path / 'missing'} is not a folder on this machine"
+    ]
+
+
 def test_page_history_and_comparison(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = tmp_path / "bench.db"
     a, b = fill_store(db, baselines=True)

@@ -14,12 +14,13 @@ from typing import Any
 import streamlit as st
 
 from admin_ui import state
-from admin_ui.benchjob import BASELINES, BenchConfig, bundle_for, parse_ints, parse_seq_lens
+from admin_ui.benchjob import BASELINES, BenchConfig, bundle_for, in_range, parse_ints, parse_seq_lens
 
 FORM = "hare.bench.form"  # the values of the last form sent in this session (the slot keeps the console's last)
 DRAWN = "hare.bench.drawn"  # the appliance the form was last drawn for, and whether the user edited its bundle
 REFUSAL = "hare.bench.refusal"  # why the last Start was refused, said under the button after the page redraws
 DISMISSED = "hare.bench.dismissed"  # the finished job whose outcome a later Start put away (its process id)
+DURATION, WARMUP, ROUNDS = (0.5, 600.0), (0.0, 60.0), (1, 20)  # what Start accepts in the number fields
 WIDGET = "hare-bench-"  # the form's widget keys: WIDGET + field name
 DEFAULTS: dict[str, Any] = {
     "name": "",
@@ -75,6 +76,10 @@ def _start_values(url: str | None, slot: dict[str, Any]) -> None:
         st.session_state[WIDGET + "bundle"] = _served_bundle(url)  # the appliance was starting
 
 
+def _span(bounds: tuple[float, float]) -> str:
+    return f"{bounds[0]:g} to {bounds[1]:g}"
+
+
 def _bundle_edited() -> None:
     st.session_state[DRAWN]["bundle_edited"] = True
 
@@ -110,18 +115,22 @@ def form(db: Path, slot: dict[str, Any], start: Callable[[BenchConfig, Path], No
         )
         batches = _field("batches", st.text_input, "Batch sizes", width=130)
         conc = _field("conc", st.text_input, "Concurrency", width=130)
-        duration = _field("duration", st.number_input, "Seconds per point", 0.5, 600.0, step=1.0, width=170)
-        warmup = _field("warmup", st.number_input, "Warm-up seconds", 0.0, 60.0, step=0.5, width=170)
+        # No min/max on the widgets: Streamlit put an out-of-range number back to the last one without a word,
+        # and the run went ahead with it. Start refuses it instead, naming the range, as the fields above do.
+        duration = _field(
+            "duration", st.number_input, "Seconds per point", step=1.0, width=170, help=f"{_span(DURATION)} seconds"
+        )
+        warmup = _field(
+            "warmup", st.number_input, "Warm-up seconds", step=0.5, width=170, help=f"{_span(WARMUP)} seconds"
+        )
         rounds = _field(
             "rounds",
             st.number_input,
             "Rounds",
-            1,
-            20,
             step=1,
             width=110,
-            help="every target's points run this many times, every other round backwards, so that a slow spell of "
-            "a shared machine falls on hare and the baselines alike; each point keeps its median round",
+            help=f"{_span(ROUNDS)}: every target's points run this many times, every other round backwards, so that "
+            "a slow spell of a shared machine falls on hare and the baselines alike; each point keeps its median round",
         )
     with st.container(horizontal=True, vertical_alignment="bottom"):
         chosen = st.session_state.get(WIDGET + "baselines", [])
@@ -143,6 +152,8 @@ def form(db: Path, slot: dict[str, Any], start: Callable[[BenchConfig, Path], No
             width=340,
             help="default: the folder the bundle was built from",
         )
+    if model.strip() and not baselines:  # the bench loads it for the baselines alone: say so, not nothing
+        st.caption(f"The model folder {model.strip()} is not used: no baseline is picked.")
     model_only = _field(
         "model_only", st.checkbox,
         "Also measure the model alone, in process (adds points after the HTTP ones)",
@@ -174,17 +185,19 @@ def form(db: Path, slot: dict[str, Any], start: Callable[[BenchConfig, Path], No
             seq_lens=parse_seq_lens(seq),
             batches=parse_ints(batches, "batch sizes", 1, 1024),
             concurrency=parse_ints(conc, "concurrency", 1, 1024),
-            duration_s=float(duration),
-            warmup_s=float(warmup),
+            duration_s=in_range(float(duration), "seconds per point", *DURATION),
+            warmup_s=in_range(float(warmup), "warm-up seconds", *WARMUP),
             baselines=tuple(baselines),
             name=name.strip(),
             model_only=bool(model_only),
-            rounds=int(rounds),
+            rounds=int(in_range(int(rounds), "rounds", *ROUNDS)),
         )
         if not config.target:
             raise ValueError("give the appliance URL or bundle folder to measure")
         if config.baselines and not (config.model or config.bundle or not _is_url(config.target)):
             raise ValueError("baselines load the original model: give the bundle or the model folder")
+        if config.baselines and config.model and not Path(config.model).is_dir():
+            raise ValueError(f"model folder for the baselines: {config.model} is not a folder on this machine")
         config = _with_task(config)
     except ValueError as exc:
         # Redrawn whole, so that the last run's outcome above goes: the refusal was said under an old failure.
