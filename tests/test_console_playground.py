@@ -198,3 +198,32 @@ def test_page_refuses_parameters_no_server_reads(monkeypatch: pytest.MonkeyPatch
     assert [e.value for e in at.error] == [
         "The parameters are not a JSON object: NaN is not JSON (Python's json reads it, but no server does)"
     ]
+
+
+def test_a_new_attempt_puts_the_last_answer_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The last heatmap and timings stayed under "Type at least one sentence", bad JSON or a 422, as if its answer.
+    def answered(at: AppTest) -> bool:
+        return bool(at.metric) or bool(at.get("arrow_vega_lite_chart")) or bool(at.subheader)
+
+    with fake_appliance("feature-extraction") as fake:
+        monkeypatch.setenv("HARE_CONSOLE_APPLIANCES", fake.url)
+        at = _send(AppTest.from_function(playground_page, default_timeout=30).run())
+        assert answered(at) and not at.error
+        text = str(at.text_area(key="hare-pg-text-feature-extraction").value)
+        at.text_area(key="hare-pg-text-feature-extraction").input("  ")
+        at = _send(at)
+        assert [w.value for w in at.warning] == ["Type at least one sentence (one per line)"] and not answered(at)
+        at.text_area(key="hare-pg-text-feature-extraction").input(text)
+        at = _send(at)
+        assert answered(at)
+        at.text_area(key="hare-pg-params-feature-extraction").input("{oops")
+        at = _send(at)
+        assert at.error[0].value.startswith("The parameters are not a JSON object") and not answered(at)
+        at.text_area(key="hare-pg-params-feature-extraction").input("{}")
+        assert answered(_send(at))
+        fake.mode = "error"
+        at = _send(at)
+    assert [e.value for e in at.error] == [
+        "POST /predict failed (422 input_too_long): input 0 has 900 tokens; this model takes 128"
+    ]
+    assert not answered(at) and not at.exception

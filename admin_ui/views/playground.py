@@ -68,6 +68,9 @@ def _no_constant(name: str) -> None:
 
 
 def _send(url: str, task: str, text: str, documents: str, raw_params: str) -> None:
+    # A new attempt puts the last answer away first: its heatmap and timings stayed under a refusal of this one
+    # ("Type at least one sentence", bad JSON, a 422) and read as this request's answer.
+    st.session_state.pop(RESULT, None)
     try:
         inputs = pg.build_inputs(task, text, documents)
     except ValueError as exc:
