@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -109,22 +110,40 @@ def failure(variant: Mapping[str, Any]) -> str:
 
 
 def variant_rows(info: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every candidate the optimizer tried: size, whether it may ship (and why not), and median milliseconds
-    per timing point."""
+    """Every candidate the optimizer tried: size, whether it may ship, and median milliseconds per timing point.
+
+    Short cells only, so that the table reads at 800 pixels (with a precision column and each failure's reason in
+    its cell, the text columns were squeezed to one letter a line): the precision joins the name when the name
+    does not say it, and why a candidate failed is said under the table (`variant_failures`)."""
     out = []
-    for v in info.get("variants") or []:
-        if not isinstance(v, Mapping):
-            continue
+    for v in _variants(info):
+        name, precision = str(v.get("name", "?")), str(v.get("precision") or "")
         row: dict[str, Any] = {
-            "variant": ("★ " if v.get("chosen") else "") + str(v.get("name", "?")),
-            "precision": v.get("precision"),
-            "size MB": v.get("size_mb"),
-            "gates": "passed" if v.get("passed") else failure(v),
+            "variant": ("★ " if v.get("chosen") else "")
+            + name
+            + (f" ({precision})" if precision and precision not in name else ""),
+            "MB": v.get("size_mb"),
+            "gates": "passed" if v.get("passed") else "build failed" if v.get("error") else "failed",
         }
         for point, ms in sorted((v.get("timings_ms") or {}).items(), key=lambda kv: (len(kv[0]), kv[0])):
-            row[f"{point} ms"] = ms
+            row[timing_label(point)] = ms
         out.append(row)
     return out
+
+
+def timing_label(point: str) -> str:
+    """The optimizer's timing point "s128xb8" as a short column name, "128×8" (tokens × batch)."""
+    found = re.fullmatch(r"s(\d+)xb(\d+)", point)
+    return f"{found[1]}×{found[2]}" if found else point
+
+
+def variant_failures(info: Mapping[str, Any]) -> list[str]:
+    """Why each candidate that may not ship failed, one line each: "int8: failed: cosine ... 0.866 (needs 0.99)"."""
+    return [f"{v.get('name', '?')}: {failure(v)}" for v in _variants(info) if not v.get("passed")]
+
+
+def _variants(info: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [v for v in info.get("variants") or [] if isinstance(v, Mapping)]
 
 
 def chosen_variant(info: Mapping[str, Any]) -> Mapping[str, Any] | None:

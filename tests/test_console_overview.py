@@ -49,7 +49,7 @@ def test_variants_and_gates_of_the_chosen_variant() -> None:
     data = info("token-classification")
     variants = overview.variant_rows(data)
     assert [v["variant"] for v in variants] == ["fp32", "★ int8"]
-    assert variants[1]["s8xb1 ms"] == 0.33 and list(variants[1])[-2:] == ["s8xb1 ms", "s128xb1 ms"]
+    assert variants[1]["8×1"] == 0.33 and list(variants[1])[-2:] == ["8×1", "128×1"]
     chosen = overview.chosen_variant(data)
     assert chosen is not None and chosen["name"] == "int8"
     gates = overview.gate_rows(chosen)
@@ -65,18 +65,35 @@ def test_variants_and_gates_of_the_chosen_variant() -> None:
                       "verdict": "for information"}]  # fmt: skip
 
 
-def test_a_failed_variant_says_why() -> None:
-    gated = {"name": "int8", "passed": False, "gates": {
+def test_a_failed_variant_says_why_under_the_table() -> None:
+    # At 800 pixels the reason in its cell squeezed the variant, precision and gates columns to a letter a line.
+    gated = {"name": "int8", "precision": "int8", "passed": False, "gates": {
         "cosine_p1": {"value": 0.981, "threshold": 0.99, "passed": False},
         "max_abs_diff": {"value": 0.5, "threshold": 1.0, "passed": True},
     }}  # fmt: skip
-    broken = {"name": "fp16", "passed": False, "error": "ORT refused the graph", "gates": {}}
-    rows = overview.variant_rows({"variants": [gated, broken, {"name": "fp32", "passed": True, "chosen": True}]})
-    assert [r["gates"] for r in rows] == [
-        "failed: cosine to PyTorch, 1st percentile 0.981 (needs 0.99)",
-        "build failed: ORT refused the graph",
-        "passed",
+    broken = {"name": "mixed", "precision": "fp16", "passed": False, "error": "ORT refused the graph", "gates": {}}
+    info = {"variants": [gated, broken, {"name": "fp32", "precision": "fp32", "passed": True, "chosen": True}]}
+    rows = overview.variant_rows(info)
+    assert [(r["variant"], r["gates"]) for r in rows] == [
+        ("int8", "failed"), ("mixed (fp16)", "build failed"), ("★ fp32", "passed"),
+    ]  # fmt: skip
+    assert list(rows[0]) == ["variant", "MB", "gates"]
+    assert overview.variant_failures(info) == [
+        "int8: failed: cosine to PyTorch, 1st percentile 0.981 (needs 0.99)",
+        "mixed: build failed: ORT refused the graph",
     ]
+
+
+def test_short_words_in_a_table_break_between_words_only() -> None:
+    # "precis/ion", "pas/sed": a cell that could break anywhere was squeezed to a few letters a line.
+    from admin_ui.views.common import html_table
+
+    page = html_table([{"precision": "int8", "path": "/very/long/path/to/a/model/folder/onnx", "n": 3}])
+    assert '<th style="overflow-wrap:normal">precision</th>' in page
+    assert '<td style="overflow-wrap:normal">int8</td>' in page
+    assert '<td style="overflow-wrap:anywhere">/very/long/path/to/a/model/folder/onnx</td>' in page
+    named = html_table([{"variant": "fused-int8-per-channel"}], whole=["variant"])
+    assert '<td style="white-space:nowrap">fused-int8-per-channel</td>' in named
 
 
 def test_versions_of_server_and_bundle_side_by_side() -> None:
@@ -97,12 +114,12 @@ def test_chosen_variant_falls_back_to_the_served_name() -> None:
 
 
 def test_small_tables_escape_their_text_and_scroll_rather_than_spill() -> None:
-    from admin_ui.views.common import NUMBER_CELL, TEXT_CELL, html_table
+    from admin_ui.views.common import NUMBER_CELL, WORD_CELL, html_table
 
     table = html_table([{"name": "a_b <x>", "n": 1.5, "none": None}, {"name": "c", "n": 12, "none": None}])
     assert table.startswith('<div class="hare-table" style="overflow-x:auto"><table><thead><tr>')
-    assert f'<td style="{TEXT_CELL}">a_b &lt;x&gt;</td><td style="{NUMBER_CELL}">1.50</td>' in table
-    assert f'<td style="{NUMBER_CELL}">12</td><td style="{TEXT_CELL}">–</td>' in table
+    assert f'<td style="{WORD_CELL}">a_b &lt;x&gt;</td><td style="{NUMBER_CELL}">1.50</td>' in table
+    assert f'<td style="{NUMBER_CELL}">12</td><td style="{WORD_CELL}">–</td>' in table
     assert html_table([]) == ""
 
 

@@ -63,17 +63,17 @@ def table(
     )
 
 
-def static_table(rows: Sequence[Mapping[str, Any]], header: bool = True) -> None:
+def static_table(rows: Sequence[Mapping[str, Any]], header: bool = True, whole: Sequence[str] = ()) -> None:
     """A small table drawn as HTML in a Markdown block: text wraps inside its cell instead of being cut, numbers
     stay on one line, right-aligned; a table still too wide for its place scrolls sideways inside it, never
     under its neighbour. Every cell is text ("–" for nothing), and the page needs none of the data frame's
     JavaScript, so it paints sooner."""
-    st.markdown(html_table(rows, header), unsafe_allow_html=True)
+    st.markdown(html_table(rows, header, whole), unsafe_allow_html=True)
 
 
-def html_table(rows: Sequence[Mapping[str, Any]], header: bool = True) -> str:
+def html_table(rows: Sequence[Mapping[str, Any]], header: bool = True, whole: Sequence[str] = ()) -> str:
     """Rows as an HTML table in a box that scrolls sideways when the table is wider than its place (without a
-    header row, the first row's keys stay unsaid)."""
+    header row, the first row's keys stay unsaid); the `whole` columns' cells stay on one line (names)."""
     if not rows:
         return ""
     columns = list(dict.fromkeys(k for r in rows for k in r))
@@ -81,7 +81,10 @@ def html_table(rows: Sequence[Mapping[str, Any]], header: bool = True) -> str:
     cells = text_rows(rows)
 
     def td(tag: str, column: str, text: str) -> str:
-        style = NUMBER_CELL if column in numeric else TEXT_CELL
+        if column in numeric or column in whole:
+            style = NUMBER_CELL if column in numeric else WHOLE_CELL
+        else:
+            style = TEXT_CELL if _has_long_word(text) else WORD_CELL
         return f'<{tag} style="{style}">{html.escape(text)}</{tag}>'
 
     head = "<thead><tr>" + "".join(td("th", c, c) for c in columns) + "</tr></thead>" if header else ""
@@ -91,6 +94,15 @@ def html_table(rows: Sequence[Mapping[str, Any]], header: bool = True) -> str:
 
 NUMBER_CELL = "text-align:right;white-space:nowrap"
 TEXT_CELL = "overflow-wrap:anywhere"  # a long path or class name breaks inside its cell
+# Short words break between words only: a cell that may break anywhere lets the table squeeze its column to one
+# letter a line ("pas/sed", "precis/ion") to make room for its neighbours.
+WORD_CELL = "overflow-wrap:normal"
+WHOLE_CELL = "white-space:nowrap"  # a name read whole: "fused-int8-per-channel", not "fused-/int8-per-/channel"
+LONG_WORD = 24  # characters: a word longer than this (a path, a class name) may break anywhere
+
+
+def _has_long_word(text: str) -> bool:
+    return any(len(word) > LONG_WORD for word in text.split())
 
 
 def rows_table(

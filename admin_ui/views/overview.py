@@ -72,7 +72,13 @@ def _appliance(p: Probe, url: str) -> None:
     with st.expander("Every candidate variant and the versions it runs"):
         variants = overview.variant_rows(info)
         if variants:
-            common.static_table(variants)
+            common.static_table(variants, whole=["variant"])
+            st.caption(
+                "MB: the model's size. 16×1, 128×8 and the like: median milliseconds per request of that many "
+                "tokens × texts in the batch."
+            )
+            for line in overview.variant_failures(info):
+                st.caption(line)
         versions = overview.versions_rows(info)
         if versions:
             common.static_table(versions)
