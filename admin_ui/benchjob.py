@@ -148,6 +148,12 @@ def in_range(value: float, what: str, low: float, high: float) -> float:
     return value
 
 
+def bench_env(env: Mapping[str, str], token: str | None) -> dict[str, str]:
+    """The environment of the bench the console starts: its own, with the console's appliance token as the bench's
+    (HARE_BENCH_TOKEN), so that an appliance with an admin token answers the bench's GET /info (it was a 401)."""
+    return {**env, "HARE_BENCH_TOKEN": token} if token else dict(env)
+
+
 class Busy(Exception):
     """A bench is already running: `job` is it (the caller says so rather than starting a second)."""
 

@@ -47,10 +47,11 @@ class RequestTimeout(Exception):
     pass
 
 
-def build_request(host: str, port: int, method: str, path: str, body: bytes = b"") -> bytes:
-    """The exact bytes of one request, built once and sent many times."""
+def build_request(host: str, port: int, method: str, path: str, body: bytes = b"", token: str | None = None) -> bytes:
+    """The exact bytes of one request, built once and sent many times (`token`: sent as a bearer token)."""
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
     head = (
-        f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: hare-bench\r\n"
+        f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: hare-bench\r\n{auth}"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode("ascii") + body
@@ -206,10 +207,12 @@ class Connection:
         self.sock.close()
 
 
-async def fetch(host: str, port: int, method: str, path: str, body: bytes = b"", timeout: float = 5.0) -> Answer:
+async def fetch(
+    host: str, port: int, method: str, path: str, body: bytes = b"", timeout: float = 5.0, token: str | None = None
+) -> Answer:
     """One request on a fresh connection (for /ready, /info and the like)."""
     conn = await asyncio.wait_for(Connection.open(host, port, keep_body=True), timeout)
     try:
-        return await conn.send(build_request(host, port, method, path, body), timeout)
+        return await conn.send(build_request(host, port, method, path, body, token), timeout)
     finally:
         conn.close()

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_checked(args: argparse.Namespace) -> int:
     from bench.progress import reporter
     from bench.runner import Grid, Runner, RunOptions
+    from bench.servers import bench_token
     from bench.subjects import resolve
 
     subject = resolve(args.target, args.task, args.model, args.bundle, args.tokenizer)
@@ -81,6 +82,7 @@ def _run_checked(args: argparse.Namespace) -> int:
         name=args.name,
         serve_args=args.serve_arg,
         rounds=args.rounds,
+        token=bench_token(),
     )
     store = open_store(args)
     rep = reporter(args.progress)

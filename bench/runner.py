@@ -76,6 +76,7 @@ class RunOptions:
     name: str = ""
     serve_args: list[str] = field(default_factory=list)
     rounds: int = 1  # passes over every target's points (see the module's docstring)
+    token: str | None = field(default=None, repr=False)  # hare's admin token for /info and /metrics (bench_token)
 
 
 def plan(options: RunOptions) -> list[Planned]:
@@ -208,13 +209,16 @@ class Runner:
         try:
             with self._server(group[0]) as (url, server):
                 try:
-                    status, body = get_json(url, "/info")
+                    token = self.options.token if target == "hare" else None
+                    status, body = get_json(url, "/info", token=token)
                 except OSError as exc:
                     reason = os.strerror(exc.errno) if exc.errno else str(exc)  # asyncio's strerror repeats the address
                     raise InputError(f"{url} does not answer ({reason}): start the server, or check the URL") from exc
                 info = info_json(body) if status == 200 else {}
                 # Else 1,123 501s were stored as a run done: a web server that is not hare (a 404, or a page
                 # that happens to be at /info) was measured.
+                if target == "hare" and status == 401:
+                    raise InputError(_needs_token(url, token))
                 if target == "hare" and (status != 200 or "task" not in info):
                     got = f"status {status}" if status != 200 else f"status 200 and {_excerpt(body)}, not its JSON"
                     raise InputError(f"{url} does not answer GET /info as a hare server does ({got}): check the URL")
@@ -320,7 +324,7 @@ class Runner:
             stop=self.stop,
             on_tick=lambda figures: self.reporter.tick(k, n, figures),
             probe=server.cpu_seconds if server is not None else None,
-            own_probe=partial(loop_cpu_seconds, url) if p.target == "hare" else None,
+            own_probe=partial(loop_cpu_seconds, url, self.options.token) if p.target == "hare" else None,
         )
         window = max(samples.window_s, 1e-9)
         tokens = bodies.tokens_per_sequence
@@ -463,3 +467,16 @@ def _excerpt(body: bytes) -> str:
 def inputs(seq_len: int | str) -> str:
     """What a point's texts were, as stored with it: "exact" token counts, or the mix's name."""
     return "exact" if isinstance(seq_len, int) else seq_len
+
+
+def _needs_token(url: str, token: str | None) -> str:
+    """Why a hare server refused GET /info with a 401: it has an admin token (HARE_ADMIN_TOKEN) the bench lacks."""
+    if token:
+        return (
+            f"{url} refuses the admin token the bench sent to GET /info (status 401): set HARE_BENCH_TOKEN to its "
+            "HARE_ADMIN_TOKEN"
+        )
+    return (
+        f"{url} needs its admin token for GET /info (status 401): set HARE_BENCH_TOKEN (or HARE_ADMIN_TOKEN) to the "
+        "server's HARE_ADMIN_TOKEN before `hare bench run`"
+    )

@@ -219,11 +219,22 @@ def split_url(url: str) -> tuple[str, int]:
     return ("127.0.0.1" if host == "localhost" else host.strip("[]")), int(port)
 
 
-def get_json(url: str, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+TOKEN_VARS = ("HARE_BENCH_TOKEN", "HARE_ADMIN_TOKEN")  # the bench's bearer token for /info and /metrics, first set
+
+
+def bench_token(env: Mapping[str, str] | None = None) -> str | None:
+    """The admin token the bench sends hare's /info and /metrics: $HARE_BENCH_TOKEN, else $HARE_ADMIN_TOKEN (the
+    one a `hare serve` the bench starts inherits and asks for). From the environment, not a flag: a flag's value
+    is on every `ps` listing of the machine. The one place the bench reads it."""
+    env = os.environ if env is None else env
+    return next((env[name] for name in TOKEN_VARS if env.get(name)), None)
+
+
+def get_json(url: str, path: str, timeout: float = 5.0, token: str | None = None) -> tuple[int, bytes]:
     host, port = split_url(url)
 
     async def go() -> tuple[int, bytes]:
-        answer = await fetch(host, port, "GET", path, timeout=timeout)
+        answer = await fetch(host, port, "GET", path, timeout=timeout, token=token)
         return answer.status, answer.body
 
     return uvloop.run(go())
@@ -232,7 +243,7 @@ def get_json(url: str, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
 LOOP_CPU = b"hare_loop_cpu_seconds_total "  # api/web/metrics.py: the event loops' own CPU seconds
 
 
-def loop_cpu_seconds(url: str) -> float | None:
+def loop_cpu_seconds(url: str, token: str | None = None) -> float | None:
     """The CPU seconds a hare server's event loops have spent on their own work so far (the model calls they
     ran left out), from its /metrics: None from a server without that counter, such as a baseline, or one
     that does not answer. Blocking, for a load generator's window edges: it runs inside their event loop,
@@ -240,7 +251,7 @@ def loop_cpu_seconds(url: str) -> float | None:
     host, port = split_url(url)
     conn = http.client.HTTPConnection(host, port, timeout=5.0)
     try:
-        conn.request("GET", "/metrics")
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
         answer = conn.getresponse()
         body = answer.read()
     except OSError:

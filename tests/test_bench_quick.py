@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from socketserver import BaseRequestHandler
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -325,6 +325,54 @@ def test_a_run_whose_every_request_failed_fails(
         "feature-extraction at POST /predict, and its log"
     )
     assert err == f"hare bench: error: run {run.id} failed: {run.message}\n"
+
+
+class _AdminToken(_FailingPredict):
+    """A hare with HARE_ADMIN_TOKEN: GET /info and /metrics need the bearer token, POST /predict does not."""
+
+    failing = 10**9
+    seen: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append(f"{self.path} {self.headers.get('authorization')}")
+        if self.headers.get("authorization") != "Bearer s3cret":
+            self._answer(401, b'{"error": "missing or wrong API token", "type": "unauthorized"}')
+        elif self.path == "/metrics":
+            self._answer(200, b"hare_loop_cpu_seconds_total 0.5\n")
+        else:
+            super().do_GET()
+
+
+@pytest.mark.parametrize("token", [None, "wrong", "s3cret"])
+def test_a_server_with_an_admin_token_is_measured_with_hare_bench_token(
+    token: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bench sent no token: "does not answer GET /info as a hare server does (status 401): check the URL".
+    monkeypatch.delenv("HARE_ADMIN_TOKEN", raising=False)
+    if token:
+        monkeypatch.setenv("HARE_BENCH_TOKEN", token)
+    else:
+        monkeypatch.delenv("HARE_BENCH_TOKEN", raising=False)
+    handler: type[_AdminToken] = type("Admin", (_AdminToken,), {"seen": []})
+    db = tmp_path / "bench.db"
+    flags = ["--seq", "comet", "--concurrency", "1", "--warmup", "0", "--duration", "0.3", "--progress", "none"]
+    with web_server(handler) as url:
+        code = hare(["bench", "run", url, "--task", "feature-extraction", *flags, "--db", str(db)])
+    [run] = Store(db).runs()
+    if token == "s3cret":
+        assert (code, run.status) == (0, "done") and Store(db).points(run.id)[0].ok > 0
+        assert set(handler.seen) >= {"/info Bearer s3cret", "/metrics Bearer s3cret"}
+        return
+    assert code == 1 and run.status == "failed" and not Store(db).points(run.id)
+    assert (
+        run.message
+        == {
+            None: f"{url} needs its admin token for GET /info (status 401): set HARE_BENCH_TOKEN (or HARE_ADMIN_TOKEN) "
+            "to the server's HARE_ADMIN_TOKEN before `hare bench run`",
+            "wrong": f"{url} refuses the admin token the bench sent to GET /info (status 401): set HARE_BENCH_TOKEN to "
+            "its HARE_ADMIN_TOKEN",
+        }[token]
+    )
 
 
 class _Dying(_FailingPredict):

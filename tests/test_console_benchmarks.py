@@ -482,6 +482,27 @@ def test_a_restarted_console_says_a_run_it_did_not_start_is_under_way(
     assert not _page(db, monkeypatch).warning
 
 
+def test_the_bench_gets_the_consoles_appliance_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The bench the console started sent no token: "does not answer GET /info ... (status 401): check the URL".
+    from admin_ui import benchjob
+
+    _stand_in(monkeypatch)
+    envs: list[dict[str, str]] = []
+
+    def start(slot: Any, argv: list[str], env: dict[str, str]) -> BenchJob:
+        envs.append(env)
+        return benchjob.start_alone(slot, argv, env)
+
+    monkeypatch.setattr("admin_ui.views.benchmarks.start_alone", start)
+    monkeypatch.setenv("HARE_CONSOLE_APPLIANCE_TOKEN", "s3cret")
+    monkeypatch.delenv("HARE_BENCH_TOKEN", raising=False)
+    with fake_appliance("text-classification", token="s3cret") as fake:
+        at = _page(tmp_path / "bench.db", monkeypatch, fake.url)
+        at.button[0].click().run()
+        at = _until_done(at)
+    assert not at.exception and [e["HARE_BENCH_TOKEN"] for e in envs] == ["s3cret"]
+
+
 def test_page_shows_a_failed_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _stand_in(monkeypatch, "fail")
     with fake_appliance("text-classification") as fake:

@@ -16,7 +16,7 @@ from typing import Any
 import streamlit as st
 
 from admin_ui import benchbulk, benchpoints, benchruns, charts, state
-from admin_ui.benchjob import BenchConfig, BenchJob, Busy, new_slot, start_alone
+from admin_ui.benchjob import BenchConfig, BenchJob, Busy, bench_env, new_slot, start_alone
 from admin_ui.benchprogress import Plan, Progress, live_point_rows
 from admin_ui.percentiles import needed_answers, resolved
 from admin_ui.tables import figure
@@ -97,7 +97,7 @@ def _unfollowed(db: Path) -> None:
 def _start(config: BenchConfig, db: Path) -> None:
     slot = _slot()
     try:
-        start_alone(slot, config.command(db), env=dict(os.environ))
+        start_alone(slot, config.command(db), env=bench_env(os.environ, state.settings().appliance_token))
     except Busy as busy:  # this tab's form was drawn before another tab started one
         st.session_state[REFUSED] = f"Not started: {_which(busy.job)} is under way; its progress is below."
         st.rerun()
