@@ -21,6 +21,9 @@ def locked(path: Path, flags: int, busy: str) -> int | None:
         if flags & os.O_CREAT:  # its folder is missing or takes no files (/proc): no look again creates it
             raise InputError(f"cannot create {path}: its folder is missing or holds no files") from None
         return None
+    except OSError as exc:  # a read-only file system, another user's folder, /sys: said as "[Errno 13] ..." before
+        verb = "create" if flags & os.O_CREAT else "open"
+        raise InputError(f"cannot {verb} {path} ({exc.strerror}); give a place this user can write") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -670,6 +670,8 @@ def test_an_output_that_is_a_pipe_or_a_device_is_refused_not_replaced(
         # A folder as the rejects file: the job ran whole, then its merge failed on it.
         ("o.parquet", ["--rejects", "a-folder"], "--rejects a-folder cannot be written"),
         ("new/o.parquet", ["--rejects", "new"], "--rejects new is the output, inside it or holds it"),
+        # Said as "[Errno 13] Permission denied: '/sys/.r.jsonl.lock'" (the lock beside the rejects file).
+        ("o.parquet", ["--rejects", "/sys/r.jsonl"], "cannot create /sys/.r.jsonl.lock ("),
         # Read as part of the input by the next run.
         ("a-folder/o.parquet", ["-i", "a-folder"], "the output a-folder/o.parquet is the input or inside it"),
     ],
