@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tasks.errors import InputError
@@ -39,3 +41,16 @@ def locked(path: Path, flags: int, busy: str) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+@contextmanager
+def holding(lock: Path, busy: str) -> Iterator[None]:
+    """Hold the lock file `lock` (made if missing) while the block runs: a second job that takes it meanwhile is
+    refused with InputError(`busy`). Let go however the process ends; the file is removed after."""
+    while (fd := locked(lock, os.O_RDWR | os.O_CREAT, busy)) is None:
+        pass  # removed by the job that held it as this one took it: take the one there now
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)

@@ -41,7 +41,7 @@ from api.bulk.model import BulkModel
 from api.bulk.reader import Bad, Columns, check, checked_chunk, json_field, json_row, text_id
 from api.bulk.writer import conform
 from api.config import Settings
-from container.locking import locked
+from container.locking import holding
 from tasks.errors import InputError
 
 
@@ -168,32 +168,27 @@ def run_on_ray(
     _reachable(address)
     work = output.parent / f".{output.name}.ray-partial"
     busy = f"another hare run --ray is writing {output} now; wait for it, or give this job another output"
-    lock = output.parent / f".{output.name}.ray-lock"
-    while (held := locked(lock, os.O_RDWR | os.O_CREAT, busy)) is None:
-        pass  # removed by the job that held it, just now: create it again
-    try:
-        dataset = _dataset(address, bundle, files, stage, batch_rows)
-        shutil.rmtree(work, ignore_errors=True)  # a killed job's, never moved to the output
-        with _quiet_data(quiet), warnings.catch_warnings():
-            # Planned from the input's files, before the repartition splits them: "the operator only received 1
-            # input(s)" and won't use its actors, said of a file that in fact runs on every actor.
-            warnings.filterwarnings("ignore", "The minimum number of concurrent actors", UserWarning)
-            dataset.write_parquet(str(work.resolve()))
-            rows = int(ray.data.read_parquet(str(work.resolve())).count())
-        _replace(output, work)
-    except KeyboardInterrupt:
-        shutil.rmtree(work, ignore_errors=True)  # the caller says so
-        raise
-    except Exception as exc:
-        shutil.rmtree(work, ignore_errors=True)
-        said = _said(exc)
-        if said is None:
+    with holding(output.parent / f".{output.name}.ray-lock", busy):
+        try:
+            dataset = _dataset(address, bundle, files, stage, batch_rows)
+            shutil.rmtree(work, ignore_errors=True)  # a killed job's, never moved to the output
+            with _quiet_data(quiet), warnings.catch_warnings():
+                # Planned from the input's files, before the repartition splits them: "the operator only received 1
+                # input(s)" and won't use its actors, said of a file that in fact runs on every actor.
+                warnings.filterwarnings("ignore", "The minimum number of concurrent actors", UserWarning)
+                dataset.write_parquet(str(work.resolve()))
+                rows = int(ray.data.read_parquet(str(work.resolve())).count())
+            _replace(output, work)
+        except KeyboardInterrupt:
+            shutil.rmtree(work, ignore_errors=True)  # the caller says so
             raise
-        raise said from None
-    finally:
-        lock.unlink(missing_ok=True)
-        os.close(held)
-    return rows
+        except Exception as exc:
+            shutil.rmtree(work, ignore_errors=True)
+            said = _said(exc)
+            if said is None:
+                raise
+            raise said from None
+        return rows
 
 
 def _dataset(address: str, bundle: Path, files: list[Path], stage: dict[str, Any], batch_rows: int) -> Any:

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -17,8 +17,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from container import locking
 from container.bundle import MANIFEST_FILE, TOKENIZER_FILE, Manifest
-from container.locking import locked
 from container.machine import describe, physical_cores, weight_levels
 from container.openvino_runtime import available as openvino_available
 from container.openvino_runtime import bf16_capable
@@ -158,23 +158,11 @@ def check_replaceable(out: Path, force: bool) -> None:
         )
 
 
-@contextmanager
-def holding(out: Path) -> Iterator[None]:
+def holding(out: Path) -> AbstractContextManager[None]:
     """Hold `out` while building it: a second `hare optimize` onto it is refused at once (two builds each
-    replaced the other's bundle, the second without --force). The kernel's lock on a hidden file beside it, let
-    go however this process ends; the file is removed after."""
-    lock = out.parent / f".{out.name}.optimize-lock"
-    fd = None
-    while fd is None:  # None: its holder removed it as this process took it; take the one there now
-        fd = locked(
-            lock, os.O_RDWR | os.O_CREAT, f"another hare optimize is building {out}; wait for it, or give another --out"
-        )
-    try:
-        yield
-    finally:
-        with suppress(FileNotFoundError):
-            lock.unlink()
-        os.close(fd)
+    replaced the other's bundle, the second without --force). The kernel's lock on a hidden file beside it."""
+    busy = f"another hare optimize is building {out}; wait for it, or give another --out"
+    return locking.holding(out.parent / f".{out.name}.optimize-lock", busy)
 
 
 def candidates(target: str, attention: tuple[int, int] = (0, 0), levels: int | None = None) -> list[variants.Variant]:
