@@ -148,10 +148,12 @@ def in_range(value: float, what: str, low: float, high: float) -> float:
     return value
 
 
-def bench_env(env: Mapping[str, str], token: str | None) -> dict[str, str]:
+def bench_env(env: Mapping[str, str], token: str | None, api_key: str | None = None) -> dict[str, str]:
     """The environment of the bench the console starts: its own, with the console's appliance token as the bench's
-    (HARE_BENCH_TOKEN), so that an appliance with an admin token answers the bench's GET /info (it was a 401)."""
-    return {**env, "HARE_BENCH_TOKEN": token} if token else dict(env)
+    (HARE_BENCH_TOKEN), so that an appliance with an admin token answers the bench's GET /info (it was a 401), and
+    its appliance API key as the bench's HARE_API_KEY, which it sends on POST /predict."""
+    secrets = {"HARE_BENCH_TOKEN": token, "HARE_API_KEY": api_key}
+    return {**env, **{name: value for name, value in secrets.items() if value}}
 
 
 class Busy(Exception):

@@ -89,7 +89,9 @@ class Prediction:
 class ApplianceClient:
     """Calls one appliance. Use as a context manager, or call `close()`.
 
-    token: the appliance's admin token (its HARE_ADMIN_TOKEN), sent as `Authorization: Bearer` on every call.
+    token: the appliance's admin token (its HARE_ADMIN_TOKEN), sent as `Authorization: Bearer` on every call but
+        POST /predict when `api_key` is given.
+    api_key: the appliance's API key (its HARE_API_KEY), sent as `Authorization: Bearer` on POST /predict.
     transport: an httpx transport for tests; the default is the network.
     """
 
@@ -99,9 +101,11 @@ class ApplianceClient:
         token: str | None = None,
         timeout: float = 5.0,
         transport: httpx.BaseTransport | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.url = normalize_url(url)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._predict_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
 
     def __enter__(self) -> ApplianceClient:
@@ -138,7 +142,9 @@ class ApplianceClient:
         if response.is_success:
             return self._json(response, what)
         hint = ""
-        if status in (401, 403):
+        if status in (401, 403) and what.startswith("POST"):
+            hint = "; give the console the appliance's API key (HARE_CONSOLE_APPLIANCE_API_KEY or HARE_API_KEY)"
+        elif status in (401, 403):
             hint = "; give the console the appliance's admin token (HARE_CONSOLE_APPLIANCE_TOKEN or HARE_ADMIN_TOKEN)"
         try:
             body = response.json()
@@ -185,7 +191,7 @@ class ApplianceClient:
         if parameters:
             payload["parameters"] = parameters
         start = time.perf_counter()
-        response = self._request("POST", "/predict", json=payload)
+        response = self._request("POST", "/predict", json=payload, headers=self._predict_headers)
         elapsed = time.perf_counter() - start
         body = self._checked(response, "POST /predict")
         headers = response.headers

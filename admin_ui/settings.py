@@ -25,6 +25,9 @@ class ConsoleSettings:
     token: HARE_CONSOLE_TOKEN, the password the console asks for; required when it listens beyond localhost.
     appliance_token: HARE_CONSOLE_APPLIANCE_TOKEN, else HARE_ADMIN_TOKEN: the appliances' admin token, sent as
         `Authorization: Bearer` (they require it on /info and /metrics when they have one).
+    appliance_api_key: HARE_CONSOLE_APPLIANCE_API_KEY, else HARE_API_KEY: the appliances' API key, sent as
+        `Authorization: Bearer` on POST /predict (the Playground's and the bench's) where they have one; unset,
+        the admin token is sent there too.
     bench_db: HARE_CONSOLE_BENCH_DB, the bench SQLite store (default: the store's own, from HARE_BENCH_DB).
     timeout_s: HARE_CONSOLE_TIMEOUT, seconds an appliance call may take (default 5).
     image: HARE_CONSOLE_IMAGE, the Docker image the Containers page starts (default hare:cpu).
@@ -35,6 +38,7 @@ class ConsoleSettings:
     appliances: tuple[str, ...] = (DEFAULT_APPLIANCE,)
     token: str | None = None
     appliance_token: str | None = None
+    appliance_api_key: str | None = None
     bench_db: Path | None = None
     timeout_s: float = 5.0
     image: str = "hare:cpu"
@@ -64,6 +68,7 @@ class ConsoleSettings:
             appliances=tuple(dict.fromkeys(urls)) or (DEFAULT_APPLIANCE,),
             token=env.get("HARE_CONSOLE_TOKEN") or None,
             appliance_token=env.get("HARE_CONSOLE_APPLIANCE_TOKEN") or env.get("HARE_ADMIN_TOKEN") or None,
+            appliance_api_key=env.get("HARE_CONSOLE_APPLIANCE_API_KEY") or env.get("HARE_API_KEY") or None,
             bench_db=Path(db) if db else default_db_path(env),
             timeout_s=timeout,
             image=env.get("HARE_CONSOLE_IMAGE", "").strip() or "hare:cpu",

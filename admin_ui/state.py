@@ -73,7 +73,7 @@ def select(url: str) -> None:
 
 def client(url: str) -> ApplianceClient:
     s = settings()
-    return ApplianceClient(url, s.appliance_token, s.timeout_s)
+    return ApplianceClient(url, s.appliance_token, s.timeout_s, api_key=s.appliance_api_key)
 
 
 def describe(url: str) -> Probe:

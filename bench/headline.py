@@ -23,6 +23,7 @@ from rich.table import Table
 from bench import geometries
 from bench.progress import Reporter, reporter
 from bench.runner import Grid, Runner, RunOptions, plan
+from bench.servers import bench_api_key, bench_token
 from bench.store import Point, Store
 from bench.subjects import Subject, bundle_for_model, cache_dir, is_bundle
 from bench.tables import wide_console
@@ -127,6 +128,8 @@ def run_headline(options: HeadlineOptions, store: Store, stop: threading.Event) 
         baselines=["vanilla"],
         kind="headline",
         name="headline: DistilBERT-base text-classification",
+        token=bench_token(),  # the servers it starts inherit HARE_ADMIN_TOKEN and HARE_API_KEY
+        api_key=bench_api_key(),
     )
     runs = [cls_options]
     if options.embeddings:
@@ -144,6 +147,8 @@ def run_headline(options: HeadlineOptions, store: Store, stop: threading.Event) 
                 ),
                 kind="headline",
                 name="headline: all-MiniLM-L6-v2 embeddings",
+                token=bench_token(),
+                api_key=bench_api_key(),
             )
         )
     progress = _Offset(reporter(options.progress), sum(len(plan(r)) for r in runs))

@@ -60,6 +60,7 @@ class LoadSpec:
     max_requests: int = 100_000
     timeout_s: float = 30.0
     seed: int = 0
+    token: str | None = field(default=None, repr=False)  # sent as a bearer token (a server's HARE_API_KEY)
 
 
 @dataclass
@@ -248,7 +249,7 @@ class _Window:
 
 
 async def _closed(spec: LoadSpec, window: _Window) -> None:
-    raws = [build_request(spec.host, spec.port, "POST", spec.path, b) for b in spec.bodies]
+    raws = [build_request(spec.host, spec.port, "POST", spec.path, b, spec.token) for b in spec.bodies]
     n = len(raws)
 
     joined = [asyncio.Event() for _ in range(spec.concurrency)]
@@ -293,7 +294,7 @@ async def _closed(spec: LoadSpec, window: _Window) -> None:
 
 
 async def _open(spec: LoadSpec, window: _Window) -> None:
-    raws = [build_request(spec.host, spec.port, "POST", spec.path, b) for b in spec.bodies]
+    raws = [build_request(spec.host, spec.port, "POST", spec.path, b, spec.token) for b in spec.bodies]
     rng = random.Random(spec.seed)
     idle: list[Connection] = []
     opened = 0

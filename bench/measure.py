@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_checked(args: argparse.Namespace) -> int:
     from bench.progress import reporter
     from bench.runner import Grid, Runner, RunOptions
-    from bench.servers import bench_token
+    from bench.servers import bench_api_key, bench_token
     from bench.subjects import resolve
 
     subject = resolve(args.target, args.task, args.model, args.bundle, args.tokenizer)
@@ -83,6 +83,7 @@ def _run_checked(args: argparse.Namespace) -> int:
         serve_args=args.serve_arg,
         rounds=args.rounds,
         token=bench_token(),
+        api_key=bench_api_key(),
     )
     store = open_store(args)
     rep = reporter(args.progress)
@@ -112,12 +113,22 @@ def headline(args: argparse.Namespace) -> int:
 
 def overload(args: argparse.Namespace) -> int:
     from bench.overload import OverloadOptions, run_overload
+    from bench.servers import bench_api_key
 
     _check_rounds(args.rounds)
     tail = () if args.no_tail else tuple(args.tail)
     serve_args = tuple(args.serve_arg)
     options = OverloadOptions(
-        args.bundle, args.seq, args.factor, args.flood, args.duration, args.soak, serve_args, tail, args.rounds
+        args.bundle,
+        args.seq,
+        args.factor,
+        args.flood,
+        args.duration,
+        args.soak,
+        serve_args,
+        tail,
+        args.rounds,
+        api_key=bench_api_key(),
     )
     with cancellable() as stop:
         run_overload(options, open_store(args), stop)

@@ -31,7 +31,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,9 @@ class OverloadOptions:
     serve_args: tuple[str, ...] = ()
     tail_seqs: tuple[int, ...] = (8, 128)  # token counts of the tail phases (empty: none)
     rounds: int = 1  # passes of capacity, open loop, flood and recovery
+    api_key: str | None = field(
+        default=None, repr=False
+    )  # the server's HARE_API_KEY, which it inherits (bench_api_key)
 
 
 class _Scenario:
@@ -148,6 +151,7 @@ class _Scenario:
             duration_s=kw.get("duration", self.options.duration_s),
             max_requests=kw.get("max_requests", LoadSpec.max_requests),
             timeout_s=60.0,
+            token=self.options.api_key,
         )
         return run_load(spec, stop=self.stop, probe=server.cpu_seconds if "duration" not in kw else None)
 

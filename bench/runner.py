@@ -77,6 +77,7 @@ class RunOptions:
     serve_args: list[str] = field(default_factory=list)
     rounds: int = 1  # passes over every target's points (see the module's docstring)
     token: str | None = field(default=None, repr=False)  # hare's admin token for /info and /metrics (bench_token)
+    api_key: str | None = field(default=None, repr=False)  # hare's API key for /predict (bench_api_key)
 
 
 def plan(options: RunOptions) -> list[Planned]:
@@ -183,11 +184,7 @@ class Runner:
             # A target no request of which was answered is no measurement: a server that answers GET /info as
             # hare does and fails every /predict (another task's, a broken model) was a run done, exit 0.
             unanswered = [t for t, answers in self._answers.items() if not answers["200"]]
-            self.failures += [
-                f"{t}: every request failed ({_statuses(self._answers[t])}): check that it serves {subject.task} "
-                "at POST /predict, and its log"
-                for t in unanswered
-            ]
+            self.failures += [_unanswered(t, self._answers[t], subject.task, self.options.api_key) for t in unanswered]
             if self.failures:
                 message = "; ".join(self.failures)
                 status = "failed" if self.k == 0 or "hare" in unanswered or "hare" in self.stopped else "done"
@@ -318,6 +315,7 @@ class Runner:
             duration_s=g.duration_s,
             max_requests=g.max_requests,
             timeout_s=g.timeout_s,
+            token=self.options.api_key if p.target == "hare" else None,
         )
         samples = run_load(
             spec,
@@ -370,6 +368,10 @@ class Runner:
                 f"{p.target} stopped answering at point {k}: 0 answers, {_statuses(Counter(point.errors))}; "
                 "its later points were not measured"
             )
+        if point.ok == 0 and set(point.errors) == {"401"}:
+            # A key it lacks or got wrong is refused at every later point too: said now, not after the grid.
+            self.stopped.append(p.target)
+            raise InputError(_unanswered(p.target, Counter(point.errors), self.subject.task, self.options.api_key))
         if by_process and workers > 1 and sum(by_process) > 0.2 and by_process[0] > 0.85 * sum(by_process):
             self.reporter.log(
                 f"{p.target}: one server process used {by_process[0] / sum(by_process):.0%} of the server's CPU "
@@ -447,6 +449,16 @@ def _groups(planned: list[Planned]) -> list[list[Planned]]:
         else:
             out.append([p])
     return out
+
+
+def _unanswered(target: str, answers: Counter[str], task: str, api_key: str | None) -> str:
+    """Why none of a target's requests was answered, and what to check."""
+    if {status for status, n in answers.items() if n} == {"401"}:
+        check = "set HARE_API_KEY to its API key: the bench sends it as the bearer token on POST /predict"
+        check = f"it refuses the HARE_API_KEY the bench sent; {check}" if api_key else f"it has an API key; {check}"
+    else:
+        check = f"check that it serves {task} at POST /predict, and its log"
+    return f"{target}: every request failed ({_statuses(answers)}): {check}"
 
 
 def _statuses(answers: Counter[str]) -> str:

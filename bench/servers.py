@@ -230,6 +230,13 @@ def bench_token(env: Mapping[str, str] | None = None) -> str | None:
     return next((env[name] for name in TOKEN_VARS if env.get(name)), None)
 
 
+def bench_api_key(env: Mapping[str, str] | None = None) -> str | None:
+    """The API key the bench sends with its POST /predict to hare: $HARE_API_KEY, the variable the server reads
+    (so a `hare serve` the bench starts, which inherits it, is answered too)."""
+    env = os.environ if env is None else env
+    return env.get("HARE_API_KEY") or None
+
+
 def get_json(url: str, path: str, timeout: float = 5.0, token: str | None = None) -> tuple[int, bytes]:
     host, port = split_url(url)
 

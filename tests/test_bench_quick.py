@@ -375,6 +375,51 @@ def test_a_server_with_an_admin_token_is_measured_with_hare_bench_token(
     )
 
 
+class _ApiKey(_FailingPredict):
+    """A hare with HARE_API_KEY: POST /predict needs the bearer token, GET /info does not."""
+
+    failing = 10**9
+    seen: ClassVar[list[str | None]] = []
+
+    def do_POST(self) -> None:
+        type(self).seen.append(self.headers.get("authorization"))
+        if self.headers.get("authorization") != "Bearer k3y":
+            self.rfile.read(int(self.headers["content-length"]))
+            self._answer(401, b'{"error": "/predict needs the header Authorization: Bearer <HARE_API_KEY>"}')
+        else:
+            super().do_POST()
+
+
+@pytest.mark.parametrize("key", [None, "wrong", "k3y"])
+def test_a_server_with_an_api_key_is_measured_with_hare_api_key(
+    key: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bench sent no key: every point thousands of 401s, and at the end "check that it serves
+    # feature-extraction at POST /predict" (the console's bench of such a server, the same).
+    if key:
+        monkeypatch.setenv("HARE_API_KEY", key)
+    else:
+        monkeypatch.delenv("HARE_API_KEY", raising=False)
+    handler: type[_ApiKey] = type("Key", (_ApiKey,), {"seen": []})
+    db = tmp_path / "bench.db"
+    flags = ["--seq", "comet", "--batch", "1,2", "--warmup", "0", "--duration", "0.3", "--progress", "none"]
+    with web_server(handler) as url:
+        code = hare(["bench", "run", url, "--task", "feature-extraction", *flags, "--db", str(db)])
+    [run] = Store(db).runs()
+    points = Store(db).points(run.id)
+    if key == "k3y":
+        assert (code, run.status) == (0, "done") and [p.ok > 0 for p in points] == [True, True]
+        assert set(handler.seen) == {"Bearer k3y"}
+        return
+    [point] = points  # the second point is not measured: it would be refused as well
+    assert code == 1 and run.status == "failed" and point.ok == 0
+    refused = "it refuses the HARE_API_KEY the bench sent" if key else "it has an API key"
+    assert run.message == (
+        f"hare: every request failed ({point.errors['401']:,} answered 401): {refused}; set HARE_API_KEY to its "
+        "API key: the bench sends it as the bearer token on POST /predict"
+    )
+
+
 class _Dying(_FailingPredict):
     """Answers as hare does until it has answered `lives` requests, then closes every connection unanswered."""
 

@@ -483,7 +483,8 @@ def test_a_restarted_console_says_a_run_it_did_not_start_is_under_way(
 
 
 def test_the_bench_gets_the_consoles_appliance_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The bench the console started sent no token: "does not answer GET /info ... (status 401): check the URL".
+    # The bench the console started sent no token: "does not answer GET /info ... (status 401): check the URL";
+    # nor the API key: every /predict a 401.
     from admin_ui import benchjob
 
     _stand_in(monkeypatch)
@@ -495,12 +496,14 @@ def test_the_bench_gets_the_consoles_appliance_token(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr("admin_ui.views.benchmarks.start_alone", start)
     monkeypatch.setenv("HARE_CONSOLE_APPLIANCE_TOKEN", "s3cret")
+    monkeypatch.setenv("HARE_CONSOLE_APPLIANCE_API_KEY", "k3y")
     monkeypatch.delenv("HARE_BENCH_TOKEN", raising=False)
-    with fake_appliance("text-classification", token="s3cret") as fake:
+    monkeypatch.delenv("HARE_API_KEY", raising=False)
+    with fake_appliance("text-classification", token="s3cret", api_key="k3y") as fake:
         at = _page(tmp_path / "bench.db", monkeypatch, fake.url)
         at.button[0].click().run()
         at = _until_done(at)
-    assert not at.exception and [e["HARE_BENCH_TOKEN"] for e in envs] == ["s3cret"]
+    assert not at.exception and [(e["HARE_BENCH_TOKEN"], e["HARE_API_KEY"]) for e in envs] == [("s3cret", "k3y")]
 
 
 def test_page_shows_a_failed_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

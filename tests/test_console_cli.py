@@ -137,6 +137,10 @@ def test_settings_from_env_and_errors() -> None:
     assert (
         ConsoleSettings.from_env({"HARE_ADMIN_TOKEN": "a", "HARE_CONSOLE_APPLIANCE_TOKEN": "b"}).appliance_token == "b"
     )
+    assert ConsoleSettings.from_env({"HARE_API_KEY": "k"}).appliance_api_key == "k"
+    assert (
+        ConsoleSettings.from_env({"HARE_API_KEY": "k", "HARE_CONSOLE_APPLIANCE_API_KEY": "c"}).appliance_api_key == "c"
+    )
     with pytest.raises(SettingsError, match="HARE_CONSOLE_TIMEOUT must be a positive number"):
         ConsoleSettings.from_env({"HARE_CONSOLE_TIMEOUT": "-1"})
     with pytest.raises(SettingsError, match="HARE_CONSOLE_APPLIANCES: 'ftp://x'"):

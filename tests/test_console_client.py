@@ -109,6 +109,22 @@ def test_appliance_token_is_sent_as_bearer() -> None:
             assert client.metrics_text().startswith("# HELP")
 
 
+def test_the_api_key_goes_to_predict_and_the_admin_token_elsewhere() -> None:
+    # An appliance whose HARE_API_KEY differs from its HARE_ADMIN_TOKEN refused the Playground's every text: the
+    # console sent the admin token, and said to give it the admin token it had.
+    with fake_appliance(token="adm", api_key="k3y") as fake:
+        with ApplianceClient(fake.url, token="adm") as client:
+            assert client.info()["task"] == "text-classification"
+            with pytest.raises(BadResponse) as caught:
+                client.predict("great")
+        with ApplianceClient(fake.url, token="adm", api_key="k3y") as client:
+            assert client.info()["task"] == "text-classification"
+            assert client.predict("great").output[0] == {"label": "POSITIVE", "score": 0.87}
+    assert caught.value.status == 401 and str(caught.value).endswith(
+        "; give the console the appliance's API key (HARE_CONSOLE_APPLIANCE_API_KEY or HARE_API_KEY)"
+    )
+
+
 def test_probe_describes_a_healthy_appliance() -> None:
     with fake_appliance("text-ranking") as fake:
         p = probe(fake.url)

@@ -170,7 +170,8 @@ class Fake:
 
     task: str = "text-classification"
     mode: str = "hare"
-    token: str | None = None
+    token: str | None = None  # its HARE_ADMIN_TOKEN: /info and /metrics need it
+    api_key: str | None = None  # its HARE_API_KEY: POST /predict needs it
     scrapes: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
@@ -193,8 +194,8 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _authorized(self) -> bool:
-            if fake.token and self.headers.get("authorization") != f"Bearer {fake.token}":
+        def _authorized(self, secret: str | None) -> bool:
+            if secret and self.headers.get("authorization") != f"Bearer {secret}":
                 self._send(401, {"error": "missing or wrong API token", "type": "unauthorized"})
                 return False
             return True
@@ -206,9 +207,9 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
                 self._send(200, {"status": "ok"})
             elif self.path == "/ready":
                 self._send(200, {"ready": True})
-            elif self.path == "/info" and self._authorized():
+            elif self.path == "/info" and self._authorized(fake.token):
                 self._send(200, info(fake.task))
-            elif self.path == "/metrics" and self._authorized():
+            elif self.path == "/metrics" and self._authorized(fake.token):
                 fake.scrapes += 1
                 n = {"idle": 0, "quiet": 50}.get(fake.mode, fake.scrapes)
                 self._send(200, metrics_text(n, fake.task), "text/plain; version=0.0.4")
@@ -222,7 +223,7 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
                 self._send(404, "<html>Not Found</html>", "text/html")
             elif fake.mode == "error":
                 self._send(422, {"error": "input 0 has 900 tokens; this model takes 128", "type": "input_too_long"})
-            elif self.path == "/predict" and self._authorized():
+            elif self.path == "/predict" and self._authorized(fake.api_key):
                 timing = "tokenize;dur=0.21, queue;dur=0.05, inference;dur=1.9, postprocess;dur=0.04"
                 headers = {"x-compute-time": "0.0022", "server-timing": timing}
                 # As hare does: one token a word and two special tokens, cut at max_length (128) unless told not to.
@@ -236,9 +237,11 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def fake_appliance(task: str = "text-classification", mode: str = "hare", token: str | None = None) -> Iterator[Fake]:
+def fake_appliance(
+    task: str = "text-classification", mode: str = "hare", token: str | None = None, api_key: str | None = None
+) -> Iterator[Fake]:
     """A Fake listening on a free loopback port for the duration of the block; `fake.url` is its address."""
-    fake = Fake(task, mode, token)
+    fake = Fake(task, mode, token, api_key)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
     server.daemon_threads = True
     fake.url = f"http://127.0.0.1:{server.server_address[1]}"

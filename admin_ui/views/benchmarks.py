@@ -96,8 +96,9 @@ def _unfollowed(db: Path) -> None:
 
 def _start(config: BenchConfig, db: Path) -> None:
     slot = _slot()
+    s = state.settings()
     try:
-        start_alone(slot, config.command(db), env=bench_env(os.environ, state.settings().appliance_token))
+        start_alone(slot, config.command(db), env=bench_env(os.environ, s.appliance_token, s.appliance_api_key))
     except Busy as busy:  # this tab's form was drawn before another tab started one
         st.session_state[REFUSED] = f"Not started: {_which(busy.job)} is under way; its progress is below."
         st.rerun()
