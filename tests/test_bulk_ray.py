@@ -283,3 +283,72 @@ def test_a_jsonl_with_odd_rows_keeps_them_with_their_reason(
     (tmp_path / "in" / "in.jsonl").write_text("\n".join(lines[40:]) + "\n")
     assert hare([*args, "--ray", cluster.address, "--overwrite"]) == 2
     assert "every row of" in capsys.readouterr().err and pq.read_table(tmp_path / "o").num_rows == 4
+
+
+def test_a_cluster_with_token_authentication_names_the_token_and_runs_with_it(
+    fp32_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    # Said "no Ray cluster at --ray 127.0.0.1:PORT; start one with `ray start --head`", of a head that answered,
+    # after 20 s of Ray's "Authentication token is missing" lines. Ray turns token authentication on where a
+    # token file exists, and by default from 2.61. A head of its own (its own process group and temp folder).
+    import contextlib
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = "hare" * 8
+    here = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # a short path: Ray's sockets live there
+    start = ["start", "--head", "--port", str(port), "--num-cpus", "2", "--include-dashboard", "false"]
+    with (tmp_path / "head.log").open("wb") as log:
+        head = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ray.scripts.scripts",
+                *start,
+                "--disable-usage-stats",
+                "--temp-dir",
+                temp,
+                "--block",
+            ],
+            env={**here, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    (tmp_path / "in.csv").write_text("id,text\nr1,a text\nr2,another text\n")
+    bundle = str(fp32_bundle("feature-extraction"))
+    argv = [sys.executable, "-m", "hare.cli", "run", bundle, "-i", str(tmp_path / "in.csv"), "-o", str(tmp_path / "o")]
+    argv += ["--ray", f"127.0.0.1:{port}", "-q"]
+    driver = {**here, "HOME": str(tmp_path)}  # no ~/.ray/auth_token of this machine's
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(
+            ["ray", "status", "--address", f"127.0.0.1:{port}"],
+            env={**driver, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token},
+            capture_output=True,
+        ).returncode:
+            assert time.monotonic() < deadline and head.poll() is None, "the head did not start"
+            time.sleep(1)
+        refused = subprocess.run(argv, env=driver, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and not (tmp_path / "o").exists()
+        assert refused.stderr.splitlines()[-1].startswith(f"hare run: error: the Ray head at --ray 127.0.0.1:{port} ")
+        assert "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN to its token" in refused.stderr
+        ran = subprocess.run(
+            argv, env={**driver, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}, capture_output=True, text=True
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert pq.read_table(tmp_path / "o").num_rows == 2
+        # -q: the summary, without Ray's "Connected to Ray cluster." and "Progress bars disabled" lines
+        assert "Connected to Ray" not in ran.stderr and "Progress bars" not in ran.stderr, ran.stderr
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)  # `ray stop` would stop every Ray of the machine
+        head.wait(30)
+        shutil.rmtree(temp, ignore_errors=True)

@@ -170,7 +170,7 @@ def run_on_ray(
     busy = f"another hare run --ray is writing {output} now; wait for it, or give this job another output"
     with holding(output.parent / f".{output.name}.ray-lock", busy):
         try:
-            dataset = _dataset(address, bundle, files, stage, batch_rows)
+            dataset = _dataset(address, bundle, files, stage, batch_rows, quiet)
             shutil.rmtree(work, ignore_errors=True)  # a killed job's, never moved to the output
             with _quiet_data(quiet), warnings.catch_warnings():
                 # Planned from the input's files, before the repartition splits them: "the operator only received 1
@@ -191,10 +191,10 @@ def run_on_ray(
         return rows
 
 
-def _dataset(address: str, bundle: Path, files: list[Path], stage: dict[str, Any], batch_rows: int) -> Any:
+def _dataset(address: str, bundle: Path, files: list[Path], stage: dict[str, Any], batch_rows: int, quiet: bool) -> Any:
     """The job's Ray dataset: the corpus read as on one machine, in blocks of at most `batch_rows` rows (a file
     is one block to Ray Data's reader: one actor ran a one-file corpus while the others idled), through
-    HareStage."""
+    HareStage. `quiet`: without Ray's "Connected to Ray cluster" line."""
     import ray
 
     hare_env = {k: v for k, v in os.environ.items() if k.startswith("HARE_")}
@@ -202,11 +202,14 @@ def _dataset(address: str, bundle: Path, files: list[Path], stage: dict[str, Any
         ray.init(
             address=address,
             log_to_driver=False,
+            logging_level=logging.WARNING if quiet else logging.INFO,
             ignore_reinit_error=True,
             runtime_env={"env_vars": hare_env} if hare_env else None,
         )
-    except ConnectionError as exc:  # "auto" with no cluster running
-        raise InputError(f"no Ray cluster at --ray {address} ({exc}); start one with `ray start --head`") from None
+    except ConnectionError as exc:
+        if address == "auto":  # no cluster running on this machine
+            raise InputError(f"no Ray cluster at --ray auto ({exc}); start one with `ray start --head`") from None
+        raise InputError(joining(address, str(exc), ray.__version__)) from None
     except (ImportError, RuntimeError) as exc:
         if "ray[client]" not in str(exc):
             raise
@@ -241,6 +244,18 @@ def _dataset(address: str, bundle: Path, files: list[Path], stage: dict[str, Any
         batch_size=batch_rows,
         num_cpus=1,
         compute=ray.data.ActorPoolStrategy(size=cpus - 1),
+    )
+
+
+def joining(address: str, error: str, version: str) -> str:
+    """Why a driver could not join a cluster whose head's port answered (_reachable): most often the cluster's
+    token, which this driver lacks (Ray turns token authentication on where a token file exists, and by default
+    from 2.61); Ray said only "Failed to connect", after 20 s of "Authentication token is missing" lines."""
+    return (
+        f"the Ray head at --ray {address} answers, but this driver could not join its cluster ({error}): if the "
+        "cluster uses token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN to its token (`ray "
+        "get-auth-token` on the head prints it); else check that the address is the head's GCS port (6379 by "
+        f"default) and that the cluster runs this Ray ({version})"
     )
 
 
@@ -283,15 +298,21 @@ def _quiet_data(quiet: bool) -> Iterator[None]:
     import ray
 
     context = ray.data.DataContext.get_current()
-    logger = logging.getLogger("ray.data")
-    saved = context.enable_progress_bars, context.print_on_execution_start, logger.level
+    # ray.data's INFO, and its progress module's warning that the bars it was told to turn off are off
+    loggers = {logging.getLogger("ray.data"): logging.WARNING, logging.getLogger(PROGRESS_LOGGER): logging.ERROR}
+    saved = context.enable_progress_bars, context.print_on_execution_start, {k: k.level for k in loggers}
     context.enable_progress_bars = context.print_on_execution_start = False
-    logger.setLevel(logging.WARNING)
+    for logger, level in loggers.items():
+        logger.setLevel(level)
     try:
         yield
     finally:
         context.enable_progress_bars, context.print_on_execution_start = saved[:2]
-        logger.setLevel(saved[2])
+        for logger, level in saved[2].items():
+            logger.setLevel(level)
+
+
+PROGRESS_LOGGER = "ray.data._internal.progress"
 
 
 def check_output(source: Path, output: Path, overwrite: bool) -> None:
