@@ -263,22 +263,30 @@ def test_a_jsonl_with_odd_rows_keeps_them_with_their_reason(
     lines = [json.dumps({"id": i, "text": f"row {i} by the river"}) for i in range(40)]
     lines += [json.dumps({"id": "s1", "text": 12345}), "not json at all", json.dumps({"id": "s2"}), "[1, 2]"]
     # As on one machine: a byte order mark first is skipped, and a folder's files that are not JSONL are not read
-    # (a README.md was read as rows, and the mark rejected the first).
+    # (a README.md was read as rows, and the mark rejected the first); a blank line is skipped, and a line with a
+    # byte that is not UTF-8 is rejected with its id (Ray Data's text reader failed the job on it, a traceback).
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "in.jsonl").write_text("\ufeff" + "\n".join(lines) + "\n")
+    latin1 = '{"id": "s3", "text": "caf\xe9"}'.encode("latin-1")
+    (tmp_path / "in" / "in.jsonl").write_bytes(("\ufeff" + "\n".join(lines) + "\n\n").encode() + latin1 + b"\n")
     (tmp_path / "in" / "README.md").write_text("# the corpus\nfrom the river\n")
     from hare.cli import main as hare
 
     args = ["run", str(fp32_bundle("feature-extraction")), "-i", str(tmp_path / "in"), "-o", str(tmp_path / "o")]
     assert hare([*args, "--ray", cluster.address]) == 0
-    assert "44 rows" in capsys.readouterr().out
+    assert "45 rows" in capsys.readouterr().out
     table = pq.read_table(tmp_path / "o")
     rows = list(zip(table.column("id").to_pylist(), table.column("error").to_pylist(), strict=True))
     errors = dict(rows)
     assert all(errors[str(i)] is None for i in range(40))  # ids as text, as hare run writes a JSONL's
     assert errors["s1"] == "its text is a number, not text" and errors["s2"] == 'the row has no "text" field'
-    bad = sorted(e for i, e in rows if i is None)
-    assert bad[0] == "the line is a list, not a JSON object" and bad[1].startswith("the line is not valid JSON")
+    assert errors["s3"] == "the line is not UTF-8: its byte 26 is 0xe9"
+    # A line that is no object has no id to name it: its file and line do (it said "the line is not valid JSON").
+    path = tmp_path / "in" / "in.jsonl"
+    assert sorted(e for i, e in rows if i is None) == [
+        f"line 42 of {path}: the line is not valid JSON (UTF-8): invalid literal, expected 'null': line 1 column 1 "
+        "(char 0)",
+        f"line 44 of {path}: the line is a list, not a JSON object",
+    ]
     # Nothing but bad rows: one sentence and exit 2, as a job on one machine ends.
     (tmp_path / "in" / "in.jsonl").write_text("\n".join(lines[40:]) + "\n")
     assert hare([*args, "--ray", cluster.address, "--overwrite"]) == 2

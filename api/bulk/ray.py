@@ -119,31 +119,42 @@ class HareStage:
 REASON = "_hare_reason"  # jsonl_rows' column: why a row cannot be run (null: it can)
 
 
-def jsonl_rows(lines: pa.Table, names: list[str], id_column: str) -> pa.Table:
-    """JSONL lines (Ray Data's read_text) as the rows `hare run` reads from them, parsed here: a line that is not
-    a JSON object, or a field that is not text, rejects its row with the reason `hare run` gives (reader.check),
-    where Ray Data's JSON reader, guessing one Arrow type a column, failed the whole job on it (a number among
-    the texts, ints then strings as ids). Ids as text, as `hare run` writes a JSONL's."""
+def jsonl_rows(files: pa.Table, names: list[str], id_column: str) -> pa.Table:
+    """JSONL files (Ray Data's read_binary_files: a row a file, its bytes and path) as the rows `hare run` reads
+    from them, parsed here a line at a time as on one machine: blank lines skipped, a byte order mark first
+    skipped; a line that is not a JSON object, or a field that is not text, rejects its row with the reason
+    `hare run` gives (reader.check), a line that is no object naming its file and line number (its id cannot).
+    Ray Data's JSON reader, guessing one Arrow type a column, failed the whole job on such a row (a number among
+    the texts, ints then strings as ids), and its text reader on a byte that is not UTF-8. Ids as text, as
+    `hare run` writes a JSONL's."""
     ids: list[str | None] = []
     reasons: list[str | None] = []
     columns: dict[str, list[str | None]] = {name: [] for name in names}
-    for line in lines.column("text").to_pylist():
-        row = json_row(line.removeprefix("\ufeff"))  # a file's byte order mark, skipped as on one machine
-        if isinstance(row, Bad):
-            ids.append(None)
-            reasons.append(row.reason)
-            for column in columns.values():
-                column.append(None)
-            continue
-        ids.append(text_id(row.get(id_column)))
-        reason = None
-        for name, column in columns.items():
-            value = json_field(row, name)
-            column.append(value if isinstance(value, str) else None)
-            if reason is None and not isinstance(value, str):
-                reason = check(value, name, sys.maxsize)
-        reasons.append(reason)
+    for data, path in zip(files.column("bytes").to_pylist(), files.column("path").to_pylist(), strict=True):
+        for number, line in enumerate(data.removeprefix(BOM).splitlines(), 1):
+            if not line.strip():
+                continue
+            row = json_row(line)
+            if isinstance(row, Bad):
+                salvaged = json_row(line.decode("utf-8", "replace"))  # a line rejected for its bytes: its id
+                row_id = None if isinstance(salvaged, Bad) else text_id(salvaged.get(id_column))
+                ids.append(row_id)
+                reasons.append(row.reason if row_id is not None else f"line {number} of {path}: {row.reason}")
+                for column in columns.values():
+                    column.append(None)
+                continue
+            ids.append(text_id(row.get(id_column)))
+            reason = None
+            for name, column in columns.items():
+                value = json_field(row, name)
+                column.append(value if isinstance(value, str) else None)
+                if reason is None and not isinstance(value, str):
+                    reason = check(value, name, sys.maxsize)
+            reasons.append(reason)
     return pa.table({id_column: pa.array(ids, pa.string()), **columns, REASON: pa.array(reasons, pa.string())})
+
+
+BOM = "\ufeff".encode()
 
 
 def run_on_ray(
@@ -229,7 +240,8 @@ def _dataset(address: str, bundle: Path, files: list[Path], stage: dict[str, Any
     id_column = stage["columns"].id or "id"
     if fmt == "jsonl":
         parse = functools.partial(jsonl_rows, names=names, id_column=id_column)
-        dataset = ray.data.read_text(paths).map_batches(parse, batch_format="pyarrow")
+        whole = ray.data.read_binary_files(paths, include_paths=True)  # read_text reads a file whole too
+        dataset = whole.map_batches(parse, batch_format="pyarrow", batch_size=1)  # a file at a time
     elif fmt == "csv":
         # Every column read as text, as on one machine: Ray Data's reader guessed types, and ids 007 and 1e3
         # came out as the numbers 7.0 and 1000.0.
