@@ -181,11 +181,13 @@ def _on_ray(args: argparse.Namespace, settings: Settings, options: BulkOptions) 
     model.check(columns)
     corpus = Corpus(options.input, columns, model.task.pairs, options.input_format)
     model.probe(corpus.id_type)
+    pairs = model.task.pairs
     del model
     check_output(options.input, options.output, options.overwrite)
     stage = {
         "format": corpus.format,
         "names": list(corpus.names),
+        "pairs": pairs,
         "parameters": options.parameters,
         "columns": columns,
         "long_input": options.long_input,

@@ -1,6 +1,6 @@
 """A bundle as a Ray Data stage, for corpora one machine cannot carry: `HareStage`, a callable class for
 `Dataset.map_batches` (one actor per core, each one model thread), and `run_on_ray`, what `hare run --ray
-ADDRESS` does with it (Ray Data's readers and Parquet writer around the stage).
+ADDRESS` does with it (the corpus read as on one machine, and Ray Data's Parquet writer, around the stage).
 
     import ray
     from api.bulk.ray import HareStage
@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 
 from api.bulk.job import check_apart
 from api.bulk.model import BulkModel
-from api.bulk.reader import Bad, Columns, check, checked_chunk, json_field, json_row, text_id
+from api.bulk.reader import Bad, Columns, Corpus, check, checked_chunk, json_field, json_row, text_id
 from api.bulk.writer import conform
 from api.config import Settings
 from container.locking import holding
@@ -157,6 +156,28 @@ def jsonl_rows(files: pa.Table, names: list[str], id_column: str) -> pa.Table:
 BOM = "\ufeff".encode()
 
 
+def csv_rows(files: pa.Table, columns: Columns, pairs: bool, chunk_rows: int) -> Iterator[pa.Table]:
+    """CSV files (a row a path) as the rows `hare run` reads from them, read by its own reader (reader.Corpus):
+    every column as text (Ray Data's reader guessed types, and ids 007 and 1e3 came out as the numbers 7.0 and
+    1000.0), and a row with more or fewer fields than the header, or a value that is not UTF-8, a reject naming
+    its row and file where Ray Data's reader failed the whole job (and the sentence said "fields" of both)."""
+    for path in files.column("path").to_pylist():
+        corpus = Corpus(Path(path), columns, pairs, "csv", named=True)
+        id_column = corpus.id_column or "id"
+        for chunk in corpus.chunks(chunk_rows, sys.maxsize):  # the stage checks the length, with its --max-chars
+            bad = chunk.rejects
+            yield pa.table(
+                {
+                    id_column: pa.array([*chunk.ids, *(r.id for r in bad)], pa.string()),
+                    **{
+                        name: pa.array([*texts, *([None] * len(bad))], pa.string())
+                        for name, texts in zip(corpus.names, chunk.values, strict=True)
+                    },
+                    REASON: pa.array([*([None] * len(chunk.ids)), *(r.reason for r in bad)], pa.string()),
+                }
+            )
+
+
 def run_on_ray(
     address: str,
     bundle: Path,
@@ -235,7 +256,7 @@ def _dataset(address: str, bundle: Path, files: list[Path], stage: dict[str, Any
             "another; give it at least 2"
         )
     stage = dict(stage)
-    fmt, names = stage.pop("format"), stage.pop("names")
+    fmt, names, pairs = stage.pop("format"), stage.pop("names"), stage.pop("pairs")
     paths = [str(f.resolve()) for f in files]
     id_column = stage["columns"].id or "id"
     if fmt == "jsonl":
@@ -243,10 +264,12 @@ def _dataset(address: str, bundle: Path, files: list[Path], stage: dict[str, Any
         whole = ray.data.read_binary_files(paths, include_paths=True)  # read_text reads a file whole too
         dataset = whole.map_batches(parse, batch_format="pyarrow", batch_size=1)  # a file at a time
     elif fmt == "csv":
-        # Every column read as text, as on one machine: Ray Data's reader guessed types, and ids 007 and 1e3
-        # came out as the numbers 7.0 and 1000.0.
-        text = {name: pa.string() for name in (id_column, *names)}
-        dataset = ray.data.read_csv(paths, convert_options=pacsv.ConvertOptions(column_types=text))
+        parse = functools.partial(csv_rows, columns=stage["columns"], pairs=pairs, chunk_rows=batch_rows)
+        dataset = ray.data.from_items([{"path": p} for p in paths]).map_batches(
+            parse,
+            batch_format="pyarrow",
+            batch_size=1,  # a file at a time, streamed
+        )
     else:
         dataset = ray.data.read_parquet(paths)
     return dataset.repartition(target_num_rows_per_block=batch_rows).map_batches(
@@ -286,18 +309,9 @@ def _replace(output: Path, work: Path) -> None:
 def _said(exc: BaseException) -> InputError | None:
     """What a failed Ray job's error says, in one sentence (None: a failure of another kind, raised as it is).
     A stage's InputError (a node without the bundle, say) reaches the driver as the text of Ray's error alone
-    (its cause is not carried over), its last line naming it; Ray Data's CSV reader fails the whole job on a row
-    with more or fewer fields than the header."""
-    text = str(exc)
-    if said := re.findall(rf"^{re.escape(InputError.__module__)}\.\w+: (.+)$", text, re.M):
-        return InputError(said[-1])
-    if read := re.search(r"Failed to read CSV file: (.+?)\. Please check", text):
-        return InputError(
-            f"{read[1]}: Ray Data's CSV reader stops at a row with more or fewer fields than the header (on one "
-            "machine such a row is rejected); find it with `hare run` without --ray, which names its row, and fix "
-            "it, or convert the file to Parquet"
-        )
-    return None
+    (its cause is not carried over), its last line naming it."""
+    said = re.findall(rf"^{re.escape(InputError.__module__)}\.\w+: (.+)$", str(exc), re.M)
+    return InputError(said[-1]) if said else None
 
 
 @contextlib.contextmanager

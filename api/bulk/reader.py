@@ -121,12 +121,14 @@ class Corpus:
     run on from file to file): its format, its size for progress, the type of its ids, and its chunks. Every
     file's head is checked when the corpus opens, so a bad file stops the job before any row runs."""
 
-    def __init__(self, path: Path, columns: Columns, pairs: bool, fmt: str | None = None) -> None:
+    def __init__(self, path: Path, columns: Columns, pairs: bool, fmt: str | None = None, named: bool = False) -> None:
+        """`named`: a file's rejects name it, as a folder's files' do (a Ray read task reads one file of many)."""
         self.path = path
         self.files = corpus_files(path, fmt)  # a folder is listed once: its files, and from them its format
         self.format = fmt or (_one_format(path, self.files) if path.is_dir() else input_format(path))
         self.names = columns.values(pairs)
-        self._files = [_File(f, self.format, columns, pairs, path if path.is_dir() else None) for f in self.files]
+        folder = path if path.is_dir() else path.parent if named else None
+        self._files = [_File(f, self.format, columns, pairs, folder) for f in self.files]
         first = self._files[0]
         for other in self._files[1:]:
             if (other.id, other.id_type) != (first.id, first.id_type):
