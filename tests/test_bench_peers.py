@@ -179,6 +179,7 @@ def test_hare_serve_over_http_answers_as_hare_in_process_and_is_stopped_after_th
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ServerProcess, "start", kept)
+        patch.setenv("HARE_API_KEY", "k3y")  # which the server inherits: every call was a 401
         _, rows = run_peers(options, Store(tmp_path / "bench.db"), say=lambda _: None)
     http = {r.key: r for r in rows}["hare-http"]
     assert not http.skipped and http.p50_ms[1] > 0 and http.sentences_s[1] > 0

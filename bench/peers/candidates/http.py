@@ -11,7 +11,7 @@ import numpy as np
 
 from bench.peers.candidates.base import Encoder, Skip, Vectors
 from bench.peers.candidates.workspace import Workspace
-from bench.servers import ServerProcess, hare_server
+from bench.servers import ServerProcess, bench_api_key, hare_server
 from container.bundle import read_manifest
 
 
@@ -22,7 +22,9 @@ class HttpEncoder:
 
     def __init__(self, server: ServerProcess) -> None:
         self.server = server
-        self.client = httpx.Client(base_url=server.url, timeout=120.0)
+        key = bench_api_key()  # the server inherits HARE_API_KEY: every call was a 401
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.client = httpx.Client(base_url=server.url, timeout=120.0, headers=headers)
 
     def __call__(self, texts: list[str]) -> Vectors:
         answer = self.client.post("/predict", json={"inputs": texts, "parameters": {"encoding_format": "base64"}})
