@@ -115,7 +115,7 @@ class HareStage:
         return self._schemas[id_type]
 
 
-REASON = "_hare_reason"  # jsonl_rows' column: why a row cannot be run (null: it can)
+REASON = "_hare_reason"  # jsonl_rows' and csv_rows' column: why a row cannot be run (null: it can)
 
 
 def jsonl_rows(files: pa.Table, names: list[str], id_column: str) -> pa.Table:
@@ -239,9 +239,9 @@ def _dataset(address: str, bundle: Path, files: list[Path], stage: dict[str, Any
             runtime_env={"env_vars": hare_env} if hare_env else None,
         )
     except ConnectionError as exc:
-        if address == "auto":  # no cluster running on this machine
-            raise InputError(f"no Ray cluster at --ray auto ({exc}); start one with `ray start --head`") from None
-        raise InputError(joining(address, str(exc), ray.__version__)) from None
+        if address == "auto" or "://" in address:  # no cluster running on this machine; a port not looked at
+            raise InputError(f"no Ray cluster at --ray {address} ({exc}); start one with `ray start --head`") from None
+        raise InputError(_joining(address, str(exc), ray.__version__)) from None
     except (ImportError, RuntimeError) as exc:
         if "ray[client]" not in str(exc):
             raise
@@ -282,7 +282,7 @@ def _dataset(address: str, bundle: Path, files: list[Path], stage: dict[str, Any
     )
 
 
-def joining(address: str, error: str, version: str) -> str:
+def _joining(address: str, error: str, version: str) -> str:
     """Why a driver could not join a cluster whose head's port answered (_reachable): most often the cluster's
     token, which this driver lacks (Ray turns token authentication on where a token file exists, and by default
     from 2.61); Ray said only "Failed to connect", after 20 s of "Authentication token is missing" lines."""
