@@ -487,7 +487,18 @@ def test_a_jsonl_line_that_is_not_utf8_is_rejected_with_its_id(tmp_path: Path) -
     (tmp_path / "in.jsonl").write_bytes(b'{"id": "a", "text": "fine"}\n{"id": "b", "text": "bad \xff"}\n')
     [chunk] = Corpus(tmp_path / "in.jsonl", Columns(), pairs=False).chunks(100, 100)
     assert chunk.ids == ["a"] and [(r.row, r.id) for r in chunk.rejects] == [(1, "b")]  # its id was None
-    assert chunk.rejects[0].reason == "the line is not UTF-8: its byte 26 is 0xff"  # was orjson's "surrogates"
+    assert chunk.rejects[0].reason == "line 2: the line is not UTF-8: its byte 26 is 0xff"  # was orjson's "surrogates"
+
+
+def test_a_jsonl_line_that_is_not_an_object_names_its_line_and_file(tmp_path: Path) -> None:
+    # Its reject had a row position alone: blank lines are not rows, and a folder's positions run on from file to
+    # file, so the line was not found by its number.
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text('{"id": "a", "text": "fine"}\n')
+    (tmp_path / "in" / "b.jsonl").write_text('\n{"id": "b", "text": "fine"}\n\nnot json\n')
+    [chunk] = Corpus(tmp_path / "in", Columns(), pairs=False).chunks(100, 100)
+    assert [(r.row, r.id) for r in chunk.rejects] == [(2, None)]
+    assert chunk.rejects[0].reason.startswith("line 4 of b.jsonl: the line is not valid JSON (UTF-8): ")
 
 
 def test_a_first_jsonl_row_without_the_text_or_its_id_is_a_reject_not_the_files_fields(tmp_path: Path) -> None:

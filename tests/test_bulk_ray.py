@@ -179,7 +179,7 @@ def test_csv_ids_stay_text_a_bad_row_is_a_reject_and_a_node_without_the_bundle_i
     ]
     # A node that has no bundle at the path: its actors' error, said as such (it read "build one with hare
     # optimize" inside Ray's traceback text).
-    stage = {"format": "csv", "names": ["text"], "pairs": False, "parameters": {}, "columns": Columns(id="id")}
+    stage = {"format": "csv", "pairs": False, "parameters": {}, "columns": Columns(id="id")}
     with pytest.raises(InputError, match=r"on the Ray node .*: .*does not exist.*every node reads the bundle"):
         run_on_ray(cluster.address, tmp_path / "gone", [tmp_path / "in.csv"], tmp_path / "o2", stage, 64, quiet=True)
 
@@ -284,13 +284,12 @@ def test_a_jsonl_with_odd_rows_keeps_them_with_their_reason(
     errors = dict(rows)
     assert all(errors[str(i)] is None for i in range(40))  # ids as text, as hare run writes a JSONL's
     assert errors["s1"] == "its text is a number, not text" and errors["s2"] == 'the row has no "text" field'
-    assert errors["s3"] == "the line is not UTF-8: its byte 26 is 0xe9"
+    assert errors["s3"] == "line 46 of in.jsonl: the line is not UTF-8: its byte 26 is 0xe9"
     # A line that is no object has no id to name it: its file and line do (it said "the line is not valid JSON").
-    path = tmp_path / "in" / "in.jsonl"
     assert sorted(e for i, e in rows if i is None) == [
-        f"line 42 of {path}: the line is not valid JSON (UTF-8): invalid literal, expected 'null': line 1 column 1 "
+        "line 42 of in.jsonl: the line is not valid JSON (UTF-8): invalid literal, expected 'null': line 1 column 1 "
         "(char 0)",
-        f"line 44 of {path}: the line is a list, not a JSON object",
+        "line 44 of in.jsonl: the line is a list, not a JSON object",
     ]
     # Nothing but bad rows: one sentence and exit 2, as a job on one machine ends.
     (tmp_path / "in" / "in.jsonl").write_text("\n".join(lines[40:]) + "\n")

@@ -186,7 +186,6 @@ def _on_ray(args: argparse.Namespace, settings: Settings, options: BulkOptions) 
     check_output(options.input, options.output, options.overwrite)
     stage = {
         "format": corpus.format,
-        "names": list(corpus.names),
         "pairs": pairs,
         "parameters": options.parameters,
         "columns": columns,

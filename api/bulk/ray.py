@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from api.bulk.job import check_apart
 from api.bulk.model import BulkModel
-from api.bulk.reader import Bad, Columns, Corpus, check, checked_chunk, json_field, json_row, text_id
+from api.bulk.reader import Bad, Columns, Corpus, checked_chunk
 from api.bulk.writer import conform
 from api.config import Settings
 from container.locking import holding
@@ -85,7 +85,7 @@ class HareStage:
             )
         ids = batch.column(id_column).to_pylist()
         values = {name: batch.column(name).to_pylist() for name in self.names}
-        if REASON in batch.column_names:  # JSONL read by jsonl_rows: its bad rows, with their reason
+        if REASON in batch.column_names:  # JSONL or CSV read by file_rows: its bad rows, with their reason
             reasons = batch.column(REASON).to_pylist()
             values = {
                 n: [v if r is None else Bad(r) for v, r in zip(c, reasons, strict=True)] for n, c in values.items()
@@ -115,54 +115,17 @@ class HareStage:
         return self._schemas[id_type]
 
 
-REASON = "_hare_reason"  # jsonl_rows' and csv_rows' column: why a row cannot be run (null: it can)
+REASON = "_hare_reason"  # file_rows' column: why a row cannot be run (null: it can)
 
 
-def jsonl_rows(files: pa.Table, names: list[str], id_column: str) -> pa.Table:
-    """JSONL files (Ray Data's read_binary_files: a row a file, its bytes and path) as the rows `hare run` reads
-    from them, parsed here a line at a time as on one machine: blank lines skipped, a byte order mark first
-    skipped; a line that is not a JSON object, or a field that is not text, rejects its row with the reason
-    `hare run` gives (reader.check), a line that is no object naming its file and line number (its id cannot).
-    Ray Data's JSON reader, guessing one Arrow type a column, failed the whole job on such a row (a number among
-    the texts, ints then strings as ids), and its text reader on a byte that is not UTF-8. Ids as text, as
-    `hare run` writes a JSONL's."""
-    ids: list[str | None] = []
-    reasons: list[str | None] = []
-    columns: dict[str, list[str | None]] = {name: [] for name in names}
-    for data, path in zip(files.column("bytes").to_pylist(), files.column("path").to_pylist(), strict=True):
-        for number, line in enumerate(data.removeprefix(BOM).splitlines(), 1):
-            if not line.strip():
-                continue
-            row = json_row(line)
-            if isinstance(row, Bad):
-                salvaged = json_row(line.decode("utf-8", "replace"))  # a line rejected for its bytes: its id
-                row_id = None if isinstance(salvaged, Bad) else text_id(salvaged.get(id_column))
-                ids.append(row_id)
-                reasons.append(row.reason if row_id is not None else f"line {number} of {path}: {row.reason}")
-                for column in columns.values():
-                    column.append(None)
-                continue
-            ids.append(text_id(row.get(id_column)))
-            reason = None
-            for name, column in columns.items():
-                value = json_field(row, name)
-                column.append(value if isinstance(value, str) else None)
-                if reason is None and not isinstance(value, str):
-                    reason = check(value, name, sys.maxsize)
-            reasons.append(reason)
-    return pa.table({id_column: pa.array(ids, pa.string()), **columns, REASON: pa.array(reasons, pa.string())})
-
-
-BOM = "\ufeff".encode()
-
-
-def csv_rows(files: pa.Table, columns: Columns, pairs: bool, chunk_rows: int) -> Iterator[pa.Table]:
-    """CSV files (a row a path) as the rows `hare run` reads from them, read by its own reader (reader.Corpus):
-    every column as text (Ray Data's reader guessed types, and ids 007 and 1e3 came out as the numbers 7.0 and
-    1000.0), and a row with more or fewer fields than the header, or a value that is not UTF-8, a reject naming
-    its row and file where Ray Data's reader failed the whole job (and the sentence said "fields" of both)."""
+def file_rows(files: pa.Table, fmt: str, columns: Columns, pairs: bool, chunk_rows: int) -> Iterator[pa.Table]:
+    """JSONL or CSV files (a row a path) as the rows `hare run` reads from them, by its own reader (reader.Corpus,
+    streamed): every column as text, and a line that is not JSON, a CSV row with more or fewer fields than the
+    header, a value that is not UTF-8 or not text, a reject with the reason `hare run` gives, naming its file and
+    line or row where it has no id. Ray Data's readers guessed one Arrow type a column (CSV ids 007 and 1e3 came
+    out as the numbers 7.0 and 1000.0) and failed the whole job on any such row."""
     for path in files.column("path").to_pylist():
-        corpus = Corpus(Path(path), columns, pairs, "csv", named=True)
+        corpus = Corpus(Path(path), columns, pairs, fmt, named=True)
         id_column = corpus.id_column or "id"
         for chunk in corpus.chunks(chunk_rows, sys.maxsize):  # the stage checks the length, with its --max-chars
             bad = chunk.rejects
@@ -256,19 +219,13 @@ def _dataset(address: str, bundle: Path, files: list[Path], stage: dict[str, Any
             "another; give it at least 2"
         )
     stage = dict(stage)
-    fmt, names, pairs = stage.pop("format"), stage.pop("names"), stage.pop("pairs")
+    fmt, pairs = stage.pop("format"), stage.pop("pairs")
     paths = [str(f.resolve()) for f in files]
-    id_column = stage["columns"].id or "id"
-    if fmt == "jsonl":
-        parse = functools.partial(jsonl_rows, names=names, id_column=id_column)
-        whole = ray.data.read_binary_files(paths, include_paths=True)  # read_text reads a file whole too
-        dataset = whole.map_batches(parse, batch_format="pyarrow", batch_size=1)  # a file at a time
-    elif fmt == "csv":
-        parse = functools.partial(csv_rows, columns=stage["columns"], pairs=pairs, chunk_rows=batch_rows)
+    if fmt in ("jsonl", "csv"):
+        parse = functools.partial(file_rows, fmt=fmt, columns=stage["columns"], pairs=pairs, chunk_rows=batch_rows)
+        # A file a task, streamed by hare's reader: the rows and rejects a job on one machine reads
         dataset = ray.data.from_items([{"path": p} for p in paths]).map_batches(
-            parse,
-            batch_format="pyarrow",
-            batch_size=1,  # a file at a time, streamed
+            parse, batch_format="pyarrow", batch_size=1
         )
     else:
         dataset = ray.data.read_parquet(paths)

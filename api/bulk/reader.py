@@ -267,12 +267,15 @@ class _File:
             ids: list[Any] = []
             values: list[list[Any]] = [[] for _ in self.names]
             read = _skip_bom(file)
-            for line in file:
+            for number, line in enumerate(file, 1):
                 read += len(line)
                 if not line.strip():
                     continue
                 row = json_row(line)
                 if isinstance(row, Bad):
+                    # Its line, and its file in a folder: a row position does not find it (blank lines are not
+                    # rows, and a folder's positions run on from file to file), nor an id it may not have.
+                    row = Bad(f"line {number}{self.where}: {row.reason}")
                     ids.append(self._salvaged_id(line))
                     for column in values:
                         column.append(row)
