@@ -4,6 +4,7 @@ and no connection is reset or left hanging; other methods still reach the app.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -290,3 +291,33 @@ def test_the_probe_port_answers_at_once_while_the_main_port_accepts_at_a_pace(
             assert all(q.result()[0] in (200, 429) for q in queued)
         wrong = httpx.post(f"http://127.0.0.1:{probes}/predict", json={"inputs": "x"}, timeout=TIMEOUT_S)
         assert wrong.status_code == 404 and "HARE_PROBE_PORT" in wrong.json()["error"], wrong.text
+
+
+def test_a_worker_refusing_at_a_slow_pace_accepts_again_as_soon_as_the_queue_drains(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    """A refusing worker waits its pace's interval between accepts, but looks meanwhile whether admission
+    opened: it slept the interval whole, so with HARE_REFUSAL_INTERVAL_MS=60000 the port accepted nothing for a
+    minute after the queue had drained (and with 1e300, a valid value, never again: every probe timed out)."""
+    env = {"HARE_QUEUE_SIZE": "1", "HARE_REFUSAL_INTERVAL_MS": "60000", "HARE_REFUSALS_PER_ANSWER": "0"}
+    with hare_serve(tiny_bundle("feature-extraction"), tmp_path / "server.log", env=env) as (url, _):
+        stop = threading.Event()
+
+        def busy() -> None:
+            with httpx.Client(timeout=TIMEOUT_S) as client:
+                while not stop.is_set():
+                    client.post(f"{url}/predict", json=HEAVY)
+
+        thread = threading.Thread(target=busy)
+        thread.start()
+        try:  # one connection refused from the accept loop: the next waits a minute for its slot
+            deadline = time.monotonic() + TIMEOUT_S
+            while raw_post(url, json.dumps({"inputs": "probe"}).encode())[0] != 429:
+                assert time.monotonic() < deadline, "the busy client never filled the server"
+        finally:
+            stop.set()
+            thread.join(TIMEOUT_S)
+        started = time.monotonic()  # the busy client is gone, its last request answered: nothing is queued
+        with contextlib.suppress(httpx.TimeoutException):
+            assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        assert time.monotonic() - started < 5, "the port accepted nothing after the queue had drained"

@@ -80,6 +80,10 @@ BALANCE_IDLE_S = 0.05
 REBALANCE_AT = 2  # connections more than the least busy worker at which a client is asked to reconnect
 REBALANCE_S = 0.1  # a worker looks whether to ask (and asks) at most once in this time
 LOOK_TICKS = 10  # uvicorn ticks every 0.1 s: the master and slow requests are looked at once a second
+# A refusing worker waiting for its next slot looks at least this often whether admission opened: slept whole, a
+# long interval (HARE_REFUSAL_INTERVAL_MS=60000, or a slow model's measured capacity) left the port unaccepted
+# that long after the queue had drained, and 1e300 (a valid value) for good: health probes on it timed out.
+REFUSING_LOOK_S = 0.05
 
 
 class PacedServer(Server):
@@ -343,7 +347,7 @@ class PacedServer(Server):
                 now = time.monotonic()
                 wait = pace.wait(interval, now) if refusing else 0.0
                 if wait:
-                    await asyncio.sleep(wait)
+                    await asyncio.sleep(min(wait, REFUSING_LOOK_S))
                     continue  # admission may have opened meanwhile
                 leave = 0.0 if refusing else self._leave_for()
                 if leave:
