@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -118,6 +119,20 @@ def _socket(text: str) -> Path | None:
 
 def _origins(text: str) -> tuple[str, ...]:
     return tuple(o.strip() for o in text.split(",") if o.strip())
+
+
+def _proxies(text: str) -> str:
+    """Comma-separated IP addresses or networks, or `*`, as gunicorn takes them (host bits of a network zero):
+    unchecked here, a typo reached gunicorn, which exited 1 with three lines naming its own setting,
+    `Invalid value for forwarded_allow_ips: ...`, and not HARE_FORWARDED_ALLOW_IPS."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    for item in items:
+        if item != "*":
+            try:
+                ipaddress.ip_network(item)
+            except ValueError as exc:
+                raise ValueError(f"expected `*` or comma-separated IP addresses or networks: {exc}") from None
+    return ",".join(items)
 
 
 def _setting(env: str, parse: Callable[[str], Any], help: str, default: Any, public: Any = _UNSET) -> Any:
@@ -348,7 +363,7 @@ class Settings:
     rate_burst: int = _setting("HARE_RATE_BURST", _int(1), "requests a client may send at once", 10)
     forwarded_allow_ips: str = _setting(
         "HARE_FORWARDED_ALLOW_IPS",
-        str,
+        _proxies,
         "proxies trusted for X-Forwarded-For (the client address rate limits use)",
         "127.0.0.1,::1",
     )

@@ -527,6 +527,25 @@ def test_serve_refuses_more_than_four_workers_a_cpu(tmp_path: Path) -> None:
     assert "does not exist" in serve(most).stderr
 
 
+def test_serve_refuses_proxies_that_are_no_address_naming_the_setting(tmp_path: Path) -> None:
+    """A HARE_FORWARDED_ALLOW_IPS that is no address reached gunicorn, which exited 1 with `Invalid value for
+    forwarded_allow_ips: not-an-ip` and a blank line or two, naming neither the variable nor the flag."""
+
+    def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "hare.cli", "serve", str(tmp_path / "nope"), *args]
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("HARE_")} | (env or {})
+        return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+
+    refused = serve(env={"HARE_FORWARDED_ALLOW_IPS": "10.0.0.1, not-an-ip"})
+    assert refused.returncode == 2, refused.stderr
+    assert "HARE_FORWARDED_ALLOW_IPS='10.0.0.1, not-an-ip' is invalid" in refused.stderr
+    assert "'not-an-ip' does not appear to be an IPv4 or IPv6 network" in refused.stderr
+    flag = serve("--forwarded-allow-ips", "192.168.1.1/24")  # host bits set: gunicorn refuses it too
+    assert flag.returncode == 2 and "argument --forwarded-allow-ips" in flag.stderr and "host bits" in flag.stderr
+    assert "does not exist" in serve(env={"HARE_FORWARDED_ALLOW_IPS": "*"}).stderr  # on to the next check
+    assert "does not exist" in serve(env={"HARE_FORWARDED_ALLOW_IPS": "10.0.0.0/8, ::1,"}).stderr
+
+
 def test_serving_never_imports_torch_or_transformers(tiny_bundle: ModelFactory) -> None:
     script = textwrap.dedent(
         f"""
