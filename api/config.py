@@ -176,7 +176,8 @@ class Settings:
     streams: int = _setting(
         "HARE_STREAMS",
         _int(0),
-        "model calls one worker runs at once under load, each on its own thread (0: from the profile); alone on a "
+        f"model calls one worker runs at once under load, each on its own thread, at most {WORKERS_A_CPU} a CPU (0: "
+        "from the profile); alone on a "
         "quiet machine, a worker runs a request's calls on every core (docs/serving.md, The machine's cores)",
         0,
     )

@@ -527,6 +527,21 @@ def test_serve_refuses_more_than_four_workers_a_cpu(tmp_path: Path) -> None:
     assert "does not exist" in serve(most).stderr
 
 
+def test_serve_refuses_more_than_four_model_streams_a_cpu(tmp_path: Path) -> None:
+    """--streams 1000 on 2 cores started workers that compiled (OpenVINO) and warmed up a model stream each:
+    none was ready after 150 s, and the log said nothing past 'Booting worker'."""
+
+    def serve(streams: int) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "hare.cli", "serve", str(tmp_path / "nope"), "--streams", str(streams)]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    most = 4 * usable_cpus()
+    refused = serve(1000)
+    assert refused.returncode == 2 and "HARE_STREAMS=1000 (--streams)" in refused.stderr
+    assert f"give at most {most}" in refused.stderr
+    assert "does not exist" in serve(most).stderr
+
+
 def test_serve_refuses_proxies_that_are_no_address_naming_the_setting(tmp_path: Path) -> None:
     """A HARE_FORWARDED_ALLOW_IPS that is no address reached gunicorn, which exited 1 with `Invalid value for
     forwarded_allow_ips: not-an-ip` and a blank line or two, naming neither the variable nor the flag."""

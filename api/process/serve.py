@@ -115,14 +115,23 @@ def main(args: argparse.Namespace) -> int:
 
 
 def check_workers(settings: Settings) -> None:
-    """Refuse more workers than WORKERS_A_CPU a CPU hare may use: each is a process holding its own model (on a
-    GPU, its tokenizer), and past a few a CPU they only wait on each other; `--workers 500` on 2 cores asked
-    for 500 copies of the model."""
+    """Refuse more workers (or model streams a worker) than WORKERS_A_CPU a CPU hare may use: each worker is a
+    process holding its own model (on a GPU, its tokenizer), and past a few a CPU they only wait on each other;
+    `--workers 500` on 2 cores asked for 500 copies of the model."""
     most = WORKERS_A_CPU * usable_cpus()
     if settings.workers > most:
         raise InputError(
             f"HARE_WORKERS={settings.workers} (--workers): hare may use {usable_cpus()} CPU(s) here, and workers "
             f"past {WORKERS_A_CPU} a CPU only share them, each with its own copy of the model; give at most {most}"
+        )
+    # The same bound for a worker's model threads: their calls take turns on the cores (api/engine/cores.py),
+    # and an OpenVINO bundle compiles a copy of the model for each. --streams 1000 on 2 cores: no worker was
+    # ready after 150 s, with nothing in the log; 32 took 20 s to start against 3.
+    if settings.streams > most:
+        raise InputError(
+            f"HARE_STREAMS={settings.streams} (--streams): hare may use {usable_cpus()} CPU(s) here, and model "
+            f"streams past {WORKERS_A_CPU} a CPU only take turns on them (an OpenVINO bundle compiles a copy of "
+            f"the model for each, and warming them up takes minutes); give at most {most}"
         )
 
 
