@@ -187,8 +187,8 @@ class Settings:
     cores: int = _setting(
         "HARE_CORES",
         _int(0),
-        "cores all workers share: at no moment do their model calls run more ONNX Runtime threads "
-        "(0: the physical cores within the cgroup's CPU quota)",
+        "cores all workers share, at most the CPUs this process may use: at no moment do their model calls run "
+        "more ONNX Runtime threads (0: the physical cores within the cgroup's CPU quota)",
         0,
     )
     lone_threads: int = _setting(
