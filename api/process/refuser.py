@@ -38,13 +38,14 @@ class Refuser:
     """Connections this worker took while refusing. `refusal` gives the whole 429 to send to a request for a
     target (its path as sent) when admission refuses now (None: it admits), built by the app's one error
     answer (api/web/errors.py, `raw_answer`: OpenAI's routes answer OpenAI's shape);
-    `hand_off` gives a connection to uvicorn; `refused` counts one canned refusal of a target (metrics)."""
+    `hand_off` gives a connection to uvicorn; `refused` tells of one canned refusal, given the request's first
+    bytes and its connection, still open (metrics, the access log)."""
 
     def __init__(
         self,
         refusal: Callable[[bytes], bytes | None],
         hand_off: Callable[[socket.socket], object],
-        refused: Callable[[bytes], None],
+        refused: Callable[[bytes, socket.socket], None],
     ) -> None:
         self._refusal = refusal
         self._hand_off = hand_off
@@ -88,7 +89,7 @@ class Refuser:
         except OSError:  # the client is gone
             self._close(conn)
             return True
-        self._refused(path)
+        self._refused(head, conn)
         if whole:
             self._close(conn)
             return True
@@ -134,6 +135,13 @@ class Refuser:
     def _close(self, conn: socket.socket) -> None:
         self._release(conn)
         conn.close()
+
+
+def http_version(request: bytes) -> str:
+    """The HTTP version a request's first line names ("1.1"; "1.1" when it has not come whole yet)."""
+    parts = request.partition(b"\r\n")[0].split(b" ", 2)
+    version = parts[2].decode("latin-1") if len(parts) > 2 else ""
+    return version.removeprefix("HTTP/") if version.startswith("HTTP/") else "1.1"
 
 
 def target(request: bytes) -> bytes:

@@ -57,7 +57,7 @@ from api.engine.cores import NOT_ACCEPTING
 from api.engine.errors import Overloaded
 from api.process.onewrite import coalescing
 from api.process.pace import Pace
-from api.process.refuser import LINGER_S, Refuser
+from api.process.refuser import LINGER_S, Refuser, http_version, target
 from api.web.errors import HeadTooLarge, raw_answer
 from api.web.routes import ROUTES
 from api.web.state import Resources
@@ -285,10 +285,22 @@ class PacedServer(Server):
         self._looked = now
         return self._surplus() >= REBALANCE_AT
 
-    def _count_refusal(self, target: bytes) -> None:
+    def _count_refusal(self, head: bytes, conn: socket.socket) -> None:
+        """One canned refusal (its request's first bytes, its connection): counted in the metrics, and a line in
+        the access log as uvicorn writes one for the requests it answers (HARE_ACCESS_LOG). Without it the log
+        showed 89 of the 406 429s 64 greedy clients got in 6 s, the metrics all of them."""
+        path = target(head)
         res = self._resources()
         if res is not None:
-            res.metrics.refused(ROUTES, target.partition(b"?")[0].decode("latin-1"))
+            res.metrics.refused(ROUTES, path.partition(b"?")[0].decode("latin-1"))
+        access = logging.getLogger("uvicorn.access")
+        if access.hasHandlers() and access.isEnabledFor(logging.INFO):  # as uvicorn decides for its own lines
+            try:
+                host, port = conn.getpeername()[:2]
+                client = f"{host}:{port}"
+            except OSError:  # gone already
+                client = ""
+            access.info('%s - "%s %s HTTP/%s" %d', client, "POST", path.decode("latin-1"), http_version(head), 429)
 
     def _hand_off(self, conn: socket.socket) -> asyncio.Task[None]:
         """Give `conn` to uvicorn's protocol in a task of its own, which shutdown waits for, never cancels."""
