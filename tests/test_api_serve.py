@@ -576,6 +576,21 @@ def test_serve_refuses_proxies_that_are_no_address_naming_the_setting(tmp_path: 
     assert "does not exist" in serve(env={"HARE_FORWARDED_ALLOW_IPS": "10.0.0.0/8, ::1,"}).stderr
 
 
+def test_serve_refuses_an_engine_socket_where_no_engine_listens(tmp_path: Path) -> None:
+    """--engine-socket naming a path where nothing listens started gunicorn: each worker waited 5 s, failed with
+    a traceback ('the model engine at ... does not answer' its last line), and the server exited 1."""
+    for path in (tmp_path / "engine.sock", tmp_path):  # nothing there; a folder
+        command = [sys.executable, "-m", "hare.cli", "serve", str(tmp_path / "nope"), "--engine-socket", str(path)]
+        refused = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2, refused.stderr
+        assert f"HARE_ENGINE_SOCKET={path} (--engine-socket): no model engine listens there" in refused.stderr
+    with socket.socket(socket.AF_UNIX) as listening:  # one that listens passes on to the next check
+        listening.bind(str(tmp_path / "engine.sock"))
+        listening.listen()
+        command[-1] = str(tmp_path / "engine.sock")
+        assert "does not exist" in subprocess.run(command, cwd=ROOT, capture_output=True, text=True).stderr
+
+
 def test_serving_never_imports_torch_or_transformers(tiny_bundle: ModelFactory) -> None:
     script = textwrap.dedent(
         f"""

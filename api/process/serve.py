@@ -95,6 +95,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"hare serve: {sentence}", file=sys.stderr)
     check_workers(settings)
     check_addresses(settings)  # before minutes of building the default bundle
+    check_engine_socket(settings)
     if not settings.bundle.exists() and "HARE_BUNDLE" not in env and args.bundle_dir is None:
         build_default_bundle(settings.bundle)
         check_addresses(settings)  # again: the port may have been taken while it was built
@@ -143,6 +144,25 @@ def check_workers(settings: Settings) -> None:
             f"run up to {settings.cores} model threads at once on them, admission counting as many cores draining "
             f"its queue; give at most {usable_cpus()} (0: the physical cores)"
         )
+
+
+def check_engine_socket(settings: Settings) -> None:
+    """Refuse a HARE_ENGINE_SOCKET where no engine listens: every worker waited 5 s for it, then failed its start
+    with a traceback each, and gunicorn stopped ('Worker failed to boot'); the sentence that said why, 'the
+    model engine at ... does not answer', was the last line of the first traceback."""
+    path = settings.engine_socket
+    if path is None:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(5)
+        try:
+            probe.connect(str(path))  # an engine takes a connection that closes at once for a worker's last
+        except OSError as exc:
+            raise InputError(
+                f"HARE_ENGINE_SOCKET={path} (--engine-socket): no model engine listens there "
+                f"({exc.strerror or exc}); leave it empty: hare serve starts a shared engine itself where "
+                "HARE_ENGINE asks for one"
+            ) from None
 
 
 def check_addresses(settings: Settings) -> None:
