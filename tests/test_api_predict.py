@@ -106,10 +106,12 @@ async def test_classification_shapes_top_k_and_raw_scores(classifier: httpx.Asyn
     assert np.allclose(softmax(logits.astype(np.float32)), [e["score"] for e in everything], atol=1e-5)
     # raw_scores beside a function_to_apply that is not "none" asks for two things: refused, naming both.
     assert await predict(classifier, "text", top_k=None, raw_scores=True, function_to_apply="none") == [raw]
-    both = {"inputs": "text", "parameters": {"raw_scores": True, "function_to_apply": "softmax"}}
-    refused = await classifier.post("/predict", json=both)
-    assert refused.status_code == 422
-    assert "raw_scores" in refused.json()["error"] and "function_to_apply" in refused.json()["error"]
+    for function in ("softmax", "sigmoid"):  # either one, not only the default's
+        both = {"inputs": "text", "parameters": {"raw_scores": True, "function_to_apply": function}}
+        refused = await classifier.post("/predict", json=both)
+        assert refused.status_code == 422, function
+        said = refused.json()["error"]
+        assert "raw_scores" in said and f'function_to_apply "{function}"' in said
 
 
 async def test_every_predict_answer_carries_the_compute_headers(classifier: httpx.AsyncClient) -> None:
@@ -216,6 +218,9 @@ async def test_text_pairs_equal_the_transformers_pipeline(
         ({"text": "a"}, {}, 422, 'inputs must hold "text" and "text_pair"'),
         ([{"text": "a", "text_pair": "b"}, "c"], {}, 422, "inputs[1] must be a pair"),
         ([["a", "b"], ["c"]], {}, 422, "inputs[1] must be a pair [text, text_pair], got a list of 1"),
+        # A third text or a third field would be dropped without a word: refused instead.
+        ([["a", "b", "c"]], {}, 422, "inputs[0] must be a pair [text, text_pair], got a list of 3"),
+        ({"text": "a", "text_pair": "b", "label": "c"}, {}, 422, 'inputs must hold "text" and "text_pair", and only'),
         ({"text": "a", "text_pair": ""}, {}, 400, "inputs.text_pair is an empty string"),
         ([["a", 3]], {}, 422, "inputs[0][1] must be a string"),
         ({"text": LONG, "text_pair": "b"}, {"truncate": False}, 413, "inputs is 634 tokens long"),

@@ -78,6 +78,18 @@ def test_a_ranker_whose_probabilities_drift_fails_with_every_ranking_intact(shif
     assert two == {"spearman_min": True, "max_score_diff": passes}
 
 
+def test_a_ranker_that_scores_every_document_of_a_query_alike_is_refused() -> None:
+    """A graph that lost the documents scores each of a query's documents the same: it ranks nothing, so its
+    Spearman correlation is 0 (not the 1 of two constant rankings), though its scores stay within
+    max_score_diff of PyTorch's close ones."""
+    task = get_task("text-ranking")
+    ref, cand = logit(np.array([0.50, 0.505, 0.51, 0.515, 0.52])), logit(np.full(5, 0.51))
+    assert verdicts(task, [r[None] for r in ref], [c[None] for c in cand]) == {
+        "spearman_min": False,
+        "max_score_diff": True,
+    }
+
+
 def test_every_gate_has_a_flag_whose_default_is_the_tasks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     optimize_cli.configure(parser)

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 from tasks import entities, params
 from tasks.base import Vocab
 from tasks.errors import InputError, InvalidRequest
-from tasks.ops import POOLINGS, pool_tokens, sigmoid, softmax
+from tasks.ops import ACTIVATIONS, POOLINGS, padded_length, pool_tokens, sigmoid, softmax
 from tasks.registry import TASKS
 from tasks.text_ranking import relevance_logit
 from tasks.windows import Tokens, combine_vectors, content_tokens
@@ -46,6 +46,11 @@ def test_parameter_helpers_name_the_field() -> None:
             params.choice({"c": wrong}, "c", ("max", "min"), "min")
     with pytest.raises(InvalidRequest, match="list of strings"):
         params.string_list({"l": "O"}, "l", ())
+    # null is the default, as the schema says ("type": ["array", "null"]): ignore_labels null still leaves "O" out.
+    assert params.string_list({"l": None}, "l", ("O",)) == ("O",)
+    # A fraction is no integer: top_k 2.5 was not cut to 2 without a word.
+    with pytest.raises(InvalidRequest, match=r"parameters\.k must be an integer, got a number"):
+        params.integer({"k": 2.5}, "k", 1)
 
 
 def test_every_task_declares_its_serving_side() -> None:
@@ -121,6 +126,32 @@ def test_pooling_is_sentence_transformers_pooling(mode: str) -> None:
     )["sentence_embedding"].numpy()
     for i, n in enumerate(mask.sum(axis=1)):
         assert np.allclose(pool_tokens(hidden[i, :n], mode), theirs[i], atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activations_are_torchs(name: str) -> None:
+    """The activations a Dense module or a cross-encoder's config names compute what its torch module does
+    (GELU the exact erf form, torch.nn.GELU()'s default), so the served vectors and scores are the model's."""
+    import torch
+
+    modules = {
+        "identity": torch.nn.Identity(),
+        "sigmoid": torch.nn.Sigmoid(),
+        "tanh": torch.nn.Tanh(),
+        "relu": torch.nn.ReLU(),
+        "gelu": torch.nn.GELU(),
+    }
+    x = np.linspace(-6, 6, 97, dtype=np.float32)
+    assert np.allclose(ACTIVATIONS[name](x), modules[name](torch.from_numpy(x)).numpy(), atol=1e-6)
+
+
+def test_a_call_is_padded_to_the_runtimes_multiple_never_past_the_models_positions() -> None:
+    """OpenVINO pads a call to a multiple of its tokens (fewer shapes to compile); a model whose maximum is no
+    multiple of it (the tiny models' 126) must still get at most its maximum, or its position table overflows."""
+    assert padded_length(20, 16, 126) == 32
+    assert padded_length(120, 16, 126) == 126
+    assert padded_length(126, 16, 126) == 126
+    assert padded_length(20, 1, 126) == 20 and padded_length(20, 16) == 20  # no maximum known: no padding
 
 
 def test_multi_label_rankers_rank_by_the_last_label() -> None:
