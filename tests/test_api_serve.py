@@ -458,6 +458,31 @@ def test_requests_never_sent_whole_are_closed_and_free_their_places(tiny_bundle:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def test_a_worker_out_of_descriptors_says_so_once_with_what_to_change_and_serves_again(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    """Out of descriptors, the accept loop retries every 0.1 s: it logged 'accept failed: [Errno 24] Too many open
+    files' at each try (596 identical lines from two workers in 30 s, with nothing on what to change). Now one
+    line says what to raise; the clients waiting in the backlog are served once connections close."""
+    log = tmp_path / "s.log"
+    with hare_serve(tiny_bundle("feature-extraction"), log, 1, own_group=True) as (url, process):
+        (worker,) = group(process.pid) - {process.pid}
+        spare = 8
+        held = len(os.listdir(f"/proc/{worker}/fd")) + spare
+        resource.prlimit(worker, resource.RLIMIT_NOFILE, (held, held))
+        port = int(url.rsplit(":", 1)[1])
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(spare + 8)]
+        waiting = ThreadPoolExecutor(1).submit(httpx.post, f"{url}/predict", json={"inputs": "hi"}, timeout=60)
+        time.sleep(2.5)  # 25 tries at accepting
+        lines = [line for line in log.read_text().splitlines() if "accept failed" in line]
+        assert len(lines) == 1, lines
+        assert "Too many open files" in lines[0] and f"may open {held} descriptors" in lines[0], lines[0]
+        assert "LimitNOFILE" in lines[0] and not waiting.done()
+        for sock in idle:
+            sock.close()
+        assert waiting.result().status_code == 200
+
+
 def test_an_answer_nobody_reads_is_dropped_and_a_slow_reader_gets_all_of_it(
     tiny_bundle: ModelFactory, tmp_path: Path
 ) -> None:

@@ -38,9 +38,11 @@ a refusal costs the server as little as possible and keeps up with the clients w
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import os
+import resource
 import select
 import signal
 import socket
@@ -65,6 +67,10 @@ from tasks.errors import InputError
 
 log = logging.getLogger("hare")
 ACCEPT_ERROR_PAUSE_S = 0.1  # after EMFILE and the like: let connections close before trying again
+# An accept that keeps failing is logged once in this long, with the count of the failures in between: out of
+# descriptors, a worker logged 'accept failed: [Errno 24] Too many open files' 10 times a second, 596 identical
+# lines from two workers in 30 s.
+ACCEPT_ERROR_LOG_S = 10.0
 REFUSALS_PER_YIELD = 64  # canned refusals taken from the backlog between two turns of the event loop
 # A worker with more connections than another leaves a new one to it, looking every BALANCE_STEP_S whether it
 # was taken: until BALANCE_IDLE_S while the other holds no connection and no worker has work for the model (the
@@ -102,6 +108,8 @@ class PacedServer(Server):
         # uvicorn's cycle (the last one answered, or the one being read; None before the first); for an answer
         # to be taken, the bytes the client had taken (_close_slow_reads).
         self._waiting: dict[Any, tuple[Any, float]] = {}
+        self._accept_error_logged = -ACCEPT_ERROR_LOG_S  # when a failed accept was last logged, monotonic
+        self._accept_errors_unlogged = 0  # failed accepts since
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=[])  # lifespan, and no loop server: the sockets are ours
@@ -319,6 +327,28 @@ class PacedServer(Server):
             log.exception("could not set up an accepted connection")
             conn.close()
 
+    def _accept_failed(self, exc: OSError) -> None:
+        """Log a failed accept, once in ACCEPT_ERROR_LOG_S with the count of those since; out of descriptors,
+        with what to change."""
+        now = time.monotonic()
+        if now < self._accept_error_logged + ACCEPT_ERROR_LOG_S:
+            self._accept_errors_unlogged += 1
+            return
+        said = f"accept failed: {exc}"
+        if exc.errno == errno.EMFILE:
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            said += (
+                f" (this worker holds {len(self.server_state.connections)} connections and may open {limit} "
+                "descriptors: new clients wait in the listen backlog until some close; raise the limit, e.g. "
+                "systemd's LimitNOFILE or docker run --ulimit nofile=, or lower HARE_READ_TIMEOUT to close idle "
+                "ones sooner)"
+            )
+        if self._accept_errors_unlogged:
+            said += f"; {self._accept_errors_unlogged} more failed since the last such line"
+        log.warning("%s", said)
+        self._accept_error_logged = now
+        self._accept_errors_unlogged = 0
+
     async def _sweep(self, refuser: Refuser) -> None:
         while True:
             await asyncio.sleep(LINGER_S / 4)
@@ -337,7 +367,7 @@ class PacedServer(Server):
                 await _readable(loop, sock)
                 continue
             except OSError as exc:  # as in _accept
-                log.warning("accept failed: %s", exc)
+                self._accept_failed(exc)
                 await asyncio.sleep(ACCEPT_ERROR_PAUSE_S)
                 continue
             conn.setblocking(False)
@@ -377,7 +407,7 @@ class PacedServer(Server):
                     await _readable(loop, sock)
                     continue
                 except OSError as exc:  # out of descriptors, a connection reset before accept: not fatal
-                    log.warning("accept failed: %s", exc)
+                    self._accept_failed(exc)
                     await asyncio.sleep(ACCEPT_ERROR_PAUSE_S)
                     continue
                 deferred_at = None
