@@ -316,6 +316,28 @@ def test_sigterm_drains_in_flight_requests_and_exits(server: tuple[str, subproce
     assert "Shutting down: Master" in log.read_text()
 
 
+def test_a_request_sent_just_after_sigterm_on_a_connection_already_accepted_is_answered(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    """A connection accepted whose client had not sent its request yet was closed at once by the worker's
+    shutdown, and the request the client sent a moment later met a reset ('Server disconnected without sending a
+    response': one or two a SIGTERM under load, and in a SIGHUP under load). It is answered, then closed."""
+    body = b'{"inputs": "hello"}'
+    head = f"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    with hare_serve(tiny_bundle("feature-extraction"), tmp_path / "s.log", 1) as (url, process):
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30) as conn:
+            time.sleep(0.3)  # accepted and handed to uvicorn, with nothing to read yet
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.1)  # the worker's shutdown has begun
+            conn.sendall(head.encode() + body)
+            answer = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := conn.recv(65536):
+                    answer += chunk
+        assert process.wait(30) == 0
+    assert answer.startswith(b"HTTP/1.1 200"), answer  # and the connection closed: the reads above ended
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGQUIT], ids=["SIGINT", "SIGQUIT"])
 def test_gunicorns_quick_stop_answers_what_is_in_flight_and_exits_at_once(
     tiny_bundle: ModelFactory, tmp_path: Path, stop: signal.Signals

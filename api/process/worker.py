@@ -90,6 +90,10 @@ LOOK_TICKS = 10  # uvicorn ticks every 0.1 s: the master and slow requests are l
 # long interval (HARE_REFUSAL_INTERVAL_MS=60000, or a slow model's measured capacity) left the port unaccepted
 # that long after the queue had drained, and 1e300 (a valid value) for good: health probes on it timed out.
 REFUSING_LOOK_S = 0.05
+# At shutdown, a connection accepted whose request has not come yet gets this long for it to begin (then it is
+# answered, and closed): uvicorn's shutdown closed it at once, and the request its client sent a moment later met
+# a reset ('Server disconnected without sending a response'), one or two a SIGTERM under load.
+FIRST_REQUEST_S = 0.5
 
 
 class PacedServer(Server):
@@ -153,6 +157,9 @@ class PacedServer(Server):
             # A turn of the loop for them to read what their clients sent: uvicorn's shutdown closes a
             # connection that has no request under way.
             await asyncio.sleep(0)
+        deadline = time.monotonic() + FIRST_REQUEST_S
+        while time.monotonic() < deadline and any(_awaiting_first(c) for c in self.server_state.connections):
+            await asyncio.sleep(0.01)
         await super().shutdown(sockets=sockets)
 
     async def on_tick(self, counter: int) -> bool:
@@ -429,6 +436,12 @@ class PacedServer(Server):
             if sweeper is not None:
                 sweeper.cancel()
             refuser.close_all()
+
+
+def _awaiting_first(connection: Any) -> bool:
+    """Whether uvicorn's `connection` is open and has not begun its first request (its client sends one next)."""
+    transport = getattr(connection, "transport", None)
+    return getattr(connection, "cycle", False) is None and transport is not None and not transport.is_closing()
 
 
 class _Counted(set[Any]):
