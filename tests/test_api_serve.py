@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -418,6 +419,41 @@ def test_sighup_reloads_a_good_bundle_and_refuses_a_broken_one_serving_on(
             time.sleep(0.1)
         wait_ready(url, process, log)
         assert httpx.post(f"{url}/predict", json={"inputs": "I like you"}).status_code == 200
+
+
+def test_sighup_stops_the_old_workers_only_once_the_new_ones_accept(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    """gunicorn's reload stopped the old workers at once, so nothing accepted while the new ones loaded and warmed
+    their model: with the default MiniLM a /ready probe waited 0.7 s and requests under load up to 1.9 s, and a
+    SIGTERM in that window reset the requests waiting in the listen backlog. The old ones now serve until the
+    new ones accept, and every request sent meanwhile is answered."""
+    log = tmp_path / "server.log"
+    with hare_serve(tiny_bundle("feature-extraction"), log, 1, own_group=True) as (url, process):
+        (first,) = group(process.pid) - {process.pid}
+        stop, statuses = threading.Event(), []
+
+        def ask() -> None:
+            with httpx.Client(timeout=60, headers={"connection": "close"}) as client:  # a new connection each
+                while not stop.is_set():
+                    statuses.append(client.post(f"{url}/predict", json={"inputs": "I like you"}).status_code)
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        try:
+            time.sleep(0.5)
+            process.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 60
+            while alive(first):
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            wait_ready(url, process, log)
+        finally:
+            stop.set()
+            asking.join(60)
+        text = log.read_text()
+        (second,) = group(process.pid) - {process.pid}
+        ready = re.search(rf"\[INFO\] ready: .* pid {second}, ", text)  # the new worker's
+        assert ready is not None and text.index(f"[{first}] [INFO] Shutting down") > ready.start(), text
+        assert statuses and set(statuses) == {200}, statuses
 
 
 def scratch_of(pid: int) -> list[Path]:

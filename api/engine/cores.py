@@ -246,6 +246,19 @@ def forget(folder: Path, pid: int) -> None:
         os.close(fd)
 
 
+def accepting(folder: Path, pid: int) -> bool:
+    """Whether worker `pid` of the pool in `folder` takes connections: its model loaded and warmed, its accept
+    loop running (its slot's count is not NOT_ACCEPTING). The gunicorn master reads it on a reload."""
+    try:
+        page = (folder / "state").read_bytes()
+    except OSError:
+        return False
+    if len(page) < _SIZE:
+        return False
+    slots = np.frombuffer(page, dtype=_SLOT, count=SLOTS, offset=_HEADER.size)
+    return bool(((slots["pid"] == pid) & (slots["connections"] != NOT_ACCEPTING)).any())
+
+
 def _slots(page: mmap.mmap) -> np.ndarray:
     """The page's worker slots as a structured array (writes go to the page, seen by every worker)."""
     return np.frombuffer(page, dtype=_SLOT, count=SLOTS, offset=_HEADER.size)

@@ -22,7 +22,10 @@ behave the same.
 - SIGHUP (gunicorn's reload: new workers on the bundle on disk, the old ones drained) checks the bundle first, as
   `hare serve` does before it starts, and refuses the reload with its reason in the log when the bundle fails the
   check or a shared engine holds the model (the engine is not reloaded): the old workers serve on. Unchecked, a
-  bundle replaced by a broken one stopped the whole server ("Worker failed to boot").
+  bundle replaced by a broken one stopped the whole server ("Worker failed to boot"). On a CPU the old workers
+  serve until the new ones accept (the core pool's page says when): gunicorn's own reload stopped them at once,
+  and nothing accepted while the new ones loaded and warmed their model (the default MiniLM: clients waited up to
+  1.9 s; a SIGTERM in that window reset every request waiting in the listen backlog).
 - Prometheus multiprocess mode: every worker writes its samples under PROMETHEUS_MULTIPROC_DIR, a fresh
   folder made here (before prometheus_client is imported anywhere, since it reads the variable on import)
   and removed when gunicorn exits; a dead worker's live gauges are dropped.
@@ -43,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from api.config import Settings
-from api.engine.cores import forget
+from api.engine.cores import accepting, forget
 from api.process import scratch
 from container.bundle import checked_bundle, read_manifest  # its tokenizers and tasks only when called
 
@@ -153,9 +156,47 @@ def when_ready(server: Any) -> None:
         if refusal is not None:
             server.log.error("SIGHUP: not reloaded, the workers serve on the bundle they loaded: %s", refusal)
             return
-        reload()
+        if _handing_over.is_set():
+            server.log.warning("SIGHUP: a reload is under way; send it again once the new workers are ready")
+            return
+        if _settings.target == "gpu":  # a GPU worker keeps no core pool, whose page says when it accepts
+            reload()
+            return
+        _overlapping_reload(server)
 
     server.handle_hup = checked_reload
+
+
+_handing_over = threading.Event()  # new workers are loading while the old ones serve (_overlapping_reload)
+
+
+def _overlapping_reload(server: Any) -> None:
+    """New workers on the bundle on disk beside the old ones, which are stopped (and drain) once the new ones
+    accept: the arbiter's manage_workers spawns up to num_workers and stops the oldest beyond it."""
+    old, wanted = set(server.WORKERS), server.num_workers
+    server.log.info(
+        "SIGHUP: starting %d worker(s) on %s; the old ones serve until they are ready", wanted, _settings.bundle
+    )
+    _handing_over.set()
+    server.num_workers = 2 * wanted
+    server.manage_workers()
+    threading.Thread(target=_hand_over, args=(server, old, wanted), daemon=True).start()
+
+
+def _hand_over(server: Any, old: set[int], wanted: int) -> None:
+    """Once `wanted` workers not in `old` accept (or every old one is gone, or the heartbeat timeout passed: a
+    worker that never gets ready is replaced by then), back to `wanted` workers: the old ones are stopped."""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            workers = set(server.WORKERS)
+            if sum(accepting(_core_pool, pid) for pid in workers - old) >= wanted or not workers & old:
+                break
+            time.sleep(0.05)
+    finally:
+        server.num_workers = wanted
+        _handing_over.clear()
+        server.wakeup()
 
 
 def _reload_refusal() -> str | None:
