@@ -21,7 +21,7 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import uvicorn
 import uvloop
+from starlette.applications import Starlette
 
 from api.config import Settings
 from api.process.worker import MAX_HEAD_BYTES, PacedServer
@@ -718,6 +719,41 @@ def test_a_worker_freezes_what_its_start_made_so_collections_skip_it(tiny_bundle
         assert ready and frozen > 1000
     finally:
         gc.unfreeze()  # the test process's own objects go back to the collector
+
+
+def test_a_worker_stopped_while_it_loads_closes_its_listening_sockets_at_once() -> None:
+    """SIGTERM while a worker loads and warms its model (a `docker stop` right after the start, a SIGTERM during
+    a SIGHUP's hand-over): it held its copy of the listening socket until the load ended, so the kernel kept
+    queueing new connections there after the master had closed its own, for nobody, and reset them seconds
+    later (8 clients' requests, a SIGTERM 0.5 s after a SIGHUP). Closed at once, the port refuses them."""
+    loading, loaded = asyncio.Event(), asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        loading.set()
+        await loaded.wait()  # a model loading
+        yield
+
+    app = Starlette(lifespan=lifespan)
+    config = uvicorn.Config(app, lifespan="on", log_level="warning")
+    config.load()
+    server = PacedServer(config, app)
+
+    async def main() -> None:
+        listener = socket.create_server(("127.0.0.1", 0))
+        address = listener.getsockname()[:2]
+        serving = asyncio.create_task(server._serve(sockets=[listener]))  # (serve would re-raise the signal here)
+        await asyncio.wait_for(loading.wait(), 10)
+        server.handle_exit(signal.SIGTERM, None)
+        try:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(address, timeout=5).close()
+        finally:
+            loaded.set()
+            await asyncio.wait_for(serving, 10)
+            listener.close()
+
+    uvloop.run(main())
 
 
 def test_a_request_on_a_connection_still_being_handed_over_at_shutdown_is_answered(

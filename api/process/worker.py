@@ -112,12 +112,14 @@ class PacedServer(Server):
         # uvicorn's cycle (the last one answered, or the one being read; None before the first); for an answer
         # to be taken, the bytes the client had taken (_close_slow_reads).
         self._waiting: dict[Any, tuple[Any, float]] = {}
+        self._listeners: list[socket.socket] = []  # the listening sockets (startup)
         self._accept_error_logged = -ACCEPT_ERROR_LOG_S  # when a failed accept was last logged, monotonic
         self._accept_errors_unlogged = 0  # failed accepts since
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._listeners = list(sockets or [])
         await super().startup(sockets=[])  # lifespan, and no loop server: the sockets are ours
-        if not self.started:
+        if not self.started or self.should_exit:  # stopped while it loaded: its listeners are closed
             return
         # What exists after the lifespan's warm-up (modules, sessions, the app) lives as long as the worker:
         # frozen, it is out of the collector's sight, and a full collection walks only what requests made
@@ -142,6 +144,16 @@ class PacedServer(Server):
             self._accepting.append(task)
         if isinstance(self.server_state.connections, _Counted):
             self.server_state.connections.start()  # accepting from here on: the other workers balance with it
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """SIGTERM (or SIGINT) while the worker still loads its model: its copy of the listening sockets is closed
+        at once. Held until the load and warm-up ended, it kept the port's listen queue open after the master had
+        closed its own, and the connections the kernel queued there for nobody were reset seconds later (8
+        clients' requests, a SIGTERM 0.5 s after a SIGHUP)."""
+        super().handle_exit(sig, frame)
+        if not self._accepting:
+            for sock in self._listeners:
+                sock.close()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if isinstance(self.server_state.connections, _Counted):
