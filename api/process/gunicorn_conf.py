@@ -159,7 +159,8 @@ def when_ready(server: Any) -> None:
         if _handing_over.is_set():
             server.log.warning("SIGHUP: a reload is under way; send it again once the new workers are ready")
             return
-        if _settings.target == "gpu":  # a GPU worker keeps no core pool, whose page says when it accepts
+        # A GPU worker keeps no core pool, whose page says when it accepts: gunicorn's own reload.
+        if (_settings.target or read_manifest(_settings.bundle).target) == "gpu":
             reload()
             return
         _overlapping_reload(server)
