@@ -77,6 +77,13 @@ BAD_BODIES: list[tuple[str, bytes, int, str, tuple[str, ...]]] = [
     ),
     ("top_k a string", b'{"inputs": "a", "parameters": {"top_k": "x"}}', 422, "InvalidRequest", ("top_k",)),
     ("top_k zero", b'{"inputs": "a", "parameters": {"top_k": 0}}', 422, "InvalidRequest", ("top_k",)),
+    (  # a parameter at the root wins over the same one under "parameters", which is still checked
+        "bad parameter hidden at the root",
+        b'{"inputs": "a", "top_k": 1, "parameters": {"top_k": "x"}}',
+        422,
+        "InvalidRequest",
+        ("parameters.top_k",),
+    ),
     (
         "bad function",
         b'{"inputs": "a", "parameters": {"function_to_apply": "relu"}}',
@@ -130,6 +137,27 @@ async def test_bodies_over_the_cap_are_refused_before_reading(classifier: AppCli
 
     # Counted while streaming, the rest unread: it says how much it read, not that this is the body's length.
     refused(await classifier.post("/predict", content=chunks()), 413, "InputTooLong", "the body is at least")
+
+
+async def test_a_body_of_exactly_the_largest_size_is_answered_one_byte_more_refused(tiny_bundle: ModelFactory) -> None:
+    """HARE_MAX_BODY_BYTES is the largest body taken, however it comes: with a Content-Length, streamed without
+    one, or compressed (its decompressed size counts)."""
+
+    def padded(size: int) -> bytes:  # a request, and JSON's trailing whitespace up to `size` bytes
+        return b'{"inputs": "I like you"}'.ljust(size)
+
+    async def streamed(body: bytes) -> AsyncIterator[bytes]:
+        for at in range(0, len(body), 700):
+            yield body[at : at + 700]
+
+    async with serve(tiny_bundle("text-classification"), HARE_MAX_BODY_BYTES="2000") as client:
+        for size, status in ((2000, 200), (2001, 413)):
+            body = padded(size)
+            assert (await client.post("/predict", content=body)).status_code == status, size
+            assert (await client.post("/predict", content=streamed(body))).status_code == status, size
+            zipped = {"content-encoding": "gzip"}
+            sent = await client.post("/predict", content=gzip.compress(body), headers=zipped)
+            assert sent.status_code == status, size
 
 
 async def test_compressed_bodies_are_taken_and_bad_ones_refused_with_what_to_fix(classifier: AppClient) -> None:

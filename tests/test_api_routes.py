@@ -226,7 +226,8 @@ async def test_public_mode_limits_and_hides_admin_routes(tiny_bundle: ModelFacto
             "/predict",
             headers={"origin": "https://demo.example", "access-control-request-method": "POST"},
         )
-        assert allowed.headers["access-control-allow-origin"] == "https://demo.example"
+        # An allowed preflight is a 200 (a browser refuses the request a 4xx preflight precedes).
+        assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "https://demo.example"
         other = await client.get("/health", headers={"origin": "https://evil.example"})
         assert "access-control-allow-origin" not in other.headers
         # A refused preflight is an error like any other: JSON, saying what is allowed (it was plain text).

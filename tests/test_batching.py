@@ -77,6 +77,17 @@ async def test_a_client_batch_larger_than_max_items_is_split_and_answered_in_ord
     await batcher.close()
 
 
+async def test_a_request_of_no_sequences_is_answered_at_once_without_a_model_call() -> None:
+    """A request whose texts all need no model call (none left to run) gets its empty answer, not a wait on a
+    batch that never comes; the requests after it run as before."""
+    calls: Calls = []
+    batcher = make(echo(calls))
+    assert (await asyncio.wait_for(ask(batcher, []), 5)).outputs == [] and calls == []
+    assert [int(row[0]) for row in (await asyncio.wait_for(ask(batcher, ["ab"]), 5)).outputs] == [2]
+    assert batcher.held == 0
+    await batcher.close()
+
+
 async def test_a_batch_closes_on_the_padded_token_budget_but_one_sequence_always_fits() -> None:
     calls: Calls = []
     batcher = make(echo(calls), max_batch_tokens=250)
