@@ -162,6 +162,19 @@ class _Window:
         self.closed_at: float | None = None
         self.last_answer = 0.0
         self.cpu0 = 0.0
+        self.opened = False
+        self.probed_at = 0.0
+
+    def open(self, now: float) -> None:
+        """Open the window once `now` reaches its start: the CPU clock and the probes' first values. Called by
+        the ticker and at every answer read: on a loaded machine the open loop's senders starved the ticker,
+        which opened the window at its end, and both probes together said 0 server cores."""
+        if self.opened or now < self.start:
+            return
+        self.cpu0, self.opened = time.process_time(), True
+        self.probe0 = self.probe() if self.probe is not None else None
+        self.own0 = self.own_probe() if self.own_probe is not None else None
+        self.probed_at = time.perf_counter()
 
     def recording(self, t: float) -> bool:
         return self.start <= t < self.end and self.closed_at is None
@@ -171,6 +184,7 @@ class _Window:
 
     def read(self, answer: Answer | None, t: float) -> None:
         """An answer read at `t`, whenever its request was sent: a 200 read in the window counts in the rate."""
+        self.open(t)
         if answer is not None and answer.status == 200 and self.recording(t):
             self.samples.answered += 1
 
@@ -203,35 +217,32 @@ class _Window:
 
     async def ticker(self) -> None:
         """Opens the window (CPU clock), reports running figures about once a second, honours `stop`."""
-        opened = False
-        last_tick = probed_at = 0.0
+        last_tick = 0.0
         while True:
             now = time.perf_counter()
-            if not opened and now >= self.start:
-                self.cpu0, opened = time.process_time(), True
-                self.probe0 = self.probe() if self.probe is not None else None
-                self.own0 = self.own_probe() if self.own_probe is not None else None
-                probed_at = time.perf_counter()
+            self.open(now)
             if self.stop is not None and self.stop.is_set():
                 self.close(now)
             if self.over(now):
                 break
-            if self.on_tick is not None and opened and now - last_tick >= 1.0:
+            if self.on_tick is not None and self.opened and now - last_tick >= 1.0:
                 last_tick = now
                 self.on_tick(self.snapshot(now))
-            await asyncio.sleep(0.1 if opened else min(0.1, max(0.0, self.start - now)))
+            await asyncio.sleep(0.1 if self.opened else min(0.1, max(0.0, self.start - now)))
         end = self.closed_at if self.closed_at is not None else self.end
-        self.samples.cpu_s = time.process_time() - self.cpu0 if opened else 0.0
+        self.samples.window_s = max(end - self.start, 1e-9) if self.opened else 0.0
+        self.samples.cpu_s = time.process_time() - self.cpu0 if self.opened else 0.0
         if self.probe is not None and self.probe0 is not None:
             probe1 = self.probe()
             if probe1 is not None:
                 self.samples.probe_delta = {k: v - self.probe0.get(k, 0.0) for k, v in probe1.items()}
                 # The span the probes saw, not the window's nominal length: a busy event loop can open the
                 # window late (the first probe with it) or close it late.
-                self.samples.probe_s = time.perf_counter() - probed_at
+                self.samples.probe_s = time.perf_counter() - self.probed_at
+                if self.samples.probe_s < self.samples.window_s / 2:  # probes of another span: no figure
+                    self.samples.probe_delta = None
         if self.own_probe is not None and self.own0 is not None and (own1 := self.own_probe()) is not None:
             self.samples.own_s = own1 - self.own0
-        self.samples.window_s = max(end - self.start, 1e-9) if opened else 0.0
 
     def snapshot(self, now: float) -> dict[str, float]:
         s = self.samples
@@ -356,6 +367,7 @@ async def _open(spec: LoadSpec, window: _Window) -> None:
             # Behind the schedule, still a turn of the loop: the ticker (and so a stop) and the answers run.
             await asyncio.sleep(max(0.0, delay))
             now = time.perf_counter()
+            window.open(now)
             # Over by the schedule, not by the clock: an arrival the client is late for is still sent (and
             # counted from its intended time), so a client that falls behind cannot drop the window's last ones.
             if window.over(t):

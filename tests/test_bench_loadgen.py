@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench.loadgen import BEHIND, MAX_RATE, MAX_WAITING, LoadSpec, Samples, latency_summary, run_load
+from bench.loadgen import BEHIND, MAX_RATE, MAX_WAITING, LoadSpec, Samples, _Window, latency_summary, run_load
 from bench.servers import ServerProcess, free_port, trivial_server
 from bench.trivial import RESPONSE, TrivialProtocol
 
@@ -147,6 +147,34 @@ def test_open_loop_rate_is_the_answers_read_in_the_window_not_charged_for_the_qu
     assert abs(s.answered - answered_in_window) <= 0.05 * answered_in_window, (s.answered, answered_in_window)
     assert s.window_s == pytest.approx(1.0, abs=0.05) and s.drain_s == pytest.approx(0.3, abs=0.15)
     assert min(s.latencies) >= 0.3
+
+
+def one_busy_core() -> dict[int, float]:
+    """A probe of a server process busy on one core: its CPU seconds, in /proc's 10 ms steps."""
+    return {1: round(time.perf_counter(), 2)}
+
+
+@pytest.mark.parametrize("answers_read", [True, False], ids=["answers-read", "no-answer"])
+def test_a_starved_ticker_leaves_the_server_cpu_measured_or_unsaid_never_wrong(answers_read: bool) -> None:
+    """Under an open loop on a loaded machine the senders starved the ticker, which opened the window (its
+    first CPU probe) at the window's end: both probes together, 0 server cores stored for a busy server. An
+    answer read in the window opens it now; with nothing to open it, the figure is left unsaid."""
+    spec = LoadSpec("127.0.0.1", 1, "/predict", BODY, load="open", rate=1, warmup_s=0.05, duration_s=0.4)
+    window = _Window(spec, None, None, one_busy_core)
+
+    async def starved() -> None:
+        await asyncio.sleep(0.06)
+        if answers_read:
+            window.read(None, time.perf_counter())  # an answer read just after the window's start
+        time.sleep(0.45)  # the loop busy past the window's end: the ticker runs only then
+        await window.ticker()
+
+    asyncio.run(starved())
+    cores = window.samples.server_cores()
+    if answers_read:
+        assert cores is not None and cores[1] == pytest.approx(1.0, abs=0.1), cores
+    else:
+        assert cores is None, cores
 
 
 def test_refused_connections_are_errors_and_the_loop_stops() -> None:
