@@ -220,12 +220,17 @@ def test_a_regression_heads_values_are_judged_on_their_own_scale(off: float, pas
     assert verdicts(task, ref, cand)["max_score_diff"]  # the one-logit rule: its sigmoid hides either
 
 
-@pytest.mark.parametrize(("magnitude", "off", "passes"), [(0.5, 5e-5, True), (0.5, 5e-4, False), (100.0, 5e-3, True)])
+@pytest.mark.parametrize(
+    ("magnitude", "off", "passes"), [(0.5, 5e-5, True), (0.5, 5e-4, False), (100.0, 5e-3, True), (0.25, 8e-5, True)]
+)
 def test_the_fp32_gate_is_per_unit_of_the_outputs_magnitude(magnitude: float, off: float, passes: bool) -> None:
     """float32 rounds relative to a value's size: hidden states that run to 100 are as exact at 5e-3 as
-    outputs under 1 are at 5e-5; a miss of 5e-4 on small outputs is a different computation."""
+    outputs under 1 are at 5e-5; a miss of 5e-4 on small outputs is a different computation. Below 1 the gate
+    stays 1e-4 (ONNX Runtime's fused kernels sum in another order whatever the outputs' size): vectors of 0.25
+    are not held to 2.5e-5."""
     task = get_task("feature-extraction")
-    ref = [np.full((4, 8), magnitude, dtype=np.float32), np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)]
+    spread = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8) * np.float32(min(1.0, magnitude))
+    ref = [np.full((4, 8), magnitude, dtype=np.float32), spread]
     cand = [r + np.float32(off) for r in ref]
     _, verdicts = validate.judge(task, "fp32", ref, cand, [0, 0], "mean", False, {})
     assert verdicts["max_abs_diff"]["passed"] is passes
