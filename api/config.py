@@ -56,6 +56,15 @@ def _int(low: int, high: int = INT64_MAX) -> Callable[[str], int]:
     return parse
 
 
+def _rate(text: str) -> float:
+    """A rate limit a minute: 0 (none), or one whose Retry-After is a number of seconds a client can wait
+    (HARE_RATE_LIMIT=1e-300 was taken, and a refusal said to come back in a 300-digit number of seconds)."""
+    value = _float(0)(text)
+    if 0 < value < 0.001:
+        raise ValueError("expected 0 (no limit) or at least 0.001 a minute")
+    return value
+
+
 def _float(low: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
@@ -168,10 +177,8 @@ class Settings:
     workers: int = _setting(
         "HARE_WORKERS",
         _int(0),
-        f"worker processes, at most {WORKERS_A_CPU} a CPU (0: from the profile; public: one, so that the "
-        "per-client rate limit, which each worker keeps, is exact)",
+        f"worker processes, at most {WORKERS_A_CPU} a CPU (0: from the profile)",
         0,
-        public=1,
     )
     streams: int = _setting(
         "HARE_STREAMS",
@@ -221,8 +228,8 @@ class Settings:
     core_pool: Path | None = _setting(  # noqa: RUF009 (_setting returns a dataclasses.field)
         "HARE_CORE_POOL",
         _folder,
-        "folder of the machine-wide core pool the workers share (set by the gunicorn config; empty: this "
-        "process alone)",
+        "folder the workers share: the machine-wide core pool, and the rate limit's buckets (set by the "
+        "gunicorn config; empty: this process alone)",
         None,
     )
     cpu_arena: bool = _setting(
@@ -356,8 +363,9 @@ class Settings:
     )
     rate_limit: float = _setting(
         "HARE_RATE_LIMIT",
-        _float(0),
-        "requests per minute per client on the inference routes, those HARE_API_KEY guards (0: no limit)",
+        _rate,
+        "requests per minute per client address on the inference routes, those HARE_API_KEY guards, counted "
+        "by all workers together (0: no limit; else at least 0.001)",
         0.0,
         public=60.0,
     )

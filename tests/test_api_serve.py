@@ -268,6 +268,36 @@ def test_two_clients_of_a_two_worker_server_are_served_by_two_workers(
     assert moved <= 1, f"{moved} of 12 second clients were asked to reconnect"
 
 
+def test_a_clients_rate_limit_is_counted_by_all_workers_together(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    """Each worker kept its own buckets, so a client whose connections landed on two workers got twice
+    HARE_RATE_LIMIT's burst (and rate): the buckets are one page every worker counts in."""
+    env = {"HARE_RATE_LIMIT": "1", "HARE_RATE_BURST": "3"}
+    with hare_serve(tiny_bundle("feature-extraction"), tmp_path / "s.log", workers=2, env=env) as (url, _):
+        seen: set[int] = set()  # both workers accepting (hare_serve waited for one to be ready)
+        deadline = time.monotonic() + 60
+        while len(seen) < 2:
+            assert time.monotonic() < deadline, seen
+            connection, pid, _ = accepted_by(url)
+            connection.close()
+            seen.add(pid)
+            time.sleep(0.1)
+        time.sleep(0.2)  # the server sees them gone
+        first, first_pid, _ = accepted_by(url)
+        second, second_pid, _ = accepted_by(url)  # left to the other worker while the first is held
+        try:
+            assert first_pid != second_pid
+            statuses = []
+            for connection in (first, second, first, second):
+                connection.request("POST", "/predict", '{"inputs": "hi"}', {"content-type": "application/json"})
+                answer = connection.getresponse()
+                answer.read()
+                statuses.append(answer.status)
+        finally:
+            first.close()
+            second.close()
+    assert statuses == [200, 200, 200, 429], statuses
+
+
 def test_connections_spread_again_once_a_replaced_worker_is_up(
     server: tuple[str, subprocess.Popen[bytes], Path],
 ) -> None:

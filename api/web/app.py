@@ -101,6 +101,8 @@ def create_app(settings: Settings) -> Starlette:
             res.metrics.flush()  # the last answers' samples, tallied and not yet written
             if res.pool is not None:
                 res.pool.close()
+            if res.limiter is not None:
+                res.limiter.close()
 
     app = Starlette(
         routes=routes.ROUTES,
@@ -188,7 +190,11 @@ async def load(settings: Settings) -> Resources:
             encoder.window_tokens,
             settings.read_timeout,
         ),
-        limiter=RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None,
+        limiter=(
+            RateLimiter(settings.rate_limit, settings.rate_burst, settings.core_pool)
+            if settings.rate_limit > 0
+            else None
+        ),
         model_name=settings.model_name or manifest.name or settings.bundle.resolve().name,
         compute_type="gpu+optimized" if on_gpu else "cpu+optimized",
     )

@@ -4,11 +4,18 @@ settings, checked in api/web/schemas.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import hmac
 import math
+import mmap
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import numpy as np
 from starlette.requests import Request
 
 from api.config import Settings
@@ -36,35 +43,80 @@ def check_admin(request: Request, settings: Settings) -> None:
         raise NotFound(f"{request.url.path} is off in public mode; set HARE_ADMIN_TOKEN to reach it with a token")
 
 
+# One client's token bucket in the shared page: its address's hash (0: a free slot), its tokens, and when they
+# were counted (CLOCK_MONOTONIC, the same clock in every process).
+_BUCKET = np.dtype([("client", "=u8"), ("tokens", "=f8"), ("at", "=f8")])
+BUCKETS = 4096  # clients tracked at once (a 96 KiB page); past that, the longest idle one's bucket is reused
+PROBES = 16  # the slots from a client's hash where its bucket may sit
+_SIZE = (BUCKETS + PROBES) * _BUCKET.itemsize
+
+
 class RateLimiter:
     """A token bucket per client address: `per_minute` requests a minute, bursts of up to `burst`.
 
-    Each worker keeps its own buckets (a client on a keep-alive connection stays on one worker); idle
-    clients are forgotten once their bucket is full again, so memory stays bounded by active clients.
+    The buckets sit in a page of `folder` (HARE_CORE_POOL, the folder the gunicorn master makes for its
+    workers), so that every worker counts against the same ones: counted by each worker alone, a client
+    whose connections the accept loop spread over N workers got N times the limit. Without a folder (a
+    process serving alone) the page is private. The page holds BUCKETS clients; a new client takes the
+    longest idle of the slots its hash points to, whose client, if still active, starts again from a full
+    bucket: a flood of addresses costs the limit its memory of the quietest clients, not the server's memory.
     """
 
-    def __init__(self, per_minute: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, per_minute: float, burst: int, folder: Path | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.rate = per_minute / 60.0
         self.burst = float(burst)
         self.clock = clock
-        self.buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, time)
-        self._swept = clock()
+        self._fd: int | None = None
+        if folder is None:
+            self._page = mmap.mmap(-1, _SIZE)
+        else:  # opened in the worker (the app's lifespan): a descriptor of its own, for flock
+            self._fd = os.open(folder / "rates", os.O_RDWR | os.O_CREAT, 0o600)
+            with self._locked():
+                if os.fstat(self._fd).st_size < _SIZE:
+                    os.ftruncate(self._fd, _SIZE)
+            self._page = mmap.mmap(self._fd, _SIZE)
+        buckets = np.frombuffer(self._page, dtype=_BUCKET)
+        self._clients, self._tokens, self._at = buckets["client"], buckets["tokens"], buckets["at"]
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if self._fd is None:  # a private page: one event loop reads and writes it
+            yield
+            return
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def check(self, request: Request) -> None:
         client = request.client.host if request.client else "unknown"
+        # A hash every worker computes alike (str's hash() differs between processes); never 0, a free slot.
+        key = int.from_bytes(hashlib.blake2b(client.encode(), digest_size=8).digest(), "little") or 1
+        home = key % BUCKETS
         now = self.clock()
-        tokens, then = self.buckets.get(client, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - then) * self.rate)
-        if tokens < 1.0:
-            wait = math.ceil((1.0 - tokens) / self.rate)
-            raise RateLimited(
-                f"too many requests from this client; this demo allows {self.rate * 60:g} a minute", retry_after=wait
-            )
-        self.buckets[client] = (tokens - 1.0, now)
-        if now - self._swept > 60.0:
-            self._sweep(now)
+        with self._locked():
+            found = np.flatnonzero(self._clients[home : home + PROBES] == key)
+            if found.size:
+                slot = home + int(found[0])
+                tokens = min(self.burst, self._tokens[slot] + (now - self._at[slot]) * self.rate)
+            else:  # a free slot (never used: counted at 0) or the longest idle
+                slot = home + int(np.argmin(self._at[home : home + PROBES]))
+                self._clients[slot], tokens = key, self.burst
+            if tokens >= 1.0:
+                self._tokens[slot], self._at[slot] = tokens - 1.0, now
+                return
+        wait = math.ceil((1.0 - tokens) / self.rate)
+        raise RateLimited(
+            f"too many requests from this client; this server allows {self.rate * 60:g} a minute "
+            f"(bursts of {self.burst:g})",
+            retry_after=wait,
+        )
 
-    def _sweep(self, now: float) -> None:
-        refill = self.burst / self.rate
-        self.buckets = {c: (t, at) for c, (t, at) in self.buckets.items() if now - at < refill}
-        self._swept = now
+    def close(self) -> None:
+        del self._clients, self._tokens, self._at  # the page cannot close while they point in
+        self._page.close()
+        if self._fd is not None:
+            os.close(self._fd)
