@@ -14,6 +14,7 @@ import pytest
 from container.bundle import read_manifest
 from container.optimize import cli as optimize_cli
 from container.optimize import validate
+from container.optimize.stages import by_accuracy
 from hare.cli import main
 from tasks.base import Array, ParityInput, TaskSpec
 from tasks.registry import TASKS, get_task
@@ -235,3 +236,21 @@ def test_the_fp32_gate_is_per_unit_of_the_outputs_magnitude(magnitude: float, of
     _, verdicts = validate.judge(task, "fp32", ref, cand, [0, 0], "mean", False, {})
     assert verdicts["max_abs_diff"]["passed"] is passes
     assert verdicts["max_abs_diff"]["threshold"] == pytest.approx(1e-4 * max(1.0, magnitude))
+
+
+def test_a_tie_in_speed_goes_to_the_most_accurate_variant() -> None:
+    """autotune gives a tie to the first of by_accuracy's list: the wider type, then the variant further inside
+    the task's first gate (higher agreement, not lower), then the smaller difference from PyTorch."""
+
+    def report(name: str, precision: str, agreement: float, diff: float) -> validate.VariantReport:
+        gate = {"value": agreement, "threshold": 0.9, "passed": True}
+        return validate.VariantReport(name, precision, {"max_abs_diff": diff}, {"top1_agreement": gate}, True, 1.0)
+
+    reports = [
+        report("int8-a", "int8", 0.98, 0.01),
+        report("int8-b", "int8", 1.0, 0.05),
+        report("int8-c", "int8", 1.0, 0.02),
+        report("bf16", "bf16", 0.97, 0.1),
+        report("fp32", "fp32", 1.0, 1e-6),
+    ]
+    assert by_accuracy(reports, get_task("text-classification")) == ["fp32", "bf16", "int8-c", "int8-b", "int8-a"]
