@@ -370,6 +370,29 @@ def test_a_request_sent_just_after_sigterm_on_a_connection_already_accepted_is_a
     assert answer.startswith(b"HTTP/1.1 200"), answer  # and the connection closed: the reads above ended
 
 
+def test_a_body_still_coming_at_sigterm_is_answered_503_in_seconds(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    """A client that sent a request's head and part of its body, then stalled, held a SIGTERM's drain for
+    HARE_READ_TIMEOUT (30 s: a pod's whole grace period). Its body now gets a moment to come whole, then the
+    request is answered 503 (send it again) and the worker exits."""
+    head = "POST /predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+    with hare_serve(tiny_bundle("feature-extraction"), tmp_path / "s.log", 1) as (url, process):
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30) as conn:
+            conn.sendall(head.encode() + b'{"inputs": "a')  # and nothing more
+            time.sleep(0.3)
+            process.send_signal(signal.SIGTERM)
+            began = time.monotonic()
+            answer = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := conn.recv(65536):
+                    answer += chunk
+        assert process.wait(30) == 0
+        took = time.monotonic() - began
+    assert answer.startswith(b"HTTP/1.1 503"), answer
+    assert b"NotReady" in answer and b"send it again" in answer, answer
+    assert took < 10, f"the server took {took:.1f} s to stop"
+    assert "Traceback" not in (tmp_path / "s.log").read_text()
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGQUIT], ids=["SIGINT", "SIGQUIT"])
 def test_gunicorns_quick_stop_answers_what_is_in_flight_and_exits_at_once(
     tiny_bundle: ModelFactory, tmp_path: Path, stop: signal.Signals

@@ -56,7 +56,7 @@ from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
 from api.engine.cores import NOT_ACCEPTING
-from api.engine.errors import Overloaded
+from api.engine.errors import NotReady, Overloaded
 from api.process.onewrite import coalescing
 from api.process.pace import Pace
 from api.process.refuser import LINGER_S, Refuser, http_version, target
@@ -94,6 +94,9 @@ REFUSING_LOOK_S = 0.05
 # answered, and closed): uvicorn's shutdown closed it at once, and the request its client sent a moment later met
 # a reset ('Server disconnected without sending a response'), one or two a SIGTERM under load.
 FIRST_REQUEST_S = 0.5
+# At shutdown, a request whose body is still coming gets this long for it, then a 503 (send it again): a client
+# that had stalled mid-body held the drain for HARE_READ_TIMEOUT, a pod's whole grace period.
+UPLOAD_DRAIN_S = 2.0
 
 
 class PacedServer(Server):
@@ -172,7 +175,28 @@ class PacedServer(Server):
         deadline = time.monotonic() + FIRST_REQUEST_S
         while time.monotonic() < deadline and any(_awaiting_first(c) for c in self.server_state.connections):
             await asyncio.sleep(0.01)
-        await super().shutdown(sockets=sockets)
+        cutting = asyncio.create_task(self._cut_uploads())
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            cutting.cancel()
+
+    async def _cut_uploads(self) -> None:
+        """UPLOAD_DRAIN_S into the drain, answer 503 the requests whose bodies are still coming, and close their
+        connections: the app, waiting for the body, reads a disconnect and answers nobody."""
+        await asyncio.sleep(UPLOAD_DRAIN_S)
+        said = raw_answer(
+            NotReady(
+                "the server is shutting down and this request's body had not all come; send it again (another "
+                "replica, or this one once restarted, will answer it)"
+            ),
+            close=True,
+        )
+        for protocol in list(self.server_state.connections):
+            cycle = getattr(protocol, "cycle", None)
+            if cycle is not None and cycle.more_body and not cycle.response_started:
+                protocol.transport.write(said)
+                protocol.transport.close()
 
     async def on_tick(self, counter: int) -> bool:
         """uvicorn's tick (every 0.1 s), and once a second whether the master is still this worker's parent. A
