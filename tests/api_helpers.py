@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 
 from api.config import Settings
 from api.web.app import create_app
-from api.web.errors import OPENAI_ROUTES
+from api.web.errors import OPENAI_ROUTES, OPENAI_TYPE_NAMES
 from api.web.state import Resources
 from container.bundle import TOKENIZER_FILE
 
@@ -68,7 +68,8 @@ def error_in(path: str, body: dict[str, Any]) -> tuple[str, str]:
     """`error_of` for the body of an answer to a request for `path`."""
     if path.startswith(OPENAI_ROUTES):
         assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
-        return body["error"]["message"], body["error"]["type"]
+        assert body["error"]["type"] in OPENAI_TYPE_NAMES, body
+        return body["error"]["message"], body["error"]["code"]
     assert set(body) == {"error", "type", "error_type"} and body["type"] == body["error_type"], body
     return body["error"], body["type"]
 

@@ -1,7 +1,7 @@
 """The HTTP face's errors, the one table from hare's whole error tree to HTTP statuses, and the one way an
 error becomes an answer: {"error": "<what to fix>", "type": "<ErrorClass>"} (plus "error_type", the same name,
-as issue 3 spelled the field; on OpenAI's routes OpenAI's {"error": {"message", "type", "param", "code"}}), with the
-headers its class calls for.
+as issue 3 spelled the field; on OpenAI's routes OpenAI's {"error": {"message", "type", "param", "code"}}, its type
+by status, the class in "code"), with the headers its class calls for.
 
 HareError (tasks/errors.py)                       500
 ├── InputError (tasks/errors.py)                  400
@@ -106,10 +106,22 @@ def status_of(exc: HareError) -> int:
 OPENAI_ROUTES = ("/v1/embeddings", "/v1/models")
 
 
-def body(message: str, kind: str, path: str = "") -> bytes:
+# OpenAI's error types, by status: what its clients' users branch on (APIError.type). hare's class goes in `code`.
+OPENAI_TYPES = {429: "rate_limit_error", 503: "service_unavailable_error"}
+
+
+def openai_type(status: int) -> str:
+    return OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+OPENAI_TYPE_NAMES = sorted({*OPENAI_TYPES.values(), openai_type(400), openai_type(500)})  # the OpenAPI enum
+
+
+def body(message: str, kind: str, status: int, path: str = "") -> bytes:
     """The JSON of an error answer: hare's one shape, or on OpenAI's routes (`path`) OpenAI's."""
     if path.startswith(OPENAI_ROUTES):
-        return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
+        error = {"message": message, "type": openai_type(status), "param": None, "code": kind}
+        return orjson.dumps({"error": error})
     return orjson.dumps({"error": message, "type": kind, "error_type": kind})
 
 
@@ -124,7 +136,8 @@ def answer(exc: HareError, path: str = "") -> tuple[int, dict[str, str], bytes]:
         headers = {"connection": "close"}  # the rest of the body may still come: it is no next request
     elif isinstance(exc, Unauthorized):
         headers = {"www-authenticate": "Bearer"}
-    return status_of(exc), headers, body(exc.message, type(exc).__name__, path)
+    status = status_of(exc)
+    return status, headers, body(exc.message, type(exc).__name__, status, path)
 
 
 def error_response(exc: HareError, path: str = "") -> Response:
@@ -254,14 +267,14 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
         message = exc.detail
     kind = HTTPStatus(exc.status_code).phrase.replace(" ", "")
     _count(request, kind)
-    content = body(message, kind, request.url.path)
+    content = body(message, kind, exc.status_code, request.url.path)
     return Response(content, status_code=exc.status_code, headers=exc.headers, media_type=JSON)
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
     """A bug: 500 without details (Starlette re-raises afterwards, so the server logs the traceback)."""
     _count(request, "InternalError")
-    content = body("internal error; the server log has the details", "InternalError", request.url.path)
+    content = body("internal error; the server log has the details", "InternalError", 500, request.url.path)
     return Response(content, 500, media_type=JSON)
 
 

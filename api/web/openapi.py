@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from api.web.errors import OPENAI_TYPE_NAMES
 from api.web.openapi_parts import Shapes
 from api.web.protocols import cohere_embed, kserve
 from api.web.routes import ROUTES, Documented
@@ -30,7 +31,7 @@ OPENAI_ERROR_SCHEMA = {
             "required": ["message", "type"],
             "properties": {
                 "message": {"type": "string"},
-                "type": {"type": "string"},
+                "type": {"type": "string", "enum": OPENAI_TYPE_NAMES},
                 "param": {"type": ["string", "null"]},
                 "code": {"type": ["string", "null"]},
             },
