@@ -327,6 +327,28 @@ def test_a_run_whose_every_request_failed_fails(
     assert err == f"hare bench: error: run {run.id} failed: {run.message}\n"
 
 
+def bench_with_secrets(
+    handler: type[BaseHTTPRequestHandler],
+    secrets: dict[str, str | None],
+    flags: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[str, int, Any, list[Any]]:
+    """`hare bench run` against a server of `handler` with the variables `secrets` set (None: unset): the
+    server's URL, the exit code, the stored run and its points."""
+    for name, value in secrets.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    db = tmp_path / "bench.db"
+    common = ["--warmup", "0", "--duration", "0.3", "--progress", "none", "--db", str(db)]
+    with web_server(handler) as url:
+        code = hare(["bench", "run", url, "--task", "feature-extraction", "--seq", "comet", *flags, *common])
+    [run] = Store(db).runs()
+    return url, code, run, Store(db).points(run.id)
+
+
 class _AdminToken(_FailingPredict):
     """A hare with HARE_ADMIN_TOKEN: GET /info and /metrics need the bearer token, POST /predict does not."""
 
@@ -348,22 +370,14 @@ def test_a_server_with_an_admin_token_is_measured_with_hare_bench_token(
     token: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The bench sent no token: "does not answer GET /info as a hare server does (status 401): check the URL".
-    monkeypatch.delenv("HARE_ADMIN_TOKEN", raising=False)
-    if token:
-        monkeypatch.setenv("HARE_BENCH_TOKEN", token)
-    else:
-        monkeypatch.delenv("HARE_BENCH_TOKEN", raising=False)
     handler: type[_AdminToken] = type("Admin", (_AdminToken,), {"seen": []})
-    db = tmp_path / "bench.db"
-    flags = ["--seq", "comet", "--concurrency", "1", "--warmup", "0", "--duration", "0.3", "--progress", "none"]
-    with web_server(handler) as url:
-        code = hare(["bench", "run", url, "--task", "feature-extraction", *flags, "--db", str(db)])
-    [run] = Store(db).runs()
+    secrets = {"HARE_ADMIN_TOKEN": None, "HARE_BENCH_TOKEN": token}
+    url, code, run, points = bench_with_secrets(handler, secrets, ["--concurrency", "1"], tmp_path, monkeypatch)
     if token == "s3cret":
-        assert (code, run.status) == (0, "done") and Store(db).points(run.id)[0].ok > 0
+        assert (code, run.status) == (0, "done") and points[0].ok > 0
         assert set(handler.seen) >= {"/info Bearer s3cret", "/metrics Bearer s3cret"}
         return
-    assert code == 1 and run.status == "failed" and not Store(db).points(run.id)
+    assert code == 1 and run.status == "failed" and not points
     assert (
         run.message
         == {
@@ -396,17 +410,8 @@ def test_a_server_with_an_api_key_is_measured_with_hare_api_key(
 ) -> None:
     # The bench sent no key: every point thousands of 401s, and at the end "check that it serves
     # feature-extraction at POST /predict" (the console's bench of such a server, the same).
-    if key:
-        monkeypatch.setenv("HARE_API_KEY", key)
-    else:
-        monkeypatch.delenv("HARE_API_KEY", raising=False)
     handler: type[_ApiKey] = type("Key", (_ApiKey,), {"seen": []})
-    db = tmp_path / "bench.db"
-    flags = ["--seq", "comet", "--batch", "1,2", "--warmup", "0", "--duration", "0.3", "--progress", "none"]
-    with web_server(handler) as url:
-        code = hare(["bench", "run", url, "--task", "feature-extraction", *flags, "--db", str(db)])
-    [run] = Store(db).runs()
-    points = Store(db).points(run.id)
+    _, code, run, points = bench_with_secrets(handler, {"HARE_API_KEY": key}, ["--batch", "1,2"], tmp_path, monkeypatch)
     if key == "k3y":
         assert (code, run.status) == (0, "done") and [p.ok > 0 for p in points] == [True, True]
         assert set(handler.seen) == {"Bearer k3y"}
