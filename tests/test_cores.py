@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from api.engine.cores import CorePool, Seat, forget
+from api.engine.cores import CorePool, Seat, forget, slots_for
 from api.engine.scheduler import ModelThreads
 
 # Decided by this machine's clock (a race, a pace, a deadline): scripts/check runs these alone, after the rest.
@@ -233,3 +233,34 @@ def test_a_killed_worker_leaks_no_core_and_its_queue_and_connections_are_forgott
         process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+def test_every_worker_of_a_big_server_and_of_its_reload_gets_a_slot(tmp_path: Path) -> None:
+    """The page held 64 workers: on a machine of 65 physical cores or more (the default, a worker per core), or
+    at a SIGHUP of 33 workers and more (the new ones start beside the old), the next worker's start failed, and
+    gunicorn stopped the whole server. 40 workers and their reload's 40: 80 processes, a slot each."""
+    workers = 40
+    report_r, report_w = os.pipe()  # each child says its slot here, then waits on `release`
+    release = os.pipe()
+    children = []
+    for _ in range(2 * workers):
+        pid = os.fork()
+        if pid == 0:  # a worker: claims a slot as its app's lifespan does, says which, and holds it
+            code = 0
+            try:
+                pool = CorePool(1, tmp_path, slots=slots_for(workers))
+                os.write(report_w, pool._slot.to_bytes(2, "little"))
+                os.read(release[0], 1)
+            except BaseException:
+                os.write(report_w, (65535).to_bytes(2, "little"))
+                code = 1
+            os._exit(code)
+        children.append(pid)
+    try:
+        slots = [int.from_bytes(os.read(report_r, 2), "little") for _ in children]
+    finally:
+        os.write(release[1], b"x" * len(children))
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+        for fd in (*release, report_r, report_w):
+            os.close(fd)
+    assert 65535 not in slots and len(set(slots)) == len(children) and codes == [0] * len(children)

@@ -40,12 +40,23 @@ from pathlib import Path
 import numpy as np
 
 QUIET_SECONDS = 1.0  # a wide (all-core) call only after this long without contention
-SLOTS = 64  # worker slots in the shared page (a gunicorn server restarts workers into free slots)
+SLOTS = 64  # worker slots in the shared page at least (a gunicorn server restarts workers into free slots)
 _HEADER = struct.Struct("d")  # contended_at (CLOCK_MONOTONIC, the same clock in every process)
 # One worker's slot: pid (0: free), queued tokens, open connections (NOT_ACCEPTING until its accept loop runs).
 _SLOT = np.dtype([("pid", "=i8"), ("tokens", "=f8"), ("connections", "=i8")])
 NOT_ACCEPTING = -1  # a slot's connections while its worker takes none
-_SIZE = _HEADER.size + SLOTS * _SLOT.itemsize
+
+
+def slots_for(workers: int) -> int:
+    """The page's slots for a server of `workers` workers: twice as many, since a SIGHUP runs the new workers
+    beside the old until they accept, and a few for replacements; at least SLOTS. A fixed 64 failed the 65th
+    worker's start ("Worker failed to boot": the whole server stopped), on a machine of 65 physical cores or
+    more by default, and at a reload from 33 workers."""
+    return max(SLOTS, 2 * workers + 8)
+
+
+def _size(slots: int) -> int:
+    return _HEADER.size + slots * _SLOT.itemsize
 
 
 class Seat:
@@ -142,7 +153,9 @@ class Seat:
 class CorePool:
     """`cores` cores shared through `folder` (None: a private folder, for a process serving alone)."""
 
-    def __init__(self, cores: int, folder: Path | None = None, quiet: float = QUIET_SECONDS) -> None:
+    def __init__(
+        self, cores: int, folder: Path | None = None, quiet: float = QUIET_SECONDS, slots: int = SLOTS
+    ) -> None:
         self.cores = max(1, cores)
         self._owned = folder is None
         self.folder = Path(tempfile.mkdtemp(prefix="hare-cores-")) if folder is None else folder
@@ -156,14 +169,14 @@ class CorePool:
         fd = os.open(self.folder / "state", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             with _locked(fd):
-                if os.fstat(fd).st_size < _SIZE:
-                    os.ftruncate(fd, _SIZE)
-            self._page = mmap.mmap(fd, _SIZE)
+                if os.fstat(fd).st_size < _size(slots):
+                    os.ftruncate(fd, _size(slots))
+                self._page = mmap.mmap(fd, 0)  # the whole page: its slots are the most any worker asked for
             # The slots as one array over the shared page: read per request (admission, balancing) at the
             # cost of one numpy call rather than 64 unpacks.
             self._slots = _slots(self._page)
             self._slot = self._claim(fd)
-            self._others = np.arange(SLOTS) != self._slot
+            self._others = np.arange(len(self._slots)) != self._slot
             # The columns as views of their own: a structured array's field lookup costs a view per call.
             self._pids = self._slots["pid"]
             self._tokens = self._slots["tokens"]
@@ -223,12 +236,12 @@ class CorePool:
     def _claim(self, fd: int) -> int:
         """A free slot of the shared page for this process (a dead worker's slot is free again)."""
         with _locked(fd):
-            for i in range(SLOTS):
+            for i in range(len(self._slots)):
                 pid = int(self._slots["pid"][i])
                 if pid == 0 or pid == os.getpid() or not _alive(pid):
                     self._slots[i] = (os.getpid(), 0.0, NOT_ACCEPTING)
                     return i
-        raise RuntimeError(f"more than {SLOTS} workers share the core pool {self.folder}")
+        raise RuntimeError(f"more than {len(self._slots)} workers share the core pool {self.folder}")
 
 
 def forget(folder: Path, pid: int) -> None:
@@ -238,7 +251,7 @@ def forget(folder: Path, pid: int) -> None:
     except OSError:
         return
     try:
-        with _locked(fd), mmap.mmap(fd, _SIZE) as page:
+        with _locked(fd), mmap.mmap(fd, 0) as page:
             slots = _slots(page)
             slots[slots["pid"] == pid] = (0, 0.0, 0)
             del slots  # before the page closes
@@ -253,15 +266,16 @@ def accepting(folder: Path, pid: int) -> bool:
         page = (folder / "state").read_bytes()
     except OSError:
         return False
-    if len(page) < _SIZE:
+    if len(page) < _size(SLOTS):
         return False
-    slots = np.frombuffer(page, dtype=_SLOT, count=SLOTS, offset=_HEADER.size)
+    slots = _slots(page)
     return bool(((slots["pid"] == pid) & (slots["connections"] != NOT_ACCEPTING)).any())
 
 
-def _slots(page: mmap.mmap) -> np.ndarray:
+def _slots(page: mmap.mmap | bytes) -> np.ndarray:
     """The page's worker slots as a structured array (writes go to the page, seen by every worker)."""
-    return np.frombuffer(page, dtype=_SLOT, count=SLOTS, offset=_HEADER.size)
+    count = (len(page) - _HEADER.size) // _SLOT.itemsize
+    return np.frombuffer(page, dtype=_SLOT, count=count, offset=_HEADER.size)
 
 
 class _locked:

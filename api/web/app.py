@@ -23,7 +23,7 @@ from tokenizers import Encoding
 from api.config import Settings
 from api.engine.backend import Backend
 from api.engine.batching import Batcher
-from api.engine.cores import CorePool
+from api.engine.cores import CorePool, slots_for
 from api.engine.opened import open_bundle
 from api.engine.pipeline import Pipeline
 from api.engine.policy import BatchPolicy
@@ -155,7 +155,7 @@ async def load(settings: Settings) -> Resources:
     model = opened.model
     on_gpu = "CUDAExecutionProvider" in backend.providers
     # The device does a GPU bundle's work: no CPU cores to account for.
-    pool = None if on_gpu else CorePool(settings.cores, settings.core_pool)
+    pool = None if on_gpu else CorePool(settings.cores, settings.core_pool, slots=slots_for(settings.workers))
     policy = BatchPolicy.from_settings(settings)
     if backend.copy_per_caller:  # a copy for each core of every worker would not fit: its streams only
         policy = dataclasses.replace(policy, spread=policy.streams)
