@@ -10,6 +10,7 @@ Loading a bundle needs onnxruntime, tokenizers and numpy only.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import types
 import typing
@@ -80,6 +81,9 @@ class Manifest:
     files: the size in bytes of each binary file a server reads (the graph, its data file, the Dense weights),
       as the build wrote them: a bundle copied or downloaded in part is refused by its first short
       file before any worker loads it; empty in a bundle from before it was recorded (not checked).
+    sha256: the SHA-256 of each of those files (hex), as the build wrote them: `hare serve` reads them whole
+      before its workers start (which then read them from the page cache) and refuses one changed in place;
+      empty in a bundle from before it was recorded (not checked).
     name: what clients call the model (OpenAI's `model`, KServe's model name): the bundle folder's name when it
       was built (`hare optimize --out`), kept when the folder is moved or mounted elsewhere (a container's
       /bundle); empty in a bundle from before it was recorded (the folder's name is served then).
@@ -121,6 +125,7 @@ class Manifest:
     pick: dict[str, Any] = field(default_factory=dict)
     int8_levels: int = FULL_LEVELS
     files: dict[str, int] = field(default_factory=dict)
+    sha256: dict[str, str] = field(default_factory=dict)
     name: str = ""
     format_version: int = FORMAT_VERSION
 
@@ -210,10 +215,11 @@ def read_manifest(bundle: Path) -> Manifest:
     return manifest
 
 
-def checked_bundle(bundle: Path) -> tuple[Manifest, Tokenizer]:
+def checked_bundle(bundle: Path, whole: bool = False) -> tuple[Manifest, Tokenizer]:
     """The bundle's manifest and tokenizer, or InputError naming what is wrong with them: `hare serve` calls it
     before any worker starts, so a broken bundle is one sentence rather than a traceback from every worker, and
-    `hare run` and `hare tune` open a bundle through it, so that all three refuse one alike."""
+    `hare run` and `hare tune` open a bundle through it, so that all three refuse one alike. `whole`: the served
+    files are also read whole against their SHA-256 (hare serve, once, before its workers open the bundle)."""
     # Here, not at the top: the images' health check imports this module (through api/config.py) for its
     # constants, and needs neither the tokenizer nor the tasks.
     from tokenizers import Tokenizer
@@ -222,6 +228,8 @@ def checked_bundle(bundle: Path) -> tuple[Manifest, Tokenizer]:
     from tasks.registry import TASKS
 
     manifest = read_manifest(bundle)
+    if whole:
+        check_digests(bundle, manifest)
     if manifest.task not in TASKS:
         raise InputError(f"{bundle} serves task {manifest.task!r}, which this hare does not know")
     if manifest.output != TASKS[manifest.task].output:  # a build writes its task's: the task was edited
@@ -293,6 +301,30 @@ def check_sizes(bundle: Path, manifest: Manifest) -> None:
             raise InputError(
                 f"{path} {what} where `hare optimize` wrote {size:,}: the bundle was copied or written only in "
                 "part; copy it again whole, or rebuild it"
+            )
+
+
+def file_digests(bundle: Path) -> dict[str, str]:
+    """The SHA-256 of the served files `bundle` holds, for its manifest's `sha256`."""
+    return {name: _sha256(bundle / name) for name in SERVED_FILES if (bundle / name).is_file()}
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def check_digests(bundle: Path, manifest: Manifest) -> None:
+    """InputError naming the first file whose SHA-256 is not the one the build recorded: a file changed in place
+    at its own size (a damaged disk or copy, an edit) loads and answers, wrongly (the parity gates checked the
+    graph the build wrote). Reading a 2 GB graph takes about a second, and leaves it in the page cache for the
+    workers' loads."""
+    for name, digest in manifest.sha256.items():
+        path = bundle / name
+        if path.is_file() and _sha256(path) != digest:
+            raise InputError(
+                f"{path} is not the file `hare optimize` wrote: its SHA-256 differs from hare.json's (at the same "
+                "size): the bundle was damaged or edited; copy it again whole, or rebuild it"
             )
 
 

@@ -208,6 +208,8 @@ def test_serve_builds_the_default_bundle_when_missing_then_execs_gunicorn(
         ({MANIFEST_FILE: '{"task": "summarize"}'}, "serves task 'summarize', which this hare does not know"),
         # A copy cut short: the graph's parser failed in every worker, each with its traceback.
         ({MODEL_FILE: "half"}, r"model.onnx is [\d,]+ bytes where `hare optimize` wrote [\d,]+: .* copy it again"),
+        # A byte changed in place, at the same size: it loaded, and answered other numbers.
+        ({MODEL_FILE: "flip"}, r"model.onnx is not the file `hare optimize` wrote: its SHA-256 differs"),
     ],
 )
 def test_a_damaged_bundle_is_refused_before_any_worker_starts(
@@ -222,6 +224,10 @@ def test_a_damaged_bundle_is_refused_before_any_worker_starts(
         if content == "half":
             whole = (bundle / name).read_bytes()
             (bundle / name).write_bytes(whole[: len(whole) // 2])
+        elif content == "flip":
+            changed = bytearray((bundle / name).read_bytes())
+            changed[-len(changed) // 3] ^= 0x40  # inside the weights
+            (bundle / name).write_bytes(bytes(changed))
         else:
             (bundle / name).write_text(content)
     execs: list[list[str]] = []

@@ -207,7 +207,7 @@ def _reload_refusal() -> str | None:
     from tasks.errors import InputError
 
     try:
-        checked_bundle(_settings.bundle)
+        checked_bundle(_settings.bundle, whole=True)
     except InputError as exc:
         return str(exc)
     return None

@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
     if not settings.bundle.exists() and "HARE_BUNDLE" not in env and args.bundle_dir is None:
         build_default_bundle(settings.bundle)
         check_addresses(settings)  # again: the port may have been taken while it was built
-    manifest, _ = checked_bundle(settings.bundle)  # refuse a broken bundle here, with its reason, not in every worker
+    manifest, _ = checked_bundle(settings.bundle, whole=True)  # a broken bundle refused here, not in every worker
     # Name the bundle's target when none was asked for: gunicorn sizes its workers for a GPU differently. One
     # that this onnxruntime cannot run failed in the shared engine's process, its traceback and an abort shown.
     target = settings.target or manifest.target

@@ -21,6 +21,7 @@ from container.bundle import (
     PARITY_FILE,
     TOKENIZER_FILE,
     Manifest,
+    file_digests,
     file_sizes,
 )
 from container.machine import FULL_LEVELS, describe, versions
@@ -326,7 +327,7 @@ def write_bundle(
         # The Dense modules run in numpy after pooling (tasks/ops.Dense): their weights travel as plain arrays.
         np.savez(out / DENSE_FILE, **source.dense_weights(src.dense))  # type: ignore[arg-type]
     validate.save_parity(out / PARITY_FILE, parity)
-    manifest = replace(manifest, files=file_sizes(out))
+    manifest = replace(manifest, files=file_sizes(out), sha256=file_digests(out))
     (out / MANIFEST_FILE).write_text(manifest.to_json())
     step()
     return out
