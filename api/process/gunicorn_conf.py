@@ -88,7 +88,9 @@ bind = [f"{_host}:{port}" for port in (_settings.port, _settings.probe_port) if 
 workers = _settings.workers
 worker_class = "api.process.worker.HareWorker"
 graceful_timeout = _settings.graceful_timeout
-timeout = 120  # heartbeat: a worker silent this long (model load included) is replaced
+# heartbeat: a serving worker silent this long is replaced. Not one loading its model: gunicorn counts from the
+# first heartbeat, which uvicorn sends once serving (a load held 130 s was left to finish, and served).
+timeout = 120
 keepalive = 5
 backlog = 256  # connections waiting for accept(); beyond it the kernel makes clients retry
 loglevel = _settings.log_level
