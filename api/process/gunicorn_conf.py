@@ -187,8 +187,9 @@ def _overlapping_reload(server: Any) -> None:
 
 
 def _hand_over(server: Any, old: set[int], wanted: int) -> None:
-    """Once `wanted` workers not in `old` accept (or every old one is gone, or the heartbeat timeout passed: a
-    worker that never gets ready is replaced by then), back to `wanted` workers: the old ones are stopped."""
+    """Once `wanted` workers not in `old` accept (or every old one is gone, or `timeout` passed: new workers
+    loading longer than that are not stopped, gunicorn's heartbeat counting from the first, so the old ones are
+    then, as gunicorn's own reload stopped them at once), back to `wanted` workers: the old ones are stopped."""
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
