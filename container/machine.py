@@ -71,6 +71,25 @@ def cpu_quota(root: Path = CGROUP) -> int | None:
     return max(1, math.ceil(quota / period)) if quota > 0 and period > 0 else None
 
 
+def memory_room(root: Path = CGROUP) -> int:
+    """Bytes this process's memory may still grow by: the machine's MemAvailable, and within a cgroup's memory
+    limit (`docker run --memory`, a Kubernetes limit: /proc/meminfo shows the host's) what the cgroup has not
+    used; 0 where neither is known."""
+    room = available_bytes()
+    for limit, used in (
+        ("memory.max", "memory.current"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ):
+        try:
+            cap, now = int((root / limit).read_text()), int((root / used).read_text())
+        except (OSError, ValueError):  # "max" (no limit), or no such cgroup version here
+            continue
+        if cap < 2**60:  # cgroup v1 writes an unlimited cap as a huge number
+            room = min(room, cap - now) if room else cap - now
+        break
+    return max(room, 0)
+
+
 @cache
 def usable_cpus() -> int:
     """Logical CPUs (hyper-threads too) this process may run on, within its cgroup's CPU quota."""

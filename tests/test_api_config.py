@@ -22,6 +22,7 @@ from container.bundle import (
     TOKENIZER_FILE,
     checked_bundle,
     file_sizes,
+    model_bytes,
     read_manifest,
     resolve_max_batch_tokens,
 )
@@ -237,6 +238,28 @@ def test_a_damaged_bundle_is_refused_before_any_worker_starts(
     with pytest.raises(InputError, match=said):
         serve.main(parser.parse_args([str(bundle)]))
     assert execs == []
+
+
+def test_workers_that_may_not_fit_in_the_memory_left_are_warned_of_before_the_start(
+    tiny_bundle: ModelFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each worker holds its own copies of the model: past the memory, the kernel killed workers as they loaded,
+    gunicorn started them again, and the server never got ready, with gunicorn's "Perhaps out of memory?" alone
+    to say why. hare serve says it before the start (and starts: the figure is an estimate)."""
+    bundle = tiny_bundle("feature-extraction")
+    execs: list[list[str]] = []
+    monkeypatch.setattr(os, "execvpe", lambda file, argv, env: execs.append(argv))
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    graph = model_bytes(bundle)
+    for room, warned in ((2 * (serve.WORKER_BASE_BYTES + 2 * graph), False), (serve.WORKER_BASE_BYTES, True)):
+        monkeypatch.setattr(serve, "memory_room", lambda room=room: room)
+        serve.main(parser.parse_args([str(bundle), "--workers", "2", "--streams", "1", "--lone-threads", "2"]))
+        err = capsys.readouterr().err
+        assert ("may need about" in err) is warned, err
+    assert len(execs) == 2
+    assert "2 worker(s) may need about 0.2 GB (2 copies of the" in err and "0.1 GB is free here" in err
+    assert "set fewer HARE_WORKERS (--workers), or HARE_STREAMS, or HARE_LONE_THREADS=1" in err
 
 
 @pytest.mark.skipif("gpu" in available_targets(), reason="this onnxruntime runs GPU bundles")

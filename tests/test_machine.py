@@ -10,7 +10,15 @@ import pytest
 from onnx import TensorProto, helper
 
 from container import machine
-from container.machine import FULL_LEVELS, NARROW_LEVELS, cpu_quota, int8_path, physical_cores, weight_levels
+from container.machine import (
+    FULL_LEVELS,
+    NARROW_LEVELS,
+    cpu_quota,
+    int8_path,
+    memory_room,
+    physical_cores,
+    weight_levels,
+)
 
 
 @pytest.mark.parametrize(
@@ -33,6 +41,24 @@ def test_a_cgroup_v1_quota_is_read_and_minus_one_means_no_limit(tmp_path: Path) 
 
 def test_no_cgroup_files_means_no_limit(tmp_path: Path) -> None:
     assert cpu_quota(tmp_path) is None
+
+
+def test_the_memory_left_is_the_cgroups_where_it_has_a_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a container /proc/meminfo shows the host's memory: the cgroup's limit less its use is what is left."""
+    monkeypatch.setattr(machine, "available_bytes", lambda: 64 * 2**30)
+    assert memory_room(tmp_path) == 64 * 2**30  # no cgroup files: the machine's
+    (tmp_path / "memory.max").write_text("max\n")
+    (tmp_path / "memory.current").write_text(f"{2**30}\n")
+    assert memory_room(tmp_path) == 64 * 2**30  # no limit
+    (tmp_path / "memory.max").write_text(f"{4 * 2**30}\n")
+    assert memory_room(tmp_path) == 3 * 2**30
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{2**63 - 4096}\n")  # v1's "no limit"
+    (v1 / "memory.usage_in_bytes").write_text(f"{2**30}\n")
+    assert memory_room(tmp_path / "v1") == 64 * 2**30
+    (v1 / "memory.limit_in_bytes").write_text(f"{2 * 2**30}\n")
+    assert memory_room(tmp_path / "v1") == 2**30
     assert physical_cores() >= 1
 
 
