@@ -298,6 +298,28 @@ def test_a_clients_rate_limit_is_counted_by_all_workers_together(tiny_bundle: Mo
     assert statuses == [200, 200, 200, 429], statuses
 
 
+def test_a_proxy_whose_forwarded_addresses_are_not_trusted_is_said_once(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    """Behind a proxy missing from HARE_FORWARDED_ALLOW_IPS every client is the proxy to the rate limit, and a busy
+    demo refused them all together, with nothing in the log to say why; a trusted one's clients count apart."""
+    log = tmp_path / "s.log"
+    env = {"HARE_RATE_LIMIT": "600", "HARE_RATE_BURST": "2", "HARE_FORWARDED_ALLOW_IPS": "10.9.9.9"}
+    with hare_serve(tiny_bundle("feature-extraction"), log, env=env) as (url, _):
+        for client in ("203.0.113.7", "203.0.113.8", "203.0.113.9"):  # three clients behind the proxy
+            sent = httpx.post(f"{url}/predict", json={"inputs": "hi"}, headers={"x-forwarded-for": client})
+        assert sent.status_code == 429  # one bucket of 2 for the three
+        said = [line for line in log.read_text().splitlines() if "X-Forwarded-For" in line]
+        assert len(said) == 1 and "counts 127.0.0.1's requests as one client's" in said[0], said
+        assert "HARE_FORWARDED_ALLOW_IPS" in said[0]
+    log, trusted = tmp_path / "trusted.log", {**env, "HARE_FORWARDED_ALLOW_IPS": "127.0.0.1"}
+    with hare_serve(tiny_bundle("feature-extraction"), log, env=trusted) as (url, _):
+        for client in ("203.0.113.7", "203.0.113.8", "203.0.113.9"):
+            sent = httpx.post(f"{url}/predict", json={"inputs": "hi"}, headers={"x-forwarded-for": client})
+            assert sent.status_code == 200
+    assert "X-Forwarded-For" not in log.read_text()
+
+
 def test_connections_spread_again_once_a_replaced_worker_is_up(
     server: tuple[str, subprocess.Popen[bytes], Path],
 ) -> None:

@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import hashlib
 import hmac
+import logging
 import math
 import mmap
 import os
@@ -20,6 +21,8 @@ from starlette.requests import Request
 
 from api.config import Settings
 from api.web.errors import NotFound, RateLimited, Unauthorized
+
+log = logging.getLogger("hare")
 
 
 def check_api_key(request: Request, settings: Settings) -> None:
@@ -69,6 +72,7 @@ class RateLimiter:
         self.burst = float(burst)
         self.clock = clock
         self._fd: int | None = None
+        self._proxy_said = False  # whether an untrusted proxy was logged (_untrusted_proxy)
         if folder is None:
             self._page = mmap.mmap(-1, _SIZE)
         else:  # opened in the worker (the app's lifespan): a descriptor of its own, for flock
@@ -93,6 +97,9 @@ class RateLimiter:
 
     def check(self, request: Request) -> None:
         client = request.client.host if request.client else "unknown"
+        forwarded = None if self._proxy_said else request.headers.get("x-forwarded-for")
+        if forwarded and client not in {address.strip() for address in forwarded.split(",")}:  # uvicorn took none
+            self._untrusted_proxy(client)
         # A hash every worker computes alike (str's hash() differs between processes); never 0, a free slot.
         key = int.from_bytes(hashlib.blake2b(client.encode(), digest_size=8).digest(), "little") or 1
         home = key % BUCKETS
@@ -113,6 +120,17 @@ class RateLimiter:
             f"too many requests from this client; this server allows {self.rate * 60:g} a minute "
             f"(bursts of {self.burst:g})",
             retry_after=wait,
+        )
+
+    def _untrusted_proxy(self, proxy: str) -> None:
+        """Say once that a proxy's X-Forwarded-For is not trusted (uvicorn took the proxy for the client): every
+        client behind it shares one bucket, and a busy demo refuses them all together."""
+        self._proxy_said = True
+        log.warning(
+            "the rate limit counts %s's requests as one client's: it sends X-Forwarded-For, which this server does "
+            "not trust from it, so every client behind it shares one limit; if it is your proxy, add it to "
+            "HARE_FORWARDED_ALLOW_IPS",
+            proxy,
         )
 
     def close(self) -> None:
