@@ -15,6 +15,7 @@ import pytest
 
 from api.config import Settings, describe, layout
 from api.process import serve
+from api.process.memory import WORKER_BASE_BYTES
 from container.bundle import (
     MANIFEST_FILE,
     MAX_BATCH_TOKENS,
@@ -252,7 +253,7 @@ def test_workers_that_may_not_fit_in_the_memory_left_are_warned_of_before_the_st
     parser = argparse.ArgumentParser()
     serve.configure(parser)
     graph = model_bytes(bundle)
-    for room, warned in ((2 * (serve.WORKER_BASE_BYTES + 2 * graph), False), (serve.WORKER_BASE_BYTES, True)):
+    for room, warned in ((2 * (WORKER_BASE_BYTES + 2 * graph), False), (WORKER_BASE_BYTES, True)):
         monkeypatch.setattr(serve, "memory_room", lambda room=room: room)
         serve.main(parser.parse_args([str(bundle), "--workers", "2", "--streams", "1", "--lone-threads", "2"]))
         err = capsys.readouterr().err

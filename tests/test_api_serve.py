@@ -497,13 +497,30 @@ def test_sighup_reloads_a_good_bundle_and_refuses_a_broken_one_serving_on(
         assert httpx.post(f"{url}/predict", json={"inputs": "I like you"}).status_code == 200
 
 
-def test_sighup_stops_the_old_workers_only_once_the_new_ones_accept(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+# Makes every process of a server started with this folder first on PYTHONPATH see `TEST_MEMORY_ROOM` bytes free.
+TIGHT_MEMORY = """
+import os
+if os.environ.get("TEST_MEMORY_ROOM"):
+    import container.machine
+    container.machine.memory_room = lambda root=None: int(os.environ["TEST_MEMORY_ROOM"])
+"""
+
+
+@pytest.mark.parametrize("memory", ["ample", "tight"])
+def test_sighup_stops_the_old_workers_only_once_the_new_ones_accept(
+    tiny_bundle: ModelFactory, tmp_path: Path, memory: str
+) -> None:
     """gunicorn's reload stopped the old workers at once, so nothing accepted while the new ones loaded and warmed
     their model: with the default MiniLM a /ready probe waited 0.7 s and requests under load up to 1.9 s, and a
     SIGTERM in that window reset the requests waiting in the listen backlog. The old ones now serve until the
-    new ones accept, and every request sent meanwhile is answered."""
-    log = tmp_path / "server.log"
-    with hare_serve(tiny_bundle("feature-extraction"), log, 1, own_group=True) as (url, process):
+    new ones accept, and every request sent meanwhile is answered; where the new ones may not fit in the memory
+    left beside the old, the old ones stop first (the kernel would kill workers, old and new), as it says."""
+    log, env = tmp_path / "server.log", {}
+    if memory == "tight":
+        (tmp_path / "site").mkdir()
+        (tmp_path / "site" / "sitecustomize.py").write_text(TIGHT_MEMORY)
+        env = {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{ROOT}", "TEST_MEMORY_ROOM": "1"}
+    with hare_serve(tiny_bundle("feature-extraction"), log, 1, env, own_group=True) as (url, process):
         (first,) = group(process.pid) - {process.pid}
         stop, statuses = threading.Event(), []
 
@@ -528,7 +545,12 @@ def test_sighup_stops_the_old_workers_only_once_the_new_ones_accept(tiny_bundle:
         text = log.read_text()
         (second,) = group(process.pid) - {process.pid}
         ready = re.search(rf"\[INFO\] ready: .* pid {second}, ", text)  # the new worker's
-        assert ready is not None and text.index(f"[{first}] [INFO] Shutting down") > ready.start(), text
+        assert ready is not None, text
+        if memory == "tight":
+            assert "SIGHUP: the new workers may need 0.1 GB beside the old ones, and 0.0 GB is free" in text, text
+            assert text.index(f"[{first}] [INFO] Shutting down") < ready.start(), text
+            return
+        assert text.index(f"[{first}] [INFO] Shutting down") > ready.start(), text
         assert statuses and set(statuses) == {200}, statuses
 
 

@@ -48,7 +48,9 @@ from typing import Any
 from api.config import Settings
 from api.engine.cores import accepting, forget
 from api.process import scratch
-from container.bundle import checked_bundle, read_manifest  # its tokenizers and tasks only when called
+from api.process.memory import memory_need
+from container.bundle import checked_bundle, model_bytes, read_manifest  # its tokenizers and tasks only when called
+from container.machine import memory_room
 
 ENGINE_START_SECONDS = 600  # a big model's load and its graphs' capture
 
@@ -161,8 +163,21 @@ def when_ready(server: Any) -> None:
         if _handing_over.is_set():
             server.log.warning("SIGHUP: a reload is under way; send it again once the new workers are ready")
             return
+        manifest = read_manifest(_settings.bundle)
         # A GPU worker keeps no core pool, whose page says when it accepts: gunicorn's own reload.
-        if (_settings.target or read_manifest(_settings.bundle).target) == "gpu":
+        if (_settings.target or manifest.target) == "gpu":
+            reload()
+            return
+        # The new workers beside the old: where they may not fit in the memory left, the kernel would kill
+        # workers, old and new; gunicorn's own reload stops the old ones first (nothing accepts meanwhile).
+        need, _ = memory_need(_settings, manifest, model_bytes(_settings.bundle))
+        if need > (room := memory_room()) > 0:
+            server.log.warning(
+                "SIGHUP: the new workers may need %.1f GB beside the old ones, and %.1f GB is free: the old ones "
+                "stop first, and nothing accepts until the new ones are ready",
+                need / 2**30,
+                room / 2**30,
+            )
             reload()
             return
         _overlapping_reload(server)

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from api.config import WORKERS_A_CPU, Settings, describe, parse_bool
-from container.bundle import Manifest, checked_bundle, model_bytes
+from api.process.memory import memory_warning
+from container.bundle import checked_bundle, model_bytes
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK
 from container.machine import memory_room, usable_cpus
-from container.openvino_runtime import VARIANTS as OPENVINO_VARIANTS
 from container.runtime import check_target
 from tasks.errors import InputError
 
@@ -116,33 +116,6 @@ def main(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     os.execvpe(argv[0], argv, env)  # exec: gunicorn takes over this PID and receives its signals
     return 0  # not reached
-
-
-# A worker's memory besides its model's copies: Python, the runtimes, the app (MiniLM int8-grouped on OpenVINO, two
-# streams: 161 MB of anonymous memory, three compiled copies of its 25 MB graph among them; AMD EPYC).
-WORKER_BASE_BYTES = 100 * 2**20
-
-
-def memory_warning(settings: Settings, manifest: Manifest, graph_bytes: int, room: int) -> str | None:
-    """What to say when the workers may not fit in the memory left (`room` bytes; 0: unknown), or None. Each
-    worker holds its own copies of the model: an ONNX Runtime session's repacked weights for each thread count
-    it runs with (HARE_LONE_THREADS), an OpenVINO compiled copy for each model stream and the lone one. Past the
-    memory, the kernel kills workers as they load, gunicorn starts them again, and the server never gets ready.
-    A GPU bundle's copies are on the device: not counted."""
-    if not room or (settings.target or manifest.target) == "gpu":
-        return None
-    lone = len(settings.widths) - 1
-    copies = settings.streams + lone if manifest.variant in OPENVINO_VARIANTS else 1 + lone
-    need = settings.workers * (WORKER_BASE_BYTES + copies * graph_bytes)
-    if need <= room:
-        return None
-    gb = 2**30
-    return (
-        f"{settings.workers} worker(s) may need about {need / gb:.1f} GB ({copies} copies of the "
-        f"{graph_bytes / 2**20:,.0f} MB graph each, and about {WORKER_BASE_BYTES // 2**20} MB), and "
-        f"{room / gb:.1f} GB is free here: a worker the kernel kills for memory is started again, and the server may "
-        "never get ready; set fewer HARE_WORKERS (--workers), or HARE_STREAMS, or HARE_LONE_THREADS=1"
-    )
 
 
 def check_workers(settings: Settings) -> None:
