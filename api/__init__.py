@@ -2,7 +2,8 @@
 
     process/   how it runs: `hare serve` (serve.py) execs gunicorn with gunicorn_conf.py; worker.py, the
                worker class with its own accept loop, whose pace while refusing is pace.py's and whose
-               raw-socket refusals are refuser.py's; healthcheck.py, the images' HEALTHCHECK
+               raw-socket refusals are refuser.py's; memory.py, what the workers may need of the memory;
+               healthcheck.py, the images' HEALTHCHECK
     web/       the HTTP face: app.py (create_app, the lifespan that builds a worker's resources), routes.py,
                protocols/ (hf, openai, rerank, cohere_embed, tei, kserve), schemas.py (bodies), errors.py
                (the one status table and the one error answer), metrics.py, openapi.py (the document, from
