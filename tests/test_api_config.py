@@ -241,6 +241,28 @@ def test_a_damaged_bundle_is_refused_before_any_worker_starts(
     assert execs == []
 
 
+def test_check_makes_the_starts_checks_says_what_it_would_serve_and_starts_nothing(
+    tiny_bundle: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hare serve --check`, for a deploy pipeline or an init container: 0 and the plan where hare serve would
+    start, its refusal where it would not; gunicorn never runs."""
+    execs: list[list[str]] = []
+    monkeypatch.setattr(os, "execvpe", lambda file, argv, env: execs.append(argv))
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    bundle = tiny_bundle("feature-extraction")
+    assert serve.main(parser.parse_args([str(bundle), "--check", "--workers", "2", "--streams", "1"])) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"hare serve --check: it would serve {bundle.resolve()} (feature-extraction, "), said
+    assert "2 worker(s) x 1 model stream(s) x 1 thread(s)" in said and "GB free" in said, said
+    damaged = tmp_path / "damaged"
+    shutil.copytree(bundle, damaged)
+    (damaged / TOKENIZER_FILE).write_text("garbage")
+    with pytest.raises(InputError, match=r"tokenizer\.json is unreadable"):
+        serve.main(parser.parse_args([str(damaged), "--check"]))
+    assert execs == []
+
+
 def test_workers_that_may_not_fit_in_the_memory_left_are_warned_of_before_the_start(
     tiny_bundle: ModelFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

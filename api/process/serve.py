@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from api.config import WORKERS_A_CPU, Settings, describe, parse_bool
-from api.process.memory import memory_warning
-from container.bundle import checked_bundle, model_bytes
+from api.process.memory import memory_need, memory_warning
+from container.bundle import Manifest, checked_bundle, model_bytes
 from container.defaults import DEFAULT_BUNDLE, DEFAULT_TASK
 from container.machine import memory_room, usable_cpus
 from container.runtime import check_target
@@ -63,6 +63,12 @@ def configure(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, dest=dest, nargs="?", const="1", metavar="0|1", type=_checked(f), help=text)
         else:
             p.add_argument(flag, dest=dest, metavar=dest.split("_")[-1].upper(), type=_checked(f), help=text)
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="make every check hare serve makes before it starts, say what it would serve and how, and exit "
+        "(0: it would start; 2: why not), starting nothing: for a deploy pipeline or an init container",
+    )
 
 
 def _checked(f: dataclasses.Field[Any]) -> Callable[[str], str]:
@@ -98,15 +104,22 @@ def main(args: argparse.Namespace) -> int:
     check_addresses(settings)  # before minutes of building the default bundle
     check_engine_socket(settings)
     if not settings.bundle.exists() and "HARE_BUNDLE" not in env and args.bundle_dir is None:
+        if args.check:
+            print(f"hare serve --check: {settings.bundle} is not built yet; hare serve builds it first (1-3 min)")
+            return 0
         build_default_bundle(settings.bundle)
         check_addresses(settings)  # again: the port may have been taken while it was built
     manifest, _ = checked_bundle(settings.bundle, whole=True)  # a broken bundle refused here, not in every worker
-    if (said := memory_warning(settings, manifest, model_bytes(settings.bundle), memory_room())) is not None:
+    graph, room = model_bytes(settings.bundle), memory_room()
+    if (said := memory_warning(settings, manifest, graph, room)) is not None:
         print(f"hare serve: warning: {said}", file=sys.stderr)
     # Name the bundle's target when none was asked for: gunicorn sizes its workers for a GPU differently. One
     # that this onnxruntime cannot run failed in the shared engine's process, its traceback and an abort shown.
     target = settings.target or manifest.target
     check_target(target)
+    if args.check:
+        print(plan(settings, manifest, target, memory_need(settings, manifest, graph)[0], room))
+        return 0
     env["HARE_BUNDLE"] = str(settings.bundle.resolve())
     env["HARE_TARGET"] = target
     # Fresh metrics for this run: gunicorn_conf makes (and later removes) the folder.
@@ -116,6 +129,18 @@ def main(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     os.execvpe(argv[0], argv, env)  # exec: gunicorn takes over this PID and receives its signals
     return 0  # not reached
+
+
+def plan(settings: Settings, manifest: Manifest, target: str, need: int, room: int) -> str:
+    """What `hare serve --check` says it would serve, and how."""
+    probes = f", probes on port {settings.probe_port}" if settings.probe_port else ""
+    memory = f"about {need / 2**30:.1f} GB of the {room / 2**30:.1f} GB free" if room and need else "not estimated"
+    return (
+        f"hare serve --check: it would serve {settings.bundle.resolve()} ({manifest.task}, {manifest.variant} "
+        f"{manifest.precision}, {target}) on {settings.host}:{settings.port}{probes}\n"
+        f"  {settings.workers} worker(s) x {settings.streams} model stream(s) x {settings.threads} thread(s), on "
+        f"{settings.cores} shared cores; memory: {memory}"
+    )
 
 
 def check_workers(settings: Settings) -> None:
