@@ -21,6 +21,7 @@ from container.bundle import (
     MAX_BATCH_TOKENS,
     MODEL_FILE,
     TOKENIZER_FILE,
+    Manifest,
     checked_bundle,
     file_sizes,
     model_bytes,
@@ -101,6 +102,42 @@ def test_values_are_parsed_and_bad_ones_named() -> None:
         with pytest.raises(InputError, match=key):
             Settings.from_env({key: value})
     assert Settings.from_env({"HARE_TARGET": "GPU"}).target == "gpu" and Settings.from_env({}).target is None
+
+
+def test_bounds_are_refused_just_past_them_and_taken_at_them() -> None:
+    """Each bound where a value starts to be refused, not only far past it: a rate limit under 0.001 a minute
+    (its 429's Retry-After would run to days), a probe port past 65535 (no TCP port); and a switch takes
+    every spelling its error message offers (1/0, true/false, yes/no, on/off), in any case."""
+    for key, value in [("HARE_RATE_LIMIT", "0.0005"), ("HARE_PROBE_PORT", "65536"), ("HARE_PORT", "0")]:
+        with pytest.raises(InputError, match=key):
+            Settings.from_env({key: value})
+    taken = Settings.from_env({"HARE_RATE_LIMIT": "0.001", "HARE_PROBE_PORT": "65535"})
+    assert taken.rate_limit == 0.001 and taken.probe_port == 65535
+    for off in ("0", "false", "no", "off", "OFF", ""):
+        assert Settings.from_env({"HARE_CPU_ARENA": off}).cpu_arena is False, off
+    for on in ("1", "true", "yes", "on", "On"):
+        assert Settings.from_env({"HARE_CPU_ARENA": on}).cpu_arena is True, on
+
+
+def test_trusted_proxies_are_checked_as_addresses_or_networks() -> None:
+    """A typo in HARE_FORWARDED_ALLOW_IPS is refused naming the variable: unchecked, gunicorn exited at start
+    naming its own forwarded_allow_ips. Addresses, networks and `*` are taken, spaces dropped."""
+    for value in ("10.0.0.1, proxy.local", "10.0.0.300", "10.0.0.1/8"):
+        with pytest.raises(InputError, match="HARE_FORWARDED_ALLOW_IPS"):
+            Settings.from_env({"HARE_FORWARDED_ALLOW_IPS": value})
+    taken = Settings.from_env({"HARE_FORWARDED_ALLOW_IPS": " 10.0.0.1, 10.0.0.0/8 ,::1"}).forwarded_allow_ips
+    assert taken == "10.0.0.1,10.0.0.0/8,::1"
+    assert Settings.from_env({"HARE_FORWARDED_ALLOW_IPS": "*"}).forwarded_allow_ips == "*"
+
+
+def test_a_probe_port_that_is_the_serving_port_is_refused() -> None:
+    """HARE_PROBE_PORT equal to HARE_PORT (or to the default 8080, HARE_PORT unset) is refused with a sentence
+    naming both settings, before any listener tries to bind the one port twice."""
+    with pytest.raises(InputError, match="HARE_PROBE_PORT=9000 is HARE_PORT's too"):
+        Settings.from_env({"HARE_PORT": "9000", "HARE_PROBE_PORT": "9000"})
+    with pytest.raises(InputError, match="HARE_PROBE_PORT=8080"):  # against the default port
+        Settings.from_env({"HARE_PROBE_PORT": "8080"})
+    assert Settings.from_env({"HARE_PORT": "9000", "HARE_PROBE_PORT": "9001"}).probe_port == 9001
 
 
 def test_public_mode_changes_the_defaults_but_not_explicit_values() -> None:
@@ -343,6 +380,22 @@ def test_the_bundles_max_batch_tokens_applies_only_on_the_target_it_was_measured
     assert resolve_max_batch_tokens(unmeasured, 0, "cpu") == (MAX_BATCH_TOKENS, "default")
 
 
+def test_auto_shares_one_engine_only_for_a_gpu_served_by_several_workers(tiny_bundle: ModelFactory) -> None:
+    """HARE_ENGINE=auto: a GPU bundle with several workers gets one engine process (separate sessions would
+    time-slice the device); a lone GPU worker runs its own sessions, sparing every request the hop to an engine
+    process; a CPU bundle never shares unless told to."""
+    cpu = read_manifest(tiny_bundle("feature-extraction"))
+    gpu = dataclasses.replace(cpu, target="gpu")
+
+    def shared(manifest: Manifest, **env: str) -> bool:
+        return Settings.from_env(env).shared_engine(manifest)
+
+    assert shared(gpu, HARE_WORKERS="2") and shared(cpu, HARE_WORKERS="2", HARE_TARGET="gpu")
+    assert not shared(gpu, HARE_WORKERS="1") and not shared(gpu, HARE_PROFILE="latency")
+    assert not shared(cpu, HARE_WORKERS="4") and not shared(gpu, HARE_WORKERS="4", HARE_TARGET="cpu")
+    assert shared(cpu, HARE_WORKERS="1", HARE_ENGINE="shared") and not shared(gpu, HARE_ENGINE="per-worker")
+
+
 def test_a_bulk_job_batches_at_the_budget_of_the_best_rate_and_the_server_at_the_smallest_near_it(
     tiny_bundle: ModelFactory,
 ) -> None:
@@ -454,6 +507,8 @@ def test_a_graph_that_is_no_onnx_model_is_refused_before_any_worker(
         ({"pad_id": "x"}, "its pad_id is a string, where the build writes an integer"),
         ({"format_version": "1"}, "its format_version is a string"),  # "has bundle format 1, this hare reads 1"
         ({"max_length": -1}, "one of its max_length -1, target 'cpu', pooling 'mean' is no build's"),
+        ({"max_length": 0}, "one of its max_length 0, target 'cpu'"),  # every text cut to no tokens
+        ({"max_length": True}, "its max_length is a boolean, where the build writes an integer"),  # JSON's true
         ({"pooling": "weird"}, "pooling 'weird' is no build's"),
         ({"target": "tpu"}, "target 'tpu'"),  # named HARE_TARGET, which the user never set
         ({"max_active_dims": 0}, "its max_active_dims 0 is no build's"),  # every sparse vector emptied
