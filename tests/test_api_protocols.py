@@ -3,11 +3,16 @@ protocol gives in its own error shape ({"error": ...} everywhere, KServe's inclu
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
+from api.web.protocols.rerank import document_text
+from container.bundle import MANIFEST_FILE
 from tests.api_helpers import AppClient, error_of, serve
 from tests.conftest import ModelFactory
 
@@ -245,3 +250,151 @@ async def test_a_binary_body_whose_parts_do_not_add_up_is_refused(ranker: AppCli
         )
         assert answer.status_code == status, answer.text
     assert "binary_data_size add up to" in answer.json()["error"]
+
+
+async def test_openai_marks_an_answer_whose_input_was_cut(embedder: AppClient) -> None:
+    """An input past the model's 126 tokens is cut and embedded: OpenAI's answer says so with "truncated":
+    true (and the x-truncated header), so a client can tell its vector covers only the start; a short one's
+    answer carries no such field."""
+    long = await embedder.post("/v1/embeddings", json={"input": ["short", "word " * 300]})
+    assert long.status_code == 200, long.text
+    assert long.json()["truncated"] is True and long.headers["x-truncated"] == "true"
+    short = await embedder.post("/v1/embeddings", json={"input": ["short"]})
+    assert "truncated" not in short.json() and "x-truncated" not in short.headers
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        # LangChain's OpenAIEmbeddings sends token ids unless told not to: the message says what to change.
+        ({"input": [[1, 7, 2]]}, "input must be a string or a list of strings; token-id arrays are not"),
+        ({"input": [1, 7, 2]}, "input must be a string or a list of strings; token-id arrays are not"),
+        ({"input": "a", "model": 5}, "model must be a string, got a number"),
+        ({"input": "a", "user": ["me"]}, "user must be a string, got a list"),
+    ],
+)
+async def test_openais_refusals_say_what_the_body_got_wrong(
+    embedder: AppClient, body: dict[str, object], said: str
+) -> None:
+    refused = await embedder.post("/v1/embeddings", json=body)
+    assert refused.status_code == 422 and error_of(refused)[0].startswith(said), refused.text
+
+
+async def test_tei_rerank_returns_the_texts_only_when_asked(ranker: AppClient) -> None:
+    """TEI's return_text defaults to false: an answer without it has index and score only, as TEI's, and not a
+    copy of every document sent."""
+    texts = ["a", "b"]
+    plain = await ranker.post("/rerank", json={"query": "q", "texts": texts}, headers=KEY)
+    assert plain.status_code == 200 and all(set(r) == {"index", "score"} for r in plain.json()), plain.text
+    asked = await ranker.post("/rerank", json={"query": "q", "texts": texts, "return_text": True}, headers=KEY)
+    assert [r["text"] for r in asked.json()] == [texts[r["index"]] for r in asked.json()]
+
+
+async def test_decode_takes_every_token_id_up_to_the_last_and_no_row_past_the_limit(tiny_bundle: ModelFactory) -> None:
+    """/decode's bounds at their edges: the vocabulary's last id decodes and the next is refused naming the
+    range (not decoded to nothing); JSON's 1.0 is the id 1; a row of HARE_MAX_INPUT_CHARS ids is taken and
+    one more is a 413 naming the setting."""
+    async with serve(tiny_bundle("text-ranking"), HARE_MAX_INPUT_CHARS="4") as client:
+        size = client.resources.encoder.whole.get_vocab_size()
+        assert (await client.post("/decode", json={"ids": [size - 1]})).status_code == 200
+        refused = await client.post("/decode", json={"ids": [1, size]})
+        assert refused.status_code == 422, refused.text
+        assert error_of(refused)[0] == f"ids[1] must be a token id from 0 to {size - 1}"
+        exact = await client.post("/decode", json={"ids": [[1, 2]], "skip_special_tokens": False})
+        floats = await client.post("/decode", json={"ids": [[1.0, 2]], "skip_special_tokens": False})
+        assert floats.status_code == 200 and floats.json() == exact.json(), floats.text
+        assert (await client.post("/decode", json={"ids": [1, 2, 3, 4]})).status_code == 200
+        long = await client.post("/decode", json={"ids": [[1], [1, 2, 3, 4, 5]]})
+        assert long.status_code == 413 and error_of(long)[0].startswith("ids[1] has 5 ids, over this server's 4")
+
+
+async def test_kserve_echoes_the_request_id_and_refuses_what_it_cannot_read(ranker: AppClient) -> None:
+    """tritonclient matches an answer to its request by the id it sent, so the answer carries it back. A query
+    tensor of two strings is refused (one would be ranked against, the other dropped unseen), as are an
+    Inference-Header-Content-Length that is no number or runs past the body, and a binary_data_size past the
+    binary part: each a 422 saying which, not a 500 or an answer to part of the request."""
+
+    def tensor(name: str, data: list[str]) -> dict[str, object]:
+        return {"name": name, "shape": [len(data)], "datatype": "BYTES", "data": data}
+
+    url = "/v2/models/tiny/infer"
+    inputs = [tensor("query", ["q"]), tensor("documents", ["a", "b"])]
+    answer = await ranker.post(url, json={"id": "req-7", "inputs": inputs}, headers=KEY)
+    assert answer.status_code == 200 and answer.json()["id"] == "req-7", answer.text
+    assert "id" not in (await ranker.post(url, json={"inputs": inputs}, headers=KEY)).json()
+    two = await ranker.post(url, json={"inputs": [tensor("query", ["q", "r"]), inputs[1]]}, headers=KEY)
+    assert two.status_code == 422 and 'the "query" input holds exactly one string' in two.json()["error"]
+    head = json.dumps({"inputs": inputs}).encode()
+    for declared, said in [("abc", "must be a number of bytes"), (str(len(head) + 1), f"the body has {len(head)}")]:
+        refused = await ranker.post(url, content=head, headers={**KEY, "inference-header-content-length": declared})
+        assert refused.status_code == 422 and said in refused.json()["error"], refused.text
+    query = len("q").to_bytes(4, "little") + b"q"
+    binary = [{"name": "query", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 50}}]
+    head = json.dumps({"inputs": [*binary, inputs[1]]}).encode()
+    refused = await ranker.post(
+        url, content=head + query, headers={**KEY, "inference-header-content-length": str(len(head))}
+    )
+    assert refused.status_code == 422 and "binary_data_size does not match" in refused.json()["error"], refused.text
+
+
+async def test_kserve_liveness_fails_once_the_batching_loop_has_died(tiny_bundle: ModelFactory) -> None:
+    """A worker whose batching loop ended can never answer again: KServe's liveness probe says so (503,
+    {"live": false}), so Kubernetes restarts the pod rather than routing requests to it for good."""
+    async with serve(tiny_bundle("text-ranking")) as client:
+        assert (await client.get("/v2/health/live")).json() == {"live": True}
+        task = client.resources.batcher._task
+        assert task is not None
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        live = await client.get("/v2/health/live")
+        assert live.status_code == 503 and live.json() == {"live": False}
+        assert (await client.get("/v2/health/ready")).status_code == 503
+        assert (await client.get("/health")).status_code == 503
+
+
+async def test_cohere_answers_say_their_api_version_and_carry_documents_only_when_asked(
+    ranker: AppClient, embedder: AppClient
+) -> None:
+    """Cohere's meta names the API version the client called; a rerank result carries its document only with
+    return_documents (Cohere's default is false), and then as it was sent, object fields included; rank_fields
+    write a number as JSON does (1e-7, not Python's 1e-07): a structured document scores as its lines typed."""
+    for path, body, client, headers in [
+        ("/v1/rerank", RERANK, ranker, KEY),
+        ("/v2/rerank", RERANK, ranker, KEY),
+        ("/v1/embed", {"texts": ["a"]}, embedder, {}),
+        ("/v2/embed", {"texts": ["a"]}, embedder, {}),
+    ]:
+        answer = await client.post(path, json=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["meta"]["api_version"]["version"] == path[2], path
+    plain = await ranker.post("/v2/rerank", json=RERANK, headers=KEY)
+    assert all("document" not in r for r in plain.json()["results"])
+    sent = [{"text": "a", "id": 7, "source": "wiki"}, "b"]
+    answer = await ranker.post("/v1/rerank", json={**RERANK, "documents": sent, "return_documents": True}, headers=KEY)
+    returned = {r["index"]: r["document"] for r in answer.json()["results"]}
+    assert returned == {0: sent[0], 1: {"text": "b"}}
+    fields = {"query": "q", "documents": [{"title": "x", "n": 1e-7}], "rank_fields": ["title", "n"]}
+    structured = await ranker.post("/v2/rerank", json=fields, headers=KEY)
+    by_hand = await ranker.post("/v2/rerank", json={"query": "q", "documents": ["title: x\nn: 1e-7"]}, headers=KEY)
+    assert structured.json()["results"][0]["relevance_score"] == by_hand.json()["results"][0]["relevance_score"]
+    # The tiny model's vocabulary reads 1e-7 and 1e-07 alike: the lines themselves, as the model is given them.
+    lines = document_text({"title": "x", "new": True, "n": 1e-7}, 0, ("title", "new", "n"))
+    assert lines == "title: x\nnew: true\nn: 1e-7"
+
+
+async def test_a_ranking_bundle_from_before_activation_was_recorded_scores_with_sigmoid(
+    tiny_bundle: ModelFactory, tmp_path: Path
+) -> None:
+    """hare.json's activation came later: a one-logit ranker's bundle built before it (activation absent, or
+    null) ranks with sigmoid, CrossEncoder's default, and scores as a bundle that names it."""
+    bundle = tmp_path / "old"
+    shutil.copytree(tiny_bundle("text-ranking"), bundle)
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
+    assert manifest["activation"] == "sigmoid"
+    del manifest["activation"]
+    (bundle / MANIFEST_FILE).write_text(json.dumps(manifest))
+    async with serve(tiny_bundle("text-ranking")) as named, serve(bundle) as old:
+        want = await named.post("/v2/rerank", json=RERANK)
+        got = await old.post("/v2/rerank", json=RERANK)
+        assert got.status_code == 200, got.text
+        assert got.json()["results"] == want.json()["results"]
