@@ -525,6 +525,17 @@ def test_a_hand_edited_manifest_names_the_field_of_the_wrong_kind(
         read_manifest(bundle)
 
 
+def test_a_bundle_of_another_format_is_refused_saying_to_rebuild_it(tiny_bundle: ModelFactory, tmp_path: Path) -> None:
+    """A bundle written by a hare of another bundle format is refused before any worker loads it, with the two
+    formats and what to do, rather than served by a reader that does not know its files."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle("feature-extraction"), bundle)
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
+    (bundle / MANIFEST_FILE).write_text(json.dumps(manifest | {"format_version": 2}))
+    with pytest.raises(InputError, match=r"has bundle format 2, this hare reads 1; rebuild it with `hare optimize`"):
+        checked_bundle(bundle)
+
+
 def test_labels_edited_to_another_count_than_the_graphs_scores_are_refused(
     tiny_bundle: ModelFactory, tmp_path: Path
 ) -> None:
