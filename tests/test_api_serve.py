@@ -228,6 +228,19 @@ def accepted_by(url: str) -> tuple[http.client.HTTPConnection, int, bool]:
     return connection, *answered_by(connection)
 
 
+def both_accepting(url: str) -> None:
+    """Return once both workers of a two-worker server have accepted a connection, and seen it closed."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < 2:
+        assert time.monotonic() < deadline, seen
+        connection, pid, _ = accepted_by(url)
+        connection.close()
+        seen.add(pid)
+        time.sleep(0.1)
+    time.sleep(0.2)  # the server sees them gone
+
+
 def test_two_clients_of_a_two_worker_server_are_served_by_two_workers(
     server: tuple[str, subprocess.Popen[bytes], Path],
 ) -> None:
@@ -237,15 +250,7 @@ def test_two_clients_of_a_two_worker_server_are_served_by_two_workers(
     Should the other not run within that (the real clock decides, hence the serial phase), the crowded worker's
     answer asks the client to reconnect, and the reconnection lands on the other."""
     url, _, _ = server
-    seen: set[int] = set()  # first both workers accepting (the fixture waited for one to be ready)
-    deadline = time.monotonic() + 60
-    while len(seen) < 2:
-        assert time.monotonic() < deadline, seen
-        connection, pid, _ = accepted_by(url)
-        connection.close()
-        seen.add(pid)
-        time.sleep(0.1)
-    time.sleep(0.2)  # the server sees them gone
+    both_accepting(url)  # the fixture waited for one to be ready
     moved = 0
     for _ in range(12):  # one after the other: with no balancing, the second lands on either worker
         first, first_pid, first_closing = accepted_by(url)
@@ -273,15 +278,7 @@ def test_a_clients_rate_limit_is_counted_by_all_workers_together(tiny_bundle: Mo
     HARE_RATE_LIMIT's burst (and rate): the buckets are one page every worker counts in."""
     env = {"HARE_RATE_LIMIT": "1", "HARE_RATE_BURST": "3"}
     with hare_serve(tiny_bundle("feature-extraction"), tmp_path / "s.log", workers=2, env=env) as (url, _):
-        seen: set[int] = set()  # both workers accepting (hare_serve waited for one to be ready)
-        deadline = time.monotonic() + 60
-        while len(seen) < 2:
-            assert time.monotonic() < deadline, seen
-            connection, pid, _ = accepted_by(url)
-            connection.close()
-            seen.add(pid)
-            time.sleep(0.1)
-        time.sleep(0.2)  # the server sees them gone
+        both_accepting(url)  # hare_serve waited for one to be ready
         first, first_pid, _ = accepted_by(url)
         second, second_pid, _ = accepted_by(url)  # left to the other worker while the first is held
         try:
