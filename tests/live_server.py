@@ -76,12 +76,13 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: f
 
 
 def group(pgid: int) -> set[int]:
-    """The processes of process group `pgid` (a server started with `own_group`: its pid)."""
+    """The running processes of process group `pgid` (a server started with `own_group`: its pid). A zombie is
+    not one: a worker that has ended stays one until the master reaps it, which a test may get ahead of."""
     pids = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError):
-                if os.getpgid(int(entry)) == pgid:
+                if os.getpgid(int(entry)) == pgid and alive(int(entry)):
                     pids.add(int(entry))
     return pids
 
