@@ -54,3 +54,22 @@ def holding(lock: Path, busy: str) -> Iterator[None]:
     finally:
         lock.unlink(missing_ok=True)
         os.close(fd)
+
+
+class flocked:
+    """flock(`fd`) held exclusively while a `with` block runs: the pages the workers share (the core pool's slots,
+    the rate limiter's buckets). None locks nothing: a page private to one process. A class, not a generator:
+    the rate limiter takes it on every request."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int | None) -> None:
+        self._fd = fd
+
+    def __enter__(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from container.locking import flocked
+
 QUIET_SECONDS = 1.0  # a wide (all-core) call only after this long without contention
 SLOTS = 64  # worker slots in the shared page at least (a gunicorn server restarts workers into free slots)
 _HEADER = struct.Struct("d")  # contended_at (CLOCK_MONOTONIC, the same clock in every process)
@@ -168,7 +170,7 @@ class CorePool:
         self.cpus: list[int] | None = allowed if len(allowed) == self.cores else None
         fd = os.open(self.folder / "state", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            with _locked(fd):
+            with flocked(fd):
                 if os.fstat(fd).st_size < _size(slots):
                     os.ftruncate(fd, _size(slots))
                 self._page = mmap.mmap(fd, 0)  # the whole page: its slots are the most any worker asked for
@@ -235,7 +237,7 @@ class CorePool:
 
     def _claim(self, fd: int) -> int:
         """A free slot of the shared page for this process (a dead worker's slot is free again)."""
-        with _locked(fd):
+        with flocked(fd):
             for i in range(len(self._slots)):
                 pid = int(self._slots["pid"][i])
                 if pid == 0 or pid == os.getpid() or not _alive(pid):
@@ -251,7 +253,7 @@ def forget(folder: Path, pid: int) -> None:
     except OSError:
         return
     try:
-        with _locked(fd), mmap.mmap(fd, 0) as page:
+        with flocked(fd), mmap.mmap(fd, 0) as page:
             slots = _slots(page)
             slots[slots["pid"] == pid] = (0, 0.0, 0)
             del slots  # before the page closes
@@ -276,17 +278,6 @@ def _slots(page: mmap.mmap | bytes) -> np.ndarray:
     """The page's worker slots as a structured array (writes go to the page, seen by every worker)."""
     count = (len(page) - _HEADER.size) // _SLOT.itemsize
     return np.frombuffer(page, dtype=_SLOT, count=count, offset=_HEADER.size)
-
-
-class _locked:
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def __enter__(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
 
 
 def _alive(pid: int) -> bool:

@@ -4,8 +4,6 @@ settings, checked in api/web/schemas.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import hmac
 import logging
@@ -13,7 +11,7 @@ import math
 import mmap
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,7 @@ from starlette.requests import Request
 
 from api.config import Settings
 from api.web.errors import NotFound, RateLimited, Unauthorized
+from container.locking import flocked
 
 log = logging.getLogger("hare")
 
@@ -77,23 +76,12 @@ class RateLimiter:
             self._page = mmap.mmap(-1, _SIZE)
         else:  # opened in the worker (the app's lifespan): a descriptor of its own, for flock
             self._fd = os.open(folder / "rates", os.O_RDWR | os.O_CREAT, 0o600)
-            with self._locked():
+            with flocked(self._fd):
                 if os.fstat(self._fd).st_size < _SIZE:
                     os.ftruncate(self._fd, _SIZE)
             self._page = mmap.mmap(self._fd, _SIZE)
         buckets = np.frombuffer(self._page, dtype=_BUCKET)
         self._clients, self._tokens, self._at = buckets["client"], buckets["tokens"], buckets["at"]
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        if self._fd is None:  # a private page: one event loop reads and writes it
-            yield
-            return
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def check(self, request: Request) -> None:
         client = request.client.host if request.client else "unknown"
@@ -104,7 +92,7 @@ class RateLimiter:
         key = int.from_bytes(hashlib.blake2b(client.encode(), digest_size=8).digest(), "little") or 1
         home = key % BUCKETS
         now = self.clock()
-        with self._locked():
+        with flocked(self._fd):
             found = np.flatnonzero(self._clients[home : home + PROBES] == key)
             if found.size:
                 slot = home + int(found[0])
