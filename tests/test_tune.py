@@ -112,7 +112,7 @@ def test_a_stopped_tune_says_the_bundle_is_as_it_was(elsewhere: Path, stop: sign
         tune.send_signal(stop)
         err = tune.stderr.read()
     assert tune.returncode == 128 + stop
-    assert f"hare tune: stopped; {elsewhere / 'hare.json'} is as it was" in err.replace("\n", "")
+    assert f"hare tune: stopped; {elsewhere / 'hare.json'} is as it was" in " ".join(err.split())
     assert (elsewhere / "hare.json").read_bytes() == before
     assert sorted(p.name for p in elsewhere.iterdir() if p.name.startswith(".")) == []
 

@@ -71,8 +71,13 @@ def main(args: argparse.Namespace) -> int:
     try:
         return _measure(args, bundle, manifest, tokenizer)
     except (KeyboardInterrupt, SystemExit):  # it left without a word (exit 130 or 143)
-        Console(stderr=True).print(f"hare tune: stopped; {bundle / MANIFEST_FILE} is as it was")
+        _console().print(f"hare tune: stopped; {bundle / MANIFEST_FILE} is as it was")
         raise
+
+
+def _console() -> Console:
+    """stderr, its lines wrapped at 120 columns where it is no terminal (a log): rich's 80 split a bundle's path."""
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 
 def _measure(args: argparse.Namespace, bundle: Path, manifest: Manifest, tokenizer: Tokenizer) -> int:
@@ -93,7 +98,7 @@ def _measure(args: argparse.Namespace, bundle: Path, manifest: Manifest, tokeniz
     streams = args.streams or physical_cores()
     fitting = autotune.fitting_tokens(hidden_width(bundle / MODEL_FILE) or 0, streams)
     budgets = autotune.BUDGETS if args.budgets is None else autotune.checked_budgets(args.budgets, fitting)
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+    console = _console()
     # A line a budget climbed to and a round: the climb's largest calls take seconds each, and a measurement
     # that seems to hang says where it is.
     rates = autotune.token_rates(
@@ -173,7 +178,7 @@ def check(bundle: Path, manifest: Manifest) -> int:
         manifest.regression,
     )
     path = int8_check(manifest.machine, manifest.int8_levels)
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+    console = _console()
     console.print(
         f"{manifest.variant} ({manifest.precision}) on {path['serving_on']} int8 kernels; "
         f"checked at build on {path['checked_on']}; int8 weights of {path['levels']} levels a side"
