@@ -14,6 +14,7 @@ import pytest
 from container.bundle import read_manifest
 from container.optimize import cli as optimize_cli
 from container.optimize import validate
+from container.optimize.errors import ValidationFailed
 from container.optimize.stages import by_accuracy
 from hare.cli import main
 from tasks.base import Array, ParityInput, TaskSpec
@@ -254,3 +255,21 @@ def test_a_tie_in_speed_goes_to_the_most_accurate_variant() -> None:
         report("fp32", "fp32", 1.0, 1e-6),
     ]
     assert by_accuracy(reports, get_task("text-classification")) == ["fp32", "bf16", "int8-c", "int8-b", "int8-a"]
+
+
+def test_the_build_is_refused_only_when_every_fp32_graph_departs_naming_the_closest() -> None:
+    """One fp32 graph inside the fp32 gate is the model, and the build goes on with it (a fusion that departs
+    only drops that variant); when every one misses, the refusal names the closest and the length it missed at.
+    A graph that failed to build was never measured and counts for neither."""
+
+    def fp32(name: str, diff: float, at: float = 128) -> validate.VariantReport:
+        gate = {"value": diff, "threshold": 1e-4, "passed": diff <= 1e-4}
+        metrics = {"max_abs_diff": diff, validate.WORST_AT: at}
+        return validate.VariantReport(name, "fp32", metrics, {"max_abs_diff": gate}, diff <= 1e-4, 1.0)
+
+    broken = validate.VariantReport.failed_build("fused-fp32", "fp32", "the fusion failed")
+    validate.refuse_departing_graphs([fp32("fp32", 3e-6), fp32("fused-fp32", 0.2), broken])
+    validate.refuse_departing_graphs([broken])  # nothing measured: the variants' own gates decide
+    with pytest.raises(ValidationFailed, match="fp32 graph departs from PyTorch") as refused:
+        validate.refuse_departing_graphs([fp32("fused-fp32", 0.3, 700), fp32("fp32", 0.02, 513), broken])
+    assert "fp32's max |output difference| is 0.02 (gate 0.0001) at 513 tokens" in str(refused.value)
