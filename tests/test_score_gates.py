@@ -273,3 +273,31 @@ def test_the_build_is_refused_only_when_every_fp32_graph_departs_naming_the_clos
     with pytest.raises(ValidationFailed, match="fp32 graph departs from PyTorch") as refused:
         validate.refuse_departing_graphs([fp32("fused-fp32", 0.3, 700), fp32("fp32", 0.02, 513), broken])
     assert "fp32's max |output difference| is 0.02 (gate 0.0001) at 513 tokens" in str(refused.value)
+
+
+def test_the_gate_sees_each_sample_alone_and_in_a_served_batch_its_rankings_apart() -> None:
+    """served_outputs: every sample once alone and once right-padded in the batch the server would form (with
+    the pad id, its mask 0), its token rows trimmed to its own length; the second pass's ranking groups are
+    new ones, so that a query's documents alone and batched are never one ranking of duplicates."""
+    seen: list[dict[str, np.ndarray]] = []
+
+    def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
+        seen.append(feeds)
+        return (feeds["input_ids"] * feeds["attention_mask"])[..., None].astype(np.float32)
+
+    feeds = [
+        {"input_ids": np.arange(1, n + 1, dtype=np.int64)[None], "attention_mask": np.ones((1, n), np.int64)}
+        for n in (3, 5, 4)
+    ]
+    refs = [np.zeros(1, np.float32)] * 3
+    served = validate.served_outputs(run, feeds, 99, refs, [0, 0, 1])
+    assert served.groups == [0, 0, 1, 2, 2, 3]
+    assert len(served.references) == len(served.outputs) == 6
+    for i, n in enumerate((3, 5, 4)):
+        expected = np.arange(1, n + 1, dtype=np.float32)[:, None]
+        np.testing.assert_array_equal(served.outputs[i], expected)  # alone
+        np.testing.assert_array_equal(served.outputs[3 + i], expected)  # batched, trimmed
+    batch = seen[-1]
+    assert batch["input_ids"].shape == (3, 5)
+    np.testing.assert_array_equal(batch["input_ids"][0], [1, 2, 3, 99, 99])
+    np.testing.assert_array_equal(batch["attention_mask"][0], [1, 1, 1, 0, 0])
