@@ -136,8 +136,8 @@ def plan(settings: Settings, manifest: Manifest, target: str, need: int, room: i
     probes = f", probes on port {settings.probe_port}" if settings.probe_port else ""
     memory = f"about {need / 2**30:.1f} GB of the {room / 2**30:.1f} GB free" if room and need else "not estimated"
     return (
-        f"hare serve --check: it would serve {settings.bundle.resolve()} ({manifest.task}, {manifest.variant} "
-        f"{manifest.precision}, {target}) on {settings.host}:{settings.port}{probes}\n"
+        f"hare serve --check: it would serve {settings.bundle.resolve()} ({manifest.task}, "
+        f"{manifest.variant}, {target}) on {settings.host}:{settings.port}{probes}\n"
         f"  {settings.workers} worker(s) x {settings.streams} model stream(s) x {settings.threads} thread(s), on "
         f"{settings.cores} shared cores; memory: {memory}"
     )

@@ -83,11 +83,10 @@ def create_app(settings: Settings) -> Starlette:
             await asyncio.to_thread(trim_malloc)
             res.ready = True
             log.info(
-                "ready: %s %s (%s, %s) pid %d, %d stream(s) of %s thread(s) on %d shared cores, providers %s",
+                "ready: %s %s (%s) pid %d, %d stream(s) of %s thread(s) on %d shared cores, providers %s",
                 res.task.name,
                 res.model_name,
                 res.manifest.variant,
-                res.manifest.precision,
                 os.getpid(),
                 settings.streams,
                 "/".join(map(str, res.backend.widths)),

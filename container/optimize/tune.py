@@ -180,7 +180,7 @@ def check(bundle: Path, manifest: Manifest) -> int:
     path = int8_check(manifest.machine, manifest.int8_levels)
     console = _console()
     console.print(
-        f"{manifest.variant} ({manifest.precision}) on {path['serving_on']} int8 kernels; "
+        f"{manifest.variant} on {path['serving_on']} int8 kernels; "
         f"checked at build on {path['checked_on']}; int8 weights of {path['levels']} levels a side"
         f"{' (exact on both)' if path['exact'] else ''}; {len(feeds)} samples"
     )
