@@ -293,7 +293,7 @@ def test_check_makes_the_starts_checks_says_what_it_would_serve_and_starts_nothi
     variant = read_manifest(bundle).variant  # its name says its precision: said once
     assert said.startswith(
         f"hare serve --check: it would serve {bundle.resolve()} (feature-extraction, {variant}, cpu)"
-    )
+    ), said
     assert "2 worker(s) x 1 model stream(s) x 1 thread(s)" in said and "GB free" in said, said
     damaged = tmp_path / "damaged"
     shutil.copytree(bundle, damaged)
