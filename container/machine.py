@@ -128,8 +128,11 @@ def describe() -> dict[str, Any]:
 @cache
 def cpu_record() -> dict[str, Any]:
     """CPU model, core counts and the instruction-set flags that matter for inference: what a worker compares
-    with its bundle's record at start (same_cpu, int8_check), without asking for the GPUs."""
-    model, flags = platform.processor() or platform.machine(), set[str]()
+    with its bundle's record at start (same_cpu, int8_check), without asking for the GPUs. The model is
+    /proc/cpuinfo's, else the architecture: never platform.processor() or platform.platform(), which run
+    `uname -p` on Linux, a process more in every worker's start (a test counting a two-worker server's processes
+    saw three)."""
+    model, flags = platform.machine(), set[str]()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         for line in cpuinfo.read_text().splitlines():
@@ -145,7 +148,7 @@ def cpu_record() -> dict[str, Any]:
         "physical_cores": physical_cores(),
         "flags": kept,
         "int8_path": int8_path(kept),
-        "platform": platform.platform(),
+        "platform": os_name(),
     }
 
 
@@ -175,6 +178,14 @@ def machine_line(machine: dict[str, Any]) -> str:
         f"cores, int8 path {m.get('int8_path', '?')}, flags {' '.join(m.get('flags', [])) or '-'}"
     )
     return line + "".join(f"; GPU {g}" for g in m.get("gpus", []))
+
+
+def os_name() -> str:
+    """The system as platform.platform() names it on Linux ("Linux-6.8.0-x86_64-with-glibc2.36"), less the
+    processor, which it asks `uname -p` for (cpu_record)."""
+    system, _, release, _, arch = os.uname()
+    libc = "".join(platform.libc_ver())
+    return "-".join((system, release, arch, *(("with", libc) if libc else ())))
 
 
 def int8_path(flags: list[str]) -> str:

@@ -442,6 +442,7 @@ def test_a_master_killed_outright_leaves_the_port_to_the_next_server(tiny_bundle
     removes the scratch folders the killed one left (its metrics, its core pool)."""
     bundle = tiny_bundle("text-classification")
     with hare_serve(bundle, tmp_path / "first.log", 2, own_group=True) as (url, process):
+        both_accepting(url)  # hare_serve waited for one to be ready
         workers = group(process.pid) - {process.pid}
         assert len(workers) == 2
         process.kill()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +115,19 @@ def test_the_int8_path_and_its_weight_levels_come_from_proc_cpuinfo(
     assert (here["cpu"], here["int8_path"]) == (cpu, path)
     assert weight_levels(here["int8_path"]) == levels
     assert set(here["flags"]) <= set(cpuinfo.split()) and "avx2" in here["flags"]
+
+
+def test_reading_the_cpu_runs_no_other_program() -> None:
+    """Every worker reads its CPU at start (same_cpu): platform.processor() ran `uname -p` there, a process more
+    in the server's group while it started (a test counting a two-worker server's processes found three)."""
+    code = (
+        "import sys; runs = []; sys.addaudithook(lambda event, args: runs.append(args[0]) if event in "
+        "('subprocess.Popen', 'os.fork', 'os.posix_spawn') else None); from container import machine; "
+        "machine.cpu_record(); print(runs)"
+    )
+    root = Path(__file__).resolve().parents[1]
+    ran = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == "[]", ran.stdout
 
 
 def _matmul_integer(a: np.ndarray, b: np.ndarray) -> np.ndarray:
