@@ -121,7 +121,7 @@ def test_reading_the_cpu_runs_no_other_program() -> None:
     """Every worker reads its CPU at start (same_cpu): platform.processor() ran `uname -p` there, a process more
     in the server's group while it started (a test counting a two-worker server's processes found three)."""
     code = (
-        "import sys; runs = []; sys.addaudithook(lambda event, args: runs.append(args[0]) if event in "
+        "import sys; runs = []; sys.addaudithook(lambda event, args: runs.append(event) if event in "
         "('subprocess.Popen', 'os.fork', 'os.posix_spawn') else None); from container import machine; "
         "machine.cpu_record(); print(runs)"
     )
